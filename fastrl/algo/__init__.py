@@ -1,0 +1,1 @@
+"""Learning algorithm: V-trace off-policy correction and the APPO loss."""

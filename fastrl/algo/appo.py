@@ -1,0 +1,189 @@
+"""The APPO loss: PPO-clip surrogate on V-trace advantages, value regression, entropy bonus.
+
+``appo_loss`` is a pure function of tensors so that it can be tested without a model.
+Inputs are batch-major ``[B, T]``, as stored in the trajectory buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from fastrl.algo.vtrace import vtrace
+
+# Keeps the advantage normalisation finite when all valid advantages are equal.
+ADV_STD_EPS = 1e-8
+
+
+@dataclass
+class LossParams:
+    """Hyperparameters of ``appo_loss``.
+
+    ``vtrace_rho`` clips the importance ratio both in the value-target deltas and in the
+    policy-gradient advantages; ``vtrace_c`` clips the trace coefficients. With
+    ``with_vtrace=False`` the targets are plain discounted returns (all ratios taken as 1).
+    """
+
+    gamma: float
+    ppo_clip_ratio: float
+    value_loss_coeff: float
+    exploration_loss_coeff: float
+    vtrace_rho: float = 1.0
+    vtrace_c: float = 1.0
+    with_vtrace: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        if not self.ppo_clip_ratio > 0.0:
+            raise ValueError(f"ppo_clip_ratio must be positive, got {self.ppo_clip_ratio}")
+        if not (self.vtrace_rho > 0.0 and self.vtrace_c > 0.0):
+            raise ValueError(
+                f"vtrace_rho and vtrace_c must be positive, got {self.vtrace_rho}, {self.vtrace_c}"
+            )
+
+
+def _check_shapes(
+    target_log_probs: Tensor,
+    entropy: Tensor,
+    behaviour_log_probs: Tensor,
+    values: Tensor,
+    rewards: Tensor,
+    dones: Tensor,
+    valid: Tensor,
+) -> None:
+    if target_log_probs.dim() != 2 or target_log_probs.shape[1] < 1:
+        raise ValueError(
+            "appo_loss: target_log_probs must be batch-major [B, T] with T >= 1, "
+            f"got {tuple(target_log_probs.shape)}"
+        )
+    b, t = target_log_probs.shape
+    for name, x in (
+        ("entropy", entropy),
+        ("behaviour_log_probs", behaviour_log_probs),
+        ("rewards", rewards),
+        ("dones", dones),
+        ("valid", valid),
+    ):
+        if x.shape != (b, t):
+            raise ValueError(f"appo_loss: {name} must be [B, T] = {(b, t)}, got {tuple(x.shape)}")
+    if values.shape != (b, t + 1):
+        raise ValueError(
+            f"appo_loss: values must be [B, T + 1] = {(b, t + 1)}, got {tuple(values.shape)}"
+        )
+    for name, x in (("dones", dones), ("valid", valid)):
+        if x.dtype != torch.bool:
+            raise ValueError(f"appo_loss: {name} must be a bool tensor, got {x.dtype}")
+
+
+def appo_loss(
+    target_log_probs: Tensor,
+    entropy: Tensor,
+    behaviour_log_probs: Tensor,
+    values: Tensor,
+    rewards: Tensor,
+    dones: Tensor,
+    valid: Tensor,
+    params: LossParams,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """APPO loss over a batch of ``B`` trajectories of ``T`` steps.
+
+    Args:
+        target_log_probs: ``[B, T]`` log-prob of the taken actions under the current policy
+            (carries the policy gradient).
+        entropy: ``[B, T]`` entropy of the current policy (carries gradient).
+        behaviour_log_probs: ``[B, T]`` log-prob of the taken actions under the policy that
+            acted (no gradient is taken through it).
+        values: ``[B, T + 1]`` current critic (carries gradient); ``values[:, T]`` is the value
+            of the observation after the last step and only serves as the V-trace bootstrap.
+        rewards: ``[B, T]`` training rewards.
+        dones: ``[B, T]`` bool, step ``t`` ended an episode.
+        valid: ``[B, T]`` bool, the samples that take part in the loss.
+        params: hyperparameters.
+
+    Returns:
+        ``(loss, stats)``: the scalar loss
+        ``policy_loss + value_loss + entropy_loss``, and a dict of detached 0-d float tensors:
+        ``policy_loss``, ``value_loss`` (already scaled by ``value_loss_coeff``),
+        ``entropy_loss`` (scaled by ``exploration_loss_coeff``), ``entropy`` (mean),
+        ``kl`` (mean of ``behaviour - target`` log-prob: the single-sample estimate of
+        KL(behaviour || target), as actions were drawn from the behaviour policy),
+        ``ratio_mean``, ``clip_fraction`` (fraction with ``|ratio - 1| > ppo_clip_ratio``),
+        ``adv_mean`` and ``adv_std`` (of the V-trace advantages before normalisation),
+        ``value_target_mean`` and ``num_valid``. Means are over valid samples only.
+
+    Invalid samples have no influence whatsoever: their entries (which may be NaN or inf) are
+    replaced by neutral constants before any arithmetic, so within V-trace an invalid step acts
+    as a terminal step with zero reward and value, and the bootstrap value of a trajectory is
+    used only when its last step is valid. Masking is meant for whole trajectories or for
+    invalid tails: a valid step followed by an invalid one gets its targets as if the episode
+    had ended after it.
+    With no valid sample the loss is a zero still connected to the inputs' graph.
+    """
+    _check_shapes(target_log_probs, entropy, behaviour_log_probs, values, rewards, dones, valid)
+    num_steps = target_log_probs.shape[1]
+
+    # Sanitise first: torch.where also routes zero gradient (never NaN) to invalid entries.
+    target_lp = torch.where(valid, target_log_probs, 0.0)
+    behaviour_lp = torch.where(valid, behaviour_log_probs, 0.0).detach()
+    ent = torch.where(valid, entropy, 0.0)
+    step_values = torch.where(valid, values[:, :num_steps], 0.0)
+    bootstrap = torch.where(valid[:, -1], values[:, num_steps], 0.0)
+    rew = torch.where(valid, rewards, 0.0)
+    done = dones | ~valid
+
+    num_valid = valid.sum()
+    denom = num_valid.clamp(min=1).to(target_lp.dtype)
+
+    def masked_mean(x: Tensor) -> Tensor:
+        return torch.where(valid, x, 0.0).sum() / denom
+
+    log_ratio = target_lp - behaviour_lp
+    discounts = params.gamma * (~done).to(target_lp.dtype)
+    if params.with_vtrace:
+        log_rhos = log_ratio.detach()
+        rho_clip, c_clip = params.vtrace_rho, params.vtrace_c
+    else:
+        log_rhos, rho_clip, c_clip = torch.zeros_like(log_ratio), None, None
+    vs, pg_adv = vtrace(
+        log_rhos.t(),
+        discounts.t(),
+        rew.t(),
+        step_values.detach().t(),
+        bootstrap.detach(),
+        clip_rho_threshold=rho_clip,
+        clip_pg_rho_threshold=rho_clip,
+        clip_c_threshold=c_clip,
+    )
+    vs, pg_adv = vs.t(), pg_adv.t()
+
+    adv_mean = masked_mean(pg_adv)
+    adv_std = masked_mean((pg_adv - adv_mean) ** 2).sqrt()
+    adv = (pg_adv - adv_mean) / (adv_std + ADV_STD_EPS)
+
+    ratio = torch.exp(log_ratio)
+    clip = params.ppo_clip_ratio
+    surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1.0 - clip, 1.0 + clip) * adv)
+    policy_loss = -masked_mean(surrogate)
+    value_loss = params.value_loss_coeff * 0.5 * masked_mean((vs - step_values) ** 2)
+    mean_entropy = masked_mean(ent)
+    entropy_loss = -params.exploration_loss_coeff * mean_entropy
+    loss = policy_loss + value_loss + entropy_loss
+
+    with torch.no_grad():
+        stats = {
+            "policy_loss": policy_loss,
+            "value_loss": value_loss,
+            "entropy_loss": entropy_loss,
+            "entropy": mean_entropy,
+            "kl": masked_mean(-log_ratio),
+            "ratio_mean": masked_mean(ratio),
+            "clip_fraction": masked_mean(((ratio - 1.0).abs() > clip).to(ratio.dtype)),
+            "adv_mean": adv_mean,
+            "adv_std": adv_std,
+            "value_target_mean": masked_mean(vs),
+            "num_valid": num_valid.to(target_lp.dtype),
+        }
+    return loss, {k: v.detach() for k, v in stats.items()}

@@ -1,0 +1,123 @@
+"""Preallocated trajectory buffers: the data path between rollout, inference and learning.
+
+One slot holds one env's trajectory of ``rollout`` steps (``T``), batch-major, plus the
+observation after the last step (``t = T``) so that the learner can bootstrap from the
+critic at that observation. In the parallel runner the tensors live in shared memory,
+allocated once before any process starts; only slot indices travel on queues.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+# Values no env or policy can produce, written into fresh buffers so that a read of data
+# that was never written shows up in tests instead of passing silently.
+FILL_FLOAT = -42.42
+FILL_INT = -42
+
+
+def action_dims(action_space: spaces.Space) -> int:
+    if isinstance(action_space, spaces.Discrete):
+        return 1
+    if isinstance(action_space, spaces.MultiDiscrete):
+        return int(np.asarray(action_space.nvec).size)
+    raise ValueError(
+        f"unsupported action space {action_space}: fastrl handles Discrete and MultiDiscrete"
+    )
+
+
+def _torch_dtype(np_dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.zeros(1, dtype=np_dtype)).dtype
+
+
+@dataclass(frozen=True)
+class BufferLayout:
+    """Everything needed to allocate the buffers again in another process."""
+
+    obs_shapes: dict[str, tuple[int, ...]]
+    obs_dtypes: dict[str, torch.dtype]
+    num_buffers: int
+    rollout: int
+    action_dims: int
+    rnn_size: int
+
+    @classmethod
+    def from_spaces(cls, obs_space: spaces.Dict, action_space: spaces.Space, num_buffers: int,
+                    rollout: int, rnn_size: int) -> BufferLayout:
+        shapes, dtypes = {}, {}
+        for key, sub in obs_space.spaces.items():
+            if not isinstance(sub, spaces.Box):
+                raise ValueError(f"observation {key!r}: unsupported space {sub} (Box only)")
+            shapes[key] = tuple(sub.shape)
+            dtypes[key] = _torch_dtype(sub.dtype)
+        return cls(shapes, dtypes, num_buffers, rollout, action_dims(action_space), rnn_size)
+
+    def nbytes(self) -> int:
+        n, t = self.num_buffers, self.rollout
+        total = 0
+        for key, shape in self.obs_shapes.items():
+            total += n * (t + 1) * int(np.prod(shape)) * torch.empty((), dtype=self.obs_dtypes[key]).element_size()
+        total += n * t * (8 * self.action_dims + 4 + 4 + 4 + 1 + 8)
+        total += n * self.rnn_size * 4
+        return total
+
+
+class TrajectoryBuffers:
+    """Tensors ``[num_buffers, rollout (+1), ...]``; see docs/internals.md for the table.
+
+    ``shared=True`` moves them to shared memory so that spawned processes that receive this
+    object (it pickles by handle, not by value) see the same storage.
+    """
+
+    def __init__(self, layout: BufferLayout, shared: bool = False):
+        self.layout = layout
+        n, t = layout.num_buffers, layout.rollout
+        self.obs: dict[str, torch.Tensor] = {}
+        for key, shape in layout.obs_shapes.items():
+            dtype = layout.obs_dtypes[key]
+            fill = FILL_FLOAT if dtype.is_floating_point else (255 if dtype == torch.uint8 else FILL_INT)
+            self.obs[key] = torch.full((n, t + 1, *shape), fill, dtype=dtype)
+        self.actions = torch.full((n, t, layout.action_dims), FILL_INT, dtype=torch.int64)
+        self.log_probs = torch.full((n, t), FILL_FLOAT, dtype=torch.float32)
+        self.values = torch.full((n, t), FILL_FLOAT, dtype=torch.float32)
+        self.rewards = torch.full((n, t), FILL_FLOAT, dtype=torch.float32)
+        self.dones = torch.ones((n, t), dtype=torch.bool)
+        self.policy_versions = torch.full((n, t), FILL_INT, dtype=torch.int64)
+        self.rnn_states = torch.full((n, layout.rnn_size), FILL_FLOAT, dtype=torch.float32)
+        if shared:
+            for tensor in self.tensors():
+                tensor.share_memory_()
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [*self.obs.values(), self.actions, self.log_probs, self.values, self.rewards,
+                self.dones, self.policy_versions, self.rnn_states]
+
+    def gather(self, indices: list[int] | torch.Tensor, device: torch.device | str = "cpu") -> dict:
+        """Copy the trajectories at ``indices`` out of the buffers (one indexed read per key).
+
+        Returns a dict with ``obs`` (dict of ``[B, T+1, ...]``) and ``[B, T]`` tensors,
+        ``rnn_states`` ``[B, H]``; all on ``device``.
+        """
+        idx = torch.as_tensor(indices, dtype=torch.int64)
+        non_blocking = torch.device(device).type == "cuda"
+
+        def take(x: torch.Tensor) -> torch.Tensor:
+            out = x.index_select(0, idx)
+            if non_blocking:
+                out = out.pin_memory()
+            return out.to(device, non_blocking=non_blocking)
+
+        return {
+            "obs": {k: take(v) for k, v in self.obs.items()},
+            "actions": take(self.actions),
+            "log_probs": take(self.log_probs),
+            "values": take(self.values),
+            "rewards": take(self.rewards),
+            "dones": take(self.dones),
+            "policy_versions": take(self.policy_versions),
+            "rnn_states": take(self.rnn_states),
+        }

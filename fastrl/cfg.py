@@ -1,0 +1,351 @@
+"""One typed configuration for training and evaluation.
+
+Every field of :class:`Config` is a command-line flag with the same name; its help line is
+the field's ``help`` metadata. Flag names follow Sample Factory's where the concept is the
+same. :func:`parse_config` turns ``argv`` into a validated ``Config``; on resume, the
+experiment's ``config.json`` is the base and only flags given explicitly override it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, get_type_hints
+
+def _f(default: Any, help: str, group: str = "training", choices: tuple | None = None) -> Any:
+    meta = {"help": help, "group": group}
+    if choices is not None:
+        meta["choices"] = choices
+    if isinstance(default, list):
+        return field(default_factory=lambda d=default: list(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class Config:
+    # --- experiment -------------------------------------------------------------------
+    env: str = _f("doom_basic", "Environment: a fastrl name (see `fastrl.registered_envs()`) or any gymnasium id", "experiment")
+    experiment: str = _f("default_experiment", "Experiment name: a folder inside --train_dir; training it again resumes it", "experiment")
+    train_dir: str = _f("train_dir", "Root folder for experiments", "experiment")
+    restart_behavior: str = _f("resume", "What to do when the experiment folder exists: resume it, or overwrite it", "experiment", choices=("resume", "overwrite"))
+    seed: int | None = _f(None, "Seed for torch, numpy and the envs (none: random); a seeded serial run is reproducible", "experiment")
+    device: str = _f("auto", "Torch device for inference and learning: auto (cuda if available), cpu, cuda, cuda:N", "experiment")
+    train_for_env_steps: int = _f(10_000_000_000, "Stop after this many environment frames (counting frameskip)", "experiment")
+    train_for_seconds: float = _f(10_000_000_000.0, "Stop after this many seconds of training in this run", "experiment")
+
+    # --- sampling ---------------------------------------------------------------------
+    serial_mode: bool = _f(False, "Run rollout, inference and learning in one process (debugging, profiling)", "sampling")
+    async_rl: bool = _f(True, "Collect while training (policy lag > 0, corrected by V-trace); False: collect a batch, train on it, repeat", "sampling")
+    num_workers: int = _f(2, "Rollout worker processes (each steps --num_envs_per_worker envs)", "sampling")
+    num_envs_per_worker: int = _f(8, "Envs per rollout worker", "sampling")
+    worker_num_splits: int = _f(2, "Groups each worker splits its envs into; 2 = double-buffered sampling", "sampling")
+    num_policy_workers: int = _f(1, "Policy (inference) worker processes", "sampling")
+    rollout: int = _f(32, "Trajectory length in agent steps", "sampling")
+    max_policy_lag: int = _f(100, "Samples acted by weights more than this many versions old are masked out of the loss", "sampling")
+    sampling_only: bool = _f(False, "Act with the policy but never train (measures how fast the pipeline can feed a learner)", "sampling")
+
+    # --- environment ------------------------------------------------------------------
+    env_frameskip: int | None = _f(None, "Frames per agent step inside the simulator (none: the env's default, 4 for VizDoom)", "environment")
+    env_max_episode_steps: int | None = _f(None, "Per-episode time limit in agent steps (none: the env's own)", "environment")
+    env_measurements: bool = _f(False, "VizDoom: add the scenario's game variables as a second, vector observation", "environment")
+    reward_scale: float = _f(1.0, "Multiply training rewards by this (returns are reported unscaled)", "environment")
+    reward_clip: float = _f(1000.0, "Clip scaled training rewards to [-x, x]", "environment")
+
+    # --- model ------------------------------------------------------------------------
+    encoder_fc_size: int = _f(512, "Width of the fully connected layer after the conv encoder", "model")
+    encoder_mlp_layers: list[int] = _f([256, 256], "Hidden sizes of the MLP encoder for vector observations", "model")
+    use_rnn: bool = _f(True, "Add a GRU core between encoder and heads", "model")
+    rnn_size: int = _f(512, "GRU hidden size", "model")
+    nonlinearity: str = _f("elu", "Activation function", "model", choices=("elu", "relu", "tanh"))
+
+    # --- algorithm --------------------------------------------------------------------
+    batch_size: int = _f(1024, "Samples per SGD step (a multiple of --rollout)")
+    num_batches_per_epoch: int = _f(1, "SGD steps per pass over the collected data")
+    num_epochs: int = _f(1, "Passes (PPO epochs) over each collected batch")
+    learning_rate: float = _f(1e-4, "Adam learning rate")
+    adam_eps: float = _f(1e-6, "Adam epsilon")
+    adam_beta1: float = _f(0.9, "Adam beta1")
+    adam_beta2: float = _f(0.999, "Adam beta2")
+    gamma: float = _f(0.99, "Discount factor")
+    ppo_clip_ratio: float = _f(0.1, "PPO clip: the ratio is clipped to [1 - x, 1 + x]")
+    value_loss_coeff: float = _f(0.5, "Weight of the value loss")
+    exploration_loss_coeff: float = _f(0.003, "Weight of the entropy bonus")
+    max_grad_norm: float = _f(4.0, "Clip the global gradient norm to this (0: no clipping)")
+    with_vtrace: bool = _f(True, "Correct advantages and value targets for policy lag with V-trace")
+    vtrace_rho: float = _f(1.0, "V-trace rho-bar (importance weight clip for the value targets and advantages)")
+    vtrace_c: float = _f(1.0, "V-trace c-bar (trace-cutting clip)")
+
+    # --- logging and checkpoints ------------------------------------------------------
+    save_every_sec: float = _f(120.0, "Seconds between checkpoints (one is also written at exit)", "logging")
+    keep_checkpoints: int = _f(3, "How many newest checkpoints to keep", "logging")
+    log_every_sec: float = _f(5.0, "Seconds between console progress lines", "logging")
+    summaries_every_sec: float = _f(10.0, "Seconds between TensorBoard and summary.json writes", "logging")
+    stats_avg: int = _f(100, "Episodes averaged for the reported mean return", "logging")
+
+    # --- derived ----------------------------------------------------------------------
+    @property
+    def experiment_dir(self) -> str:
+        return os.path.join(self.train_dir, self.experiment)
+
+    @property
+    def num_envs(self) -> int:
+        return self.num_workers * self.num_envs_per_worker
+
+    @property
+    def envs_per_split(self) -> int:
+        return self.num_envs_per_worker // self.worker_num_splits
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class ConfigError(ValueError):
+    """One or more bad configuration values; ``errors`` holds one line per problem."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = errors
+        super().__init__("; ".join(errors))
+
+
+def _fields() -> list[dataclasses.Field]:
+    return list(dataclasses.fields(Config))
+
+
+def _hints() -> dict[str, Any]:
+    return get_type_hints(Config)
+
+
+def str2bool(value: str | bool) -> bool:
+    if isinstance(value, bool):
+        return value
+    v = value.strip().lower()
+    if v in ("true", "t", "1", "yes", "y", "on"):
+        return True
+    if v in ("false", "f", "0", "no", "n", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected True or False, got {value!r}")
+
+
+def _optional(conv):
+    def parse(value: str):
+        if value.strip().lower() in ("none", "null", ""):
+            return None
+        return conv(value)
+
+    parse.__name__ = conv.__name__
+    return parse
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line (plus a pointer to --help), not the whole usage."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser(prog: str | None = None, suppress_defaults: bool = False) -> argparse.ArgumentParser:
+    """The argparse parser for every Config field (``suppress_defaults`` leaves unset flags out)."""
+    parser = _Parser(
+        prog=prog,
+        description="fastrl: asynchronous APPO with V-trace for pixel environments.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        argument_default=argparse.SUPPRESS if suppress_defaults else None,
+        allow_abbrev=False,
+    )
+    hints = _hints()
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in _fields():
+        group_name = f.metadata["group"]
+        if group_name not in groups:
+            groups[group_name] = parser.add_argument_group(group_name)
+        group = groups[group_name]
+        hint = hints[f.name]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        kwargs: dict[str, Any] = {"help": f.metadata["help"]}
+        if not suppress_defaults:
+            kwargs["default"] = default
+        if "choices" in f.metadata:
+            kwargs["choices"] = f.metadata["choices"]
+        if hint is bool:
+            kwargs.update(type=str2bool, nargs="?", const=True, metavar="BOOL")
+        elif hint == list[int]:
+            kwargs.update(type=int, nargs="+")
+        elif hint in (int | None, float | None):
+            base = int if hint == (int | None) else float
+            kwargs.update(type=_optional(base))
+        elif hint in (int, float, str):
+            kwargs.update(type=hint)
+        else:  # pragma: no cover - a new field type needs a parser here
+            raise TypeError(f"no parser for config field {f.name}: {hint}")
+        group.add_argument(f"--{f.name}", **kwargs)
+    return parser
+
+
+def validate(cfg: Config) -> list[str]:
+    """Every problem with ``cfg`` as one line each (empty when it is valid)."""
+    errors: list[str] = []
+
+    def positive(name: str) -> None:
+        value = getattr(cfg, name)
+        if value is None or value <= 0:
+            errors.append(f"--{name}={value}: must be > 0")
+
+    for name in ("num_workers", "num_envs_per_worker", "worker_num_splits", "num_policy_workers",
+                 "rollout", "batch_size", "num_batches_per_epoch", "num_epochs", "learning_rate",
+                 "rnn_size", "encoder_fc_size", "keep_checkpoints", "stats_avg",
+                 "train_for_env_steps", "train_for_seconds", "log_every_sec",
+                 "summaries_every_sec", "save_every_sec", "adam_eps", "vtrace_rho", "vtrace_c",
+                 "reward_clip"):
+        positive(name)
+    for name in ("max_policy_lag",):
+        if getattr(cfg, name) < 0:
+            errors.append(f"--{name}={getattr(cfg, name)}: must be >= 0")
+    if not 0.0 <= cfg.gamma <= 1.0:
+        errors.append(f"--gamma={cfg.gamma}: must be in [0, 1]")
+    if not 0.0 < cfg.ppo_clip_ratio < 1.0:
+        errors.append(f"--ppo_clip_ratio={cfg.ppo_clip_ratio}: must be in (0, 1)")
+    for name in ("adam_beta1", "adam_beta2"):
+        if not 0.0 <= getattr(cfg, name) < 1.0:
+            errors.append(f"--{name}={getattr(cfg, name)}: must be in [0, 1)")
+    for name in ("value_loss_coeff", "exploration_loss_coeff", "max_grad_norm"):
+        if getattr(cfg, name) < 0:
+            errors.append(f"--{name}={getattr(cfg, name)}: must be >= 0")
+    for name in ("reward_scale",):
+        v = getattr(cfg, name)
+        if not math.isfinite(v):
+            errors.append(f"--{name}={v}: must be a finite number")
+    if cfg.env_frameskip is not None and cfg.env_frameskip < 1:
+        errors.append(f"--env_frameskip={cfg.env_frameskip}: must be >= 1 (or None for the env's default)")
+    if cfg.env_max_episode_steps is not None and cfg.env_max_episode_steps < 1:
+        errors.append(f"--env_max_episode_steps={cfg.env_max_episode_steps}: must be >= 1 (or None)")
+    if any(n <= 0 for n in cfg.encoder_mlp_layers):
+        errors.append(f"--encoder_mlp_layers={cfg.encoder_mlp_layers}: every size must be > 0")
+    if cfg.worker_num_splits > 0 and cfg.num_envs_per_worker > 0 and cfg.num_envs_per_worker % cfg.worker_num_splits:
+        errors.append(
+            f"--num_envs_per_worker={cfg.num_envs_per_worker}: must be a multiple of "
+            f"--worker_num_splits={cfg.worker_num_splits}"
+        )
+    if cfg.rollout > 0 and cfg.batch_size > 0 and cfg.batch_size % cfg.rollout:
+        errors.append(f"--batch_size={cfg.batch_size}: must be a multiple of --rollout={cfg.rollout}")
+    if (not cfg.async_rl and cfg.rollout > 0 and cfg.batch_size > 0 and cfg.num_workers > 0
+            and cfg.num_envs_per_worker > 0):
+        per_round = cfg.rollout * cfg.num_envs
+        if (cfg.batch_size * cfg.num_batches_per_epoch) % per_round:
+            errors.append(
+                f"--batch_size={cfg.batch_size}: with --async_rl=False, batch_size x "
+                f"num_batches_per_epoch must be a multiple of rollout x num_workers x "
+                f"num_envs_per_worker = {per_round}"
+            )
+    dev = cfg.device
+    if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+        errors.append(f"--device={dev}: must be auto, cpu, cuda or cuda:N")
+    if not cfg.experiment or os.sep in cfg.experiment or cfg.experiment in (".", ".."):
+        errors.append(f"--experiment={cfg.experiment!r}: must be a plain folder name")
+    return errors
+
+
+def _coerce_saved(saved: dict[str, Any], source: str) -> tuple[dict[str, Any], list[str]]:
+    """Keep the known keys of a saved config, checking their types; unknown keys are errors."""
+    known = {f.name for f in _fields()}
+    hints = _hints()
+    out: dict[str, Any] = {}
+    errors: list[str] = []
+    for key, value in saved.items():
+        if key not in known:
+            errors.append(f"{source}: unknown setting {key!r} (written by another fastrl version?)")
+            continue
+        hint = hints[key]
+        ok = (
+            (hint is bool and isinstance(value, bool))
+            or (hint is int and isinstance(value, int) and not isinstance(value, bool))
+            or (hint is float and isinstance(value, (int, float)) and not isinstance(value, bool))
+            or (hint is str and isinstance(value, str))
+            or (hint == list[int] and isinstance(value, list) and all(isinstance(v, int) for v in value))
+            or (hint == (int | None) and (value is None or (isinstance(value, int) and not isinstance(value, bool))))
+            or (hint == (float | None) and (value is None or isinstance(value, (int, float))))
+        )
+        if not ok:
+            errors.append(f"{source}: {key}={value!r} has the wrong type (expected {hint})")
+            continue
+        out[key] = float(value) if hint is float else value
+    return out, errors
+
+
+def config_path(experiment_dir: str) -> str:
+    return os.path.join(experiment_dir, "config.json")
+
+
+def save_config(cfg: Config, experiment_dir: str) -> None:
+    os.makedirs(experiment_dir, exist_ok=True)
+    path = config_path(experiment_dir)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(cfg.to_dict(), fh, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def load_saved_config(experiment_dir: str) -> tuple[dict[str, Any], list[str]]:
+    path = config_path(experiment_dir)
+    if not os.path.exists(path):
+        return {}, []
+    try:
+        with open(path) as fh:
+            saved = json.load(fh)
+    except (OSError, json.JSONDecodeError) as exc:
+        return {}, [f"{path}: cannot read it ({exc}); fix or delete it, or use --restart_behavior=overwrite"]
+    if not isinstance(saved, dict):
+        return {}, [f"{path}: expected a JSON object"]
+    return _coerce_saved(saved, path)
+
+
+# Settings that define what a checkpoint contains: changing them on resume would load
+# weights into a different model, so they may not be overridden.
+MODEL_DEFINING = ("env", "encoder_fc_size", "encoder_mlp_layers", "use_rnn", "rnn_size",
+                  "nonlinearity", "env_measurements")
+
+
+def parse_config(argv: list[str] | None = None, prog: str | None = None) -> Config:
+    """Parse flags, merge them over a saved ``config.json`` when resuming, validate.
+
+    Raises :class:`ConfigError` listing every problem.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    explicit = vars(build_parser(prog, suppress_defaults=True).parse_args(argv))
+    full = vars(build_parser(prog).parse_args(argv))
+    cfg = Config(**full)
+    errors: list[str] = []
+    if cfg.restart_behavior == "resume" and cfg.experiment and os.sep not in cfg.experiment:
+        saved, load_errors = load_saved_config(cfg.experiment_dir)
+        errors += load_errors
+        if saved:
+            for key in MODEL_DEFINING:
+                if key in explicit and key in saved and explicit[key] != saved[key]:
+                    errors.append(
+                        f"--{key}={explicit[key]!r}: experiment {cfg.experiment!r} was trained with "
+                        f"{key}={saved[key]!r}; use another --experiment or --restart_behavior=overwrite"
+                    )
+            merged = {**saved, **explicit}
+            # The folder is where it is now; do not follow a stale saved train_dir.
+            merged["train_dir"] = cfg.train_dir
+            merged["experiment"] = cfg.experiment
+            cfg = Config(**{**full, **merged})
+    errors += validate(cfg)
+    if errors:
+        raise ConfigError(errors)
+    return cfg
+
+
+def parse_or_exit(argv: list[str] | None = None, prog: str | None = None) -> Config:
+    """``parse_config`` for scripts: prints one line per error and exits with status 2."""
+    try:
+        return parse_config(argv, prog)
+    except ConfigError as exc:
+        name = prog or os.path.basename(sys.argv[0])
+        for line in exc.errors:
+            print(f"{name}: error: {line}", file=sys.stderr)
+        sys.exit(2)

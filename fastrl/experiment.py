@@ -1,0 +1,298 @@
+"""The experiment folder: config, checkpoints, ``summary.json``, TensorBoard, progress."""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from collections import deque
+
+import numpy as np
+import torch
+
+from fastrl.cfg import Config, save_config
+
+CHECKPOINT_FORMAT = 1
+
+
+class ExperimentError(RuntimeError):
+    """A problem with the experiment folder that the user must fix (one line)."""
+
+
+def log(msg: str) -> None:
+    print(f"[fastrl {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def prepare_experiment_dir(cfg: Config) -> str:
+    """Create (or wipe, with ``--restart_behavior=overwrite``) the folder; save config.json."""
+    path = cfg.experiment_dir
+    if cfg.restart_behavior == "overwrite" and os.path.isdir(path):
+        shutil.rmtree(path)
+    try:
+        os.makedirs(os.path.join(path, "checkpoints"), exist_ok=True)
+        probe = os.path.join(path, ".write_test")
+        with open(probe, "w") as fh:
+            fh.write("ok")
+        os.remove(probe)
+    except OSError as exc:
+        raise ExperimentError(f"--train_dir={cfg.train_dir}: cannot write the experiment folder {path} ({exc.strerror})") from exc
+    save_config(cfg, path)
+    return path
+
+
+# --- checkpoints ----------------------------------------------------------------------
+
+
+def checkpoint_dir(experiment_dir: str) -> str:
+    return os.path.join(experiment_dir, "checkpoints")
+
+
+def list_checkpoints(experiment_dir: str) -> list[str]:
+    """Checkpoint paths, oldest first (names sort by learner version, then frames)."""
+    return sorted(glob.glob(os.path.join(checkpoint_dir(experiment_dir), "checkpoint_*.pt")))
+
+
+def rng_state() -> dict:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(experiment_dir: str, state: dict, keep: int) -> str:
+    """Write ``state`` atomically (temporary file, fsync, rename); keep the newest ``keep``."""
+    name = f"checkpoint_{state['learner']['version']:09d}_{state['counters']['env_frames']:013d}.pt"
+    folder = checkpoint_dir(experiment_dir)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, name)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as fh:
+        torch.save({"format": CHECKPOINT_FORMAT, **state}, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    for old in list_checkpoints(experiment_dir)[:-keep]:
+        try:
+            os.remove(old)
+        except OSError:
+            pass
+    return path
+
+
+def load_checkpoint(path: str, map_location="cpu") -> dict:
+    """Load one checkpoint; raises ``ExperimentError`` naming the path if it is unusable."""
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - torch raises many types for a bad file
+        raise ExperimentError(f"checkpoint {path} cannot be read ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise ExperimentError(f"checkpoint {path} is not a fastrl checkpoint of format {CHECKPOINT_FORMAT}")
+    return state
+
+
+def load_latest_checkpoint(experiment_dir: str, map_location="cpu") -> tuple[dict | None, str | None]:
+    """The newest readable checkpoint; a corrupt newer one is reported and skipped."""
+    for path in reversed(list_checkpoints(experiment_dir)):
+        try:
+            return load_checkpoint(path, map_location), path
+        except ExperimentError as exc:
+            log(f"warning: {exc}; trying the previous one")
+    return None, None
+
+
+# --- statistics, summaries, progress --------------------------------------------------
+
+
+class TrainingStats:
+    """Counters and recent statistics of a run, shared by the serial and parallel runners."""
+
+    def __init__(self, cfg: Config, frameskip: int):
+        self.cfg = cfg
+        self.frameskip = frameskip
+        self.env_frames = 0  # frames the learner trained on (sampling only: collected)
+        self.agent_steps_collected = 0
+        self.episodes = 0
+        self.prior_seconds = 0.0  # wall seconds of earlier runs of this experiment
+        self.start_time = time.time()
+        self.returns: deque[float] = deque(maxlen=cfg.stats_avg)
+        self.lengths: deque[int] = deque(maxlen=cfg.stats_avg)
+        self.learner: dict[str, float] = {}
+        self.learner_steps = 0
+        self.lag_min = math.inf
+        self.lag_max = -math.inf
+        self.lag_sum = 0.0
+        self.lag_batches = 0
+        self._fps_window: deque[tuple[float, int]] = deque()
+        self._episodes_since_summary: list[tuple[float, int]] = []
+
+    @property
+    def run_seconds(self) -> float:
+        return time.time() - self.start_time
+
+    def counters(self) -> dict:
+        return {"env_frames": self.env_frames, "episodes": self.episodes,
+                "wall_seconds": self.prior_seconds + self.run_seconds}
+
+    def mark_warmup(self) -> None:
+        """Start of the measured window reported as ``measured_fps`` (perf scripts)."""
+        self._warmup = (time.time(), self.env_frames)
+
+    def measured_fps(self) -> float | None:
+        if getattr(self, "_warmup", None) is None:
+            return None
+        t0, f0 = self._warmup
+        return (self.env_frames - f0) / max(time.time() - t0, 1e-9)
+
+    def add_episode(self, episode_return: float, length: int) -> None:
+        self.episodes += 1
+        self.returns.append(episode_return)
+        self.lengths.append(length)
+        self._episodes_since_summary.append((episode_return, length))
+
+    def add_learner_stats(self, stats: dict[str, float], learner_steps: int) -> None:
+        self.learner = stats
+        self.learner_steps = learner_steps
+        if "policy_lag_min" in stats:
+            self.lag_min = min(self.lag_min, stats["policy_lag_min"])
+            self.lag_max = max(self.lag_max, stats["policy_lag_max"])
+            self.lag_sum += stats["policy_lag_mean"]
+            self.lag_batches += 1
+
+    def fps(self, window: float = 30.0) -> float:
+        """Frames per second over the last ``window`` seconds."""
+        now = time.time()
+        self._fps_window.append((now, self.env_frames))
+        while len(self._fps_window) > 2 and now - self._fps_window[1][0] >= window:
+            self._fps_window.popleft()
+        t0, f0 = self._fps_window[0]
+        return (self.env_frames - f0) / (now - t0) if now > t0 else 0.0
+
+    def mean_return(self) -> float | None:
+        return float(np.mean(self.returns)) if self.returns else None
+
+    def summary(self, fps: float) -> dict:
+        lag = None
+        if self.lag_batches:
+            lag = {"min": self.lag_min, "mean": self.lag_sum / self.lag_batches, "max": self.lag_max}
+        return {
+            "env": self.cfg.env,
+            "experiment": self.cfg.experiment,
+            "env_frames": self.env_frames,
+            "agent_steps": self.env_frames // max(self.frameskip, 1),
+            "wall_seconds": round(self.prior_seconds + self.run_seconds, 3),
+            "run_seconds": round(self.run_seconds, 3),
+            "fps": round(fps, 1),
+            "episodes": self.episodes,
+            "mean_episode_return": self.mean_return(),
+            "mean_episode_length": float(np.mean(self.lengths)) if self.lengths else None,
+            "episodes_averaged": len(self.returns),
+            "policy_lag": lag,
+            "learner_steps": self.learner_steps,
+            "measured_fps": self.measured_fps(),
+            "updated": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+
+    def take_new_episodes(self) -> list[tuple[float, int]]:
+        eps, self._episodes_since_summary = self._episodes_since_summary, []
+        return eps
+
+
+class Reporter:
+    """Writes TensorBoard scalars, ``summary.json`` and console progress at their cadences."""
+
+    def __init__(self, cfg: Config, experiment_dir: str, stats: TrainingStats):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.cfg = cfg
+        self.dir = experiment_dir
+        self.stats = stats
+        self.writer = SummaryWriter(log_dir=os.path.join(experiment_dir, "tb"))
+        self._last_log = time.time()
+        self._last_summary = time.time()
+
+    def maybe_report(self, force: bool = False) -> None:
+        now = time.time()
+        if force or now - self._last_summary >= self.cfg.summaries_every_sec:
+            self._last_summary = now
+            self.write_summaries()
+        if force or now - self._last_log >= self.cfg.log_every_sec:
+            self._last_log = now
+            self.print_progress()
+
+    def write_summaries(self) -> dict:
+        s = self.stats
+        fps = s.fps()
+        step = s.env_frames
+        w = self.writer
+        for ret, length in s.take_new_episodes():
+            w.add_scalar("episode/return", ret, step)
+            w.add_scalar("episode/length", length, step)
+        if s.returns:
+            w.add_scalar("episode/mean_return", s.mean_return(), step)
+        w.add_scalar("perf/fps", fps, step)
+        names = {"policy_loss": "train/policy_loss", "value_loss": "train/value_loss",
+                 "entropy": "train/entropy", "kl": "train/kl", "clip_fraction": "train/clip_fraction",
+                 "learning_rate": "train/learning_rate", "grad_norm": "train/grad_norm",
+                 "policy_lag_min": "policy_lag/min", "policy_lag_mean": "policy_lag/mean",
+                 "policy_lag_max": "policy_lag/max"}
+        for key, tag in names.items():
+            if key in s.learner:
+                w.add_scalar(tag, s.learner[key], step)
+        w.flush()
+        summary = s.summary(fps)
+        write_json_atomic(os.path.join(self.dir, "summary.json"), summary)
+        return summary
+
+    def print_progress(self) -> None:
+        s = self.stats
+        ret = s.mean_return()
+        ret_txt = "n/a" if ret is None else f"{ret:.3f} (last {len(s.returns)})"
+        lag = s.learner
+        lag_txt = (f"{lag['policy_lag_min']:.0f}/{lag['policy_lag_mean']:.1f}/{lag['policy_lag_max']:.0f}"
+                   if "policy_lag_mean" in lag else "n/a")
+        log(f"frames {s.env_frames:,} | fps {s.fps():,.0f} | return {ret_txt} | "
+            f"lag min/mean/max {lag_txt} | learner steps {s.learner_steps:,}")
+
+    def close(self) -> dict:
+        summary = self.write_summaries()
+        self.writer.close()
+        return summary
+
+
+def write_json_atomic(path: str, data: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh, indent=2)
+    os.replace(tmp, path)
+
+
+def print_final_summary(summary: dict) -> None:
+    ret = summary["mean_episode_return"]
+    lag = summary["policy_lag"]
+    lines = [
+        "training finished",
+        f"  env frames      {summary['env_frames']:,}",
+        f"  wall time       {summary['run_seconds']:.0f} s this run ({summary['wall_seconds']:.0f} s in total)",
+        f"  mean return     {'n/a' if ret is None else f'{ret:.3f}'} over the last {summary['episodes_averaged']} episodes",
+        f"  learner steps   {summary['learner_steps']:,}",
+    ]
+    if lag:
+        lines.append(f"  policy lag      min {lag['min']:.0f}, mean {lag['mean']:.2f}, max {lag['max']:.0f}")
+    for line in lines:
+        log(line)
+    sys.stdout.flush()

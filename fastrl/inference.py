@@ -1,0 +1,99 @@
+"""The policy worker core: batched inference over whatever requests are waiting.
+
+Observations are gathered from the trajectory buffers with one indexed read per key, the
+model runs once under ``torch.inference_mode`` on the worker's device, and actions,
+log-probs, values and the acting policy version are written back into the same buffer
+positions with one indexed write each.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from fastrl.buffers import TrajectoryBuffers
+from fastrl.messages import ActionsReady, InferenceRequest
+from fastrl.model import ActionDistribution, ActorCritic
+
+
+class WeightsSource(Protocol):
+    """Where a policy worker gets new weights from."""
+
+    def version(self) -> int: ...
+
+    def load_into(self, model: torch.nn.Module) -> int:
+        """Copy the newest weights into ``model``; return their version."""
+        ...
+
+
+class PolicyWorker:
+    """Runs the policy for batches of :class:`InferenceRequest`.
+
+    Args:
+        model: the actor-critic, already on ``device``.
+        buffers: trajectory buffers (CPU, possibly shared).
+        rnn_state: ``[num_envs_total, H]`` recurrent state per env (CPU, possibly shared).
+        weights: source of new weights; ``None`` means ``model`` is trained in place
+            (serial mode) and ``version_fn`` gives its version.
+        deterministic: take the most likely action instead of sampling.
+    """
+
+    def __init__(self, model: ActorCritic, action_space, buffers: TrajectoryBuffers,
+                 rnn_state: torch.Tensor, device: torch.device,
+                 weights: WeightsSource | None = None,
+                 version_fn=None, deterministic: bool = False):
+        self.model = model
+        self.buffers = buffers
+        self.rnn_state = rnn_state
+        self.device = device
+        self.weights = weights
+        self.version_fn = version_fn
+        self.deterministic = deterministic
+        self.action_space = action_space
+        self.policy_version = 0
+        self.samples = 0
+        self._non_blocking = device.type == "cuda"
+
+    def maybe_update_weights(self) -> None:
+        if self.weights is not None:
+            if self.weights.version() != self.policy_version:
+                self.policy_version = self.weights.load_into(self.model)
+        elif self.version_fn is not None:
+            self.policy_version = self.version_fn()
+
+    def infer(self, requests: list[InferenceRequest]) -> list[ActionsReady]:
+        """Act for every env in ``requests``; return who may step now."""
+        if not requests:
+            return []
+        self.maybe_update_weights()
+        env_ids: list[int] = []
+        bufs: list[int] = []
+        steps: list[int] = []
+        for req in requests:
+            env_ids += req.env_ids
+            bufs += req.buffers
+            steps += [req.t] * len(req.buffers)
+        b_idx = torch.tensor(bufs, dtype=torch.int64)
+        t_idx = torch.tensor(steps, dtype=torch.int64)
+        e_idx = torch.tensor(env_ids, dtype=torch.int64)
+        obs = {k: self._to_device(v[b_idx, t_idx]) for k, v in self.buffers.obs.items()}
+        h = self._to_device(self.rnn_state[e_idx])
+        with torch.inference_mode():
+            logits, values, new_h = self.model.forward_step(obs, h)
+            dist = ActionDistribution(logits, self.action_space)
+            actions = dist.mode() if self.deterministic else dist.sample()
+            log_probs = dist.log_prob(actions)
+        self.buffers.actions[b_idx, t_idx] = actions.cpu()
+        self.buffers.log_probs[b_idx, t_idx] = log_probs.float().cpu()
+        self.buffers.values[b_idx, t_idx] = values.float().cpu()
+        self.buffers.policy_versions[b_idx, t_idx] = self.policy_version
+        if new_h.shape[-1]:
+            self.rnn_state[e_idx] = new_h.float().cpu()
+        self.samples += len(bufs)
+        return [ActionsReady(req.worker_id, req.split_id) for req in requests]
+
+    def _to_device(self, x: torch.Tensor) -> torch.Tensor:
+        if self._non_blocking:
+            return x.pin_memory().to(self.device, non_blocking=True)
+        return x.to(self.device)

@@ -1,0 +1,132 @@
+"""The learner core: APPO (PPO-clip on V-trace advantages) over complete trajectories."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from fastrl.algo.appo import LossParams, appo_loss
+from fastrl.cfg import Config
+from fastrl.model import ActionDistribution, ActorCritic
+
+
+class Learner:
+    """Owns the trainable model and its optimizer; ``version`` counts SGD steps.
+
+    :meth:`train` takes a batch gathered from the trajectory buffers (see
+    ``TrajectoryBuffers.gather``), already on ``device``.
+    """
+
+    def __init__(self, cfg: Config, model: ActorCritic, action_space, device: torch.device):
+        self.cfg = cfg
+        self.model = model
+        self.action_space = action_space
+        self.device = device
+        self.optimizer = torch.optim.Adam(
+            model.parameters(), lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
+            eps=cfg.adam_eps,
+        )
+        self.params = LossParams(
+            gamma=cfg.gamma, ppo_clip_ratio=cfg.ppo_clip_ratio, value_loss_coeff=cfg.value_loss_coeff,
+            exploration_loss_coeff=cfg.exploration_loss_coeff, vtrace_rho=cfg.vtrace_rho,
+            vtrace_c=cfg.vtrace_c, with_vtrace=cfg.with_vtrace,
+        )
+        self.version = 0
+        self.samples_trained = 0
+        self.train_seconds = 0.0
+
+    @property
+    def trajectories_per_minibatch(self) -> int:
+        return self.cfg.batch_size // self.cfg.rollout
+
+    @property
+    def trajectories_per_batch(self) -> int:
+        return self.trajectories_per_minibatch * self.cfg.num_batches_per_epoch
+
+    def train(self, batch: dict) -> dict[str, float]:
+        """Run ``num_epochs`` x ``num_batches_per_epoch`` SGD steps on ``batch``.
+
+        ``batch`` holds ``obs`` (dict of ``[B, T+1, ...]``), ``actions`` ``[B, T, D]``,
+        ``log_probs``/``rewards``/``dones``/``policy_versions`` ``[B, T]`` and
+        ``rnn_states`` ``[B, H]``. Returns scalar statistics of the last step plus the
+        policy lag of the batch.
+        """
+        start = time.perf_counter()
+        cfg = self.cfg
+        num_traj = batch["log_probs"].shape[0]
+        lag = (self.version - batch["policy_versions"]).float()
+        stats: dict[str, float] = {
+            "policy_lag_min": lag.min().item(),
+            "policy_lag_mean": lag.mean().item(),
+            "policy_lag_max": lag.max().item(),
+        }
+        mb_size = self.trajectories_per_minibatch
+        last: dict[str, torch.Tensor] = {}
+        for _ in range(cfg.num_epochs):
+            if cfg.num_batches_per_epoch > 1:
+                order = torch.randperm(num_traj, device=self.device)
+            else:
+                order = None
+            for start_idx in range(0, num_traj, mb_size):
+                idx = None if order is None else order[start_idx:start_idx + mb_size]
+                mb = batch if idx is None else _select(batch, idx)
+                last = self._sgd_step(mb)
+        stats.update({k: float(v) for k, v in last.items()})
+        stats["learning_rate"] = self.optimizer.param_groups[0]["lr"]
+        self.samples_trained += int(batch["log_probs"].numel())
+        self.train_seconds += time.perf_counter() - start
+        return stats
+
+    def _sgd_step(self, mb: dict) -> dict[str, torch.Tensor]:
+        cfg = self.cfg
+        dones = mb["dones"]
+        b, t = dones.shape
+        # The hidden state is zeroed before step t+1 when step t ended an episode.
+        resets = torch.zeros((b, t + 1), device=self.device)
+        resets[:, 1:] = dones.float()
+        logits, values = self.model.forward_sequence(mb["obs"], mb["rnn_states"], resets)
+        dist = ActionDistribution(logits[:, :t].reshape(b * t, -1), self.action_space)
+        actions = mb["actions"].reshape(b * t, -1)
+        target_log_probs = dist.log_prob(actions).reshape(b, t)
+        entropy = dist.entropy().reshape(b, t)
+        valid = (self.version - mb["policy_versions"]) <= cfg.max_policy_lag
+        loss, stats = appo_loss(target_log_probs, entropy, mb["log_probs"], values, mb["rewards"],
+                                dones, valid, self.params)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.max_grad_norm > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        else:
+            grad_norm = torch.sqrt(sum((p.grad.detach() ** 2).sum() for p in self.model.parameters()
+                                       if p.grad is not None))
+        self.optimizer.step()
+        self.version += 1
+        stats = dict(stats)
+        stats["grad_norm"] = grad_norm.detach()
+        stats["loss"] = loss.detach()
+        return stats
+
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+            "samples_trained": self.samples_trained,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        self.samples_trained = int(state["samples_trained"])
+
+
+def _select(batch: dict, idx: torch.Tensor) -> dict:
+    out = {}
+    for key, value in batch.items():
+        if isinstance(value, dict):
+            out[key] = {k: v.index_select(0, idx) for k, v in value.items()}
+        else:
+            out[key] = value.index_select(0, idx)
+    return out

@@ -1,0 +1,412 @@
+"""The policy network: per-key observation encoders, an optional GRU core, actor and critic heads,
+and the action distribution used by inference and the learner.
+
+Contract (see ``docs/internals.md``, section "The model")::
+
+    model = ActorCritic(obs_space, action_space, cfg)
+    model.rnn_state_size                                    # 0 when cfg.use_rnn is False
+    model.forward_step(obs, rnn_state)         -> logits [B, A], values [B], new_rnn_state [B, H]
+    model.forward_sequence(obs, rnn_state0, resets) -> logits [B, T, A], values [B, T]
+    dist = ActionDistribution(logits, action_space)
+
+Observations are ``dict[str, Tensor]``; a ``Box`` observation space is handled as
+``Dict({"obs": box})``. Encoders, chosen from each key's space:
+
+* image: ``Box`` of dtype ``uint8`` and shape ``[C, H, W]`` (H, W >= 36). The encoder computes
+  ``x / 255`` and then normalises with a fixed mean 0.5 and std 0.5, so pixels enter the conv
+  stack in ``[-1, 1]``. A float tensor is accepted too and read the same way, as pixel values in
+  ``[0, 255]`` (a uint8 image cast to float gives exactly the same output), never as values
+  already scaled to ``[0, 1]``. Conv stack "convnet_simple": 8x8/4 (32 ch), 4x4/2 (64 ch),
+  3x3/2 (128 ch), flatten, linear to ``cfg.encoder_fc_size``; a nonlinearity after each layer.
+* vector: ``Box`` of shape ``[N]`` (any numeric dtype, cast to float32): an MLP with hidden sizes
+  ``cfg.encoder_mlp_layers`` (an empty list passes the vector through unchanged).
+
+The encoder outputs are concatenated in the order of the ``Dict`` space's keys and fed to the
+core directly (no extra mixing layer: the GRU, or the linear heads without an RNN, already mix
+them).
+
+``cfg`` is any object with the attributes ``use_rnn: bool``, ``rnn_size: int``,
+``encoder_fc_size: int``, ``encoder_mlp_layers: list[int]`` and ``nonlinearity: str``
+(``"elu"``, ``"relu"`` or ``"tanh"``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from itertools import pairwise
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+__all__ = [
+    "ActionDistribution",
+    "ActorCritic",
+    "as_dict_space",
+    "obs_to_dict",
+]
+
+_NONLINEARITIES: dict[str, type[nn.Module]] = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh}
+_HIDDEN_GAIN = math.sqrt(2.0)
+_ACTOR_GAIN = 0.01
+_CRITIC_GAIN = 1.0
+# (kernel, stride, out_channels) of "convnet_simple".
+_CONVNET_SIMPLE: tuple[tuple[int, int, int], ...] = ((8, 4, 32), (4, 2, 64), (3, 2, 128))
+_CONVNET_MIN_HW = 36  # smallest H or W for which every conv layer has an output of size >= 1
+
+
+def as_dict_space(space: spaces.Space) -> spaces.Dict:
+    """Return ``space`` as a ``Dict``: a ``Box`` becomes ``Dict({"obs": box})``, a ``Dict`` is
+    returned as is. Any other space is a ``ValueError``."""
+    if isinstance(space, spaces.Dict):
+        return space
+    if isinstance(space, spaces.Box):
+        return spaces.Dict({"obs": space})
+    raise ValueError(
+        f"observation space {space} is not supported: fastrl expects a Box or a Dict of Boxes"
+    )
+
+
+def obs_to_dict(obs: Any) -> dict[str, Any]:
+    """Return an observation as a dict: a mapping is copied into a ``dict``, anything else
+    (a tensor or array for a ``Box`` space) becomes ``{"obs": obs}``."""
+    if isinstance(obs, Mapping):
+        return dict(obs)
+    return {"obs": obs}
+
+
+def _make_nonlinearity(name: str) -> nn.Module:
+    try:
+        return _NONLINEARITIES[name]()
+    except KeyError:
+        raise ValueError(
+            f"unknown nonlinearity {name!r}; choose one of {sorted(_NONLINEARITIES)}"
+        ) from None
+
+
+def _init_layer(layer: nn.Module, gain: float) -> nn.Module:
+    """Orthogonal weights with ``gain`` and zero biases, in place; returns ``layer``."""
+    nn.init.orthogonal_(layer.weight, gain=gain)
+    if layer.bias is not None:
+        nn.init.zeros_(layer.bias)
+    return layer
+
+
+def _action_nvec(action_space: spaces.Space) -> tuple[int, ...]:
+    """Number of choices per action dimension: ``(n,)`` for Discrete, ``nvec`` for
+    MultiDiscrete."""
+    if isinstance(action_space, spaces.Discrete):
+        return (int(action_space.n),)
+    if isinstance(action_space, spaces.MultiDiscrete):
+        nvec = np.asarray(action_space.nvec)
+        if nvec.ndim != 1:
+            raise ValueError(f"MultiDiscrete action space must be 1-D, got nvec shape {nvec.shape}")
+        return tuple(int(n) for n in nvec)
+    raise ValueError(f"action space {action_space} is not supported: use Discrete or MultiDiscrete")
+
+
+class _ImageEncoder(nn.Module):
+    """uint8 (or float in [0, 255]) images ``[B, C, H, W]`` -> features ``[B, fc_size]``."""
+
+    def __init__(self, key: str, space: spaces.Box, fc_size: int, nonlinearity: str) -> None:
+        super().__init__()
+        c, h, w = (int(d) for d in space.shape)
+        if h < _CONVNET_MIN_HW or w < _CONVNET_MIN_HW:
+            raise ValueError(
+                f"observation key {key!r}: image shape {tuple(space.shape)} is too small for "
+                f"convnet_simple (needs H and W >= {_CONVNET_MIN_HW})"
+            )
+        layers: list[nn.Module] = []
+        in_ch = c
+        for kernel, stride, out_ch in _CONVNET_SIMPLE:
+            layers += [
+                _init_layer(nn.Conv2d(in_ch, out_ch, kernel, stride), _HIDDEN_GAIN),
+                _make_nonlinearity(nonlinearity),
+            ]
+            in_ch = out_ch
+        layers.append(nn.Flatten())
+        self.convs = nn.Sequential(*layers)
+        with torch.no_grad():
+            flat_size = self.convs(torch.zeros(1, c, h, w)).shape[1]
+        self.fc = nn.Sequential(
+            _init_layer(nn.Linear(flat_size, fc_size), _HIDDEN_GAIN),
+            _make_nonlinearity(nonlinearity),
+        )
+        self.out_size = fc_size
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: ``[B, C, H, W]`` uint8 or float pixel values in ``[0, 255]`` -> ``[B, fc_size]``."""
+        # One float copy, then in-place (x / 255 - 0.5) / 0.5 == x * 2 / 255 - 1.
+        x = x.to(torch.float32, copy=True).mul_(2.0 / 255.0).sub_(1.0)
+        return self.fc(self.convs(x))
+
+
+class _VectorEncoder(nn.Module):
+    """Vectors ``[B, N]`` -> features ``[B, layers[-1]]`` (``[B, N]`` for an empty MLP)."""
+
+    def __init__(self, space: spaces.Box, layer_sizes: Sequence[int], nonlinearity: str) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        in_size = int(space.shape[0])
+        for size in layer_sizes:
+            layers += [
+                _init_layer(nn.Linear(in_size, int(size)), _HIDDEN_GAIN),
+                _make_nonlinearity(nonlinearity),
+            ]
+            in_size = int(size)
+        self.mlp = nn.Sequential(*layers)
+        self.out_size = in_size
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: ``[B, N]`` -> ``[B, out_size]``."""
+        return self.mlp(x.to(torch.float32))
+
+
+def _make_encoder(key: str, space: spaces.Space, cfg: Any) -> nn.Module:
+    if isinstance(space, spaces.Box):
+        if len(space.shape) == 3 and space.dtype == np.uint8:
+            return _ImageEncoder(key, space, int(cfg.encoder_fc_size), cfg.nonlinearity)
+        if len(space.shape) == 1 and np.issubdtype(space.dtype, np.number):
+            return _VectorEncoder(space, list(cfg.encoder_mlp_layers), cfg.nonlinearity)
+    raise ValueError(
+        f"observation key {key!r}: unsupported space {space}; fastrl encodes a uint8 Box of shape "
+        f"[C, H, W] (image) or a Box of shape [N] (vector)"
+    )
+
+
+class ActorCritic(nn.Module):
+    """Encoders -> optional one-layer GRU -> actor logits and critic value.
+
+    Args:
+        obs_space: a ``Dict`` of Boxes, or a ``Box`` (treated as ``Dict({"obs": box})``).
+        action_space: ``Discrete`` (A = n) or ``MultiDiscrete`` (A = sum(nvec)).
+        cfg: see the module docstring.
+
+    Initialisation: orthogonal weights, zero biases; gain sqrt(2) for encoder layers, 1 for the
+    GRU's weights (its gates are sigmoid/tanh, not rectifiers), 0.01 for the actor output (an
+    almost uniform initial policy) and 1 for the critic.
+    """
+
+    def __init__(self, obs_space: spaces.Space, action_space: spaces.Space, cfg: Any) -> None:
+        super().__init__()
+        _make_nonlinearity(cfg.nonlinearity)  # fail early, before building anything
+        obs_space = as_dict_space(obs_space)
+        self.action_space = action_space
+        self.num_logits = sum(_action_nvec(action_space))
+
+        # A ModuleList plus a key list rather than a ModuleDict: observation keys may hold
+        # characters ("." for one) that a ModuleDict rejects.
+        self._obs_keys: list[str] = list(obs_space.spaces)
+        if not self._obs_keys:
+            raise ValueError("observation space is an empty Dict")
+        self.encoders = nn.ModuleList(
+            _make_encoder(key, space, cfg) for key, space in obs_space.spaces.items()
+        )
+        encoded_size = sum(enc.out_size for enc in self.encoders)
+
+        self.use_rnn = bool(cfg.use_rnn)
+        if self.use_rnn:
+            rnn_size = int(cfg.rnn_size)
+            if rnn_size <= 0:
+                raise ValueError(f"rnn_size must be positive when use_rnn is set, got {rnn_size}")
+            # batch_first: the learner's trajectories are [B, T, ...].
+            self.gru: nn.GRU | None = nn.GRU(encoded_size, rnn_size, batch_first=True)
+            for name, param in self.gru.named_parameters():
+                if name.startswith("weight"):
+                    nn.init.orthogonal_(param, gain=1.0)
+                else:
+                    nn.init.zeros_(param)
+            self.rnn_state_size = rnn_size
+            core_size = rnn_size
+        else:
+            self.gru = None
+            self.rnn_state_size = 0
+            core_size = encoded_size
+
+        self.actor = _init_layer(nn.Linear(core_size, self.num_logits), _ACTOR_GAIN)
+        self.critic = _init_layer(nn.Linear(core_size, 1), _CRITIC_GAIN)
+
+    def initial_rnn_state(
+        self, batch_size: int, device: torch.device | str | None = None
+    ) -> Tensor:
+        """Zeros ``[batch_size, rnn_state_size]`` float32, on ``device`` (default: the model's)."""
+        if device is None:
+            device = self.actor.weight.device
+        return torch.zeros(batch_size, self.rnn_state_size, dtype=torch.float32, device=device)
+
+    def _encode(self, obs: Mapping[str, Tensor]) -> Tensor:
+        """obs: dict of ``[N, ...]`` -> features ``[N, encoded_size]``."""
+        feats = [enc(obs[key]) for key, enc in zip(self._obs_keys, self.encoders, strict=True)]
+        return feats[0] if len(feats) == 1 else torch.cat(feats, dim=1)
+
+    def _heads(self, core: Tensor) -> tuple[Tensor, Tensor]:
+        """core: ``[N, core_size]`` -> logits ``[N, A]``, values ``[N]``."""
+        return self.actor(core), self.critic(core).squeeze(-1)
+
+    def forward_step(
+        self, obs: Mapping[str, Tensor] | Tensor, rnn_state: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """One step for a batch of envs.
+
+        Args:
+            obs: dict of ``[B, ...]`` (a bare tensor is taken as ``{"obs": tensor}``).
+            rnn_state: ``[B, H]``, H = ``rnn_state_size`` (0 without an RNN).
+
+        Returns:
+            logits ``[B, A]``, values ``[B]``, new_rnn_state ``[B, H]`` (without an RNN, the
+            ``rnn_state`` passed in, unchanged).
+        """
+        x = self._encode(obs_to_dict(obs))
+        if self.gru is None:
+            logits, values = self._heads(x)
+            return logits, values, rnn_state
+        _, h = self.gru(x.unsqueeze(1), rnn_state.unsqueeze(0).contiguous())
+        new_state = h.squeeze(0)
+        logits, values = self._heads(new_state)
+        return logits, values, new_state
+
+    def forward_sequence(
+        self, obs: Mapping[str, Tensor] | Tensor, rnn_state0: Tensor, resets: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """A batch of trajectories, as the learner needs it.
+
+        Equal (up to float rounding) to calling ``forward_step`` for t = 0..T-1 with the state
+        multiplied by ``1 - resets[:, t]`` before each step.
+
+        Args:
+            obs: dict of ``[B, T, ...]``.
+            rnn_state0: ``[B, H]``, the state before step 0.
+            resets: float ``[B, T]``; 1.0 where the hidden state is zeroed before step t.
+
+        Returns:
+            logits ``[B, T, A]``, values ``[B, T]``.
+        """
+        obs = obs_to_dict(obs)
+        b, t = resets.shape
+        # The encoders (the costly part) run once over all B * T observations.
+        flat = {key: obs[key].reshape(b * t, *obs[key].shape[2:]) for key in self._obs_keys}
+        x = self._encode(flat)
+        if self.gru is not None:
+            x = self._unroll(x.view(b, t, -1), rnn_state0, resets).reshape(b * t, -1)
+        logits, values = self._heads(x)
+        return logits.view(b, t, -1), values.view(b, t)
+
+    def _unroll(self, x: Tensor, h0: Tensor, resets: Tensor) -> Tensor:
+        """GRU over time with resets. x: ``[B, T, F]``, h0: ``[B, H]``, resets: ``[B, T]`` ->
+        outputs ``[B, T, H]``.
+
+        The sequence is cut at every step where any trajectory resets; each segment runs as one
+        ``nn.GRU`` call (C++/cuDNN loop over time), so a batch without resets is a single call.
+        """
+        assert self.gru is not None
+        b, t = resets.shape
+        # One host sync per learner batch to find the cuts.
+        reset_steps = torch.nonzero(resets.detach().ne(0).any(dim=0)).flatten().tolist()
+        cuts = sorted({0, *reset_steps, t})
+        keep = 1.0 - resets.to(x.dtype)
+        h = h0.unsqueeze(0).contiguous()  # [1, B, H]
+        reset_set = set(reset_steps)
+        outputs = []
+        for start, end in pairwise(cuts):
+            if start in reset_set:
+                h = h * keep[:, start].view(1, b, 1)
+            out, h = self.gru(x[:, start:end], h)
+            outputs.append(out)
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+
+
+class ActionDistribution:
+    """Independent categoricals over the split logits of a Discrete / MultiDiscrete space.
+
+    ``logits`` has shape ``[*batch, A]`` (A = n, or sum(nvec)); every method keeps the leading
+    ``batch`` shape, so ``[B, A]`` logits give ``sample() -> int64 [B, D]`` and ``[B, T, A]``
+    logits give ``[B, T, D]``. D = 1 for Discrete, len(nvec) for MultiDiscrete.
+
+    Internally the logits are laid out as ``[N, D, max(nvec)]``, padded with ``-inf`` where
+    nvec differs between dimensions, so that every method is a handful of batched tensor ops
+    (no ``torch.distributions`` objects, no Python loop over dimensions). Logits are evaluated
+    in float32.
+    """
+
+    def __init__(self, logits: Tensor, action_space: spaces.Space) -> None:
+        nvec = _action_nvec(action_space)
+        if logits.shape[-1] != sum(nvec):
+            raise ValueError(
+                f"logits have {logits.shape[-1]} entries in the last dim, but {action_space} "
+                f"needs {sum(nvec)}"
+            )
+        self.batch_shape = logits.shape[:-1]
+        self.num_dims = len(nvec)
+        n_max = max(nvec)
+        flat = logits.reshape(-1, logits.shape[-1]).float()
+        if all(n == n_max for n in nvec):
+            padded = flat.view(flat.shape[0], self.num_dims, n_max)
+            self._pad_mask: Tensor | None = None
+        else:
+            index, pad_mask = _padding_index(nvec, flat.device)
+            # Column A of the extended logits is -inf; the index points every pad slot at it.
+            ext = torch.cat([flat, flat.new_full((flat.shape[0], 1), -math.inf)], dim=1)
+            padded = ext[:, index]
+            self._pad_mask = pad_mask
+        self._logits = padded  # [N, D, n_max]
+        self._log_probs = F.log_softmax(padded, dim=-1)
+        self._probs: Tensor | None = None
+
+    @property
+    def probs(self) -> Tensor:
+        """``[N, D, n_max]`` probabilities (0 in padding slots)."""
+        if self._probs is None:
+            self._probs = self._log_probs.exp()
+        return self._probs
+
+    def _out(self, x: Tensor) -> Tensor:
+        """``[N, ...]`` -> ``[*batch, ...]``."""
+        return x.view(*self.batch_shape, *x.shape[1:])
+
+    def sample(self) -> Tensor:
+        """Random actions, int64 ``[*batch, D]``."""
+        probs = self.probs
+        actions = torch.multinomial(probs.view(-1, probs.shape[-1]), 1)
+        return self._out(actions.view(-1, self.num_dims))
+
+    def mode(self) -> Tensor:
+        """Most likely action in each dimension, int64 ``[*batch, D]``."""
+        return self._out(self._logits.argmax(dim=-1))
+
+    def log_prob(self, actions: Tensor) -> Tensor:
+        """actions: int ``[*batch, D]`` -> log-probability summed over dims, ``[*batch]``."""
+        index = actions.reshape(-1, self.num_dims, 1).long()
+        return self._out(self._log_probs.gather(-1, index).view(-1, self.num_dims).sum(-1))
+
+    def entropy(self) -> Tensor:
+        """Entropy summed over dims, ``[*batch]``."""
+        log_probs = self._log_probs
+        if self._pad_mask is not None:
+            # Zero the -inf first: 0 * -inf would be NaN in the value and in the gradient.
+            log_probs = log_probs.masked_fill(self._pad_mask, 0.0)
+        return self._out(-(self.probs * log_probs).sum(dim=(-2, -1)))
+
+
+_PADDING_CACHE: dict[tuple[tuple[int, ...], torch.device], tuple[Tensor, Tensor]] = {}
+
+
+def _padding_index(nvec: tuple[int, ...], device: torch.device) -> tuple[Tensor, Tensor]:
+    """For unequal ``nvec``: a gather index ``[D, n_max]`` into logits extended with one -inf
+    column (index ``sum(nvec)``), and the bool mask ``[D, n_max]`` of the padding slots.
+    Cached per (nvec, device), since inference builds a distribution every step."""
+    key = (nvec, torch.device(device))
+    cached = _PADDING_CACHE.get(key)
+    if cached is None:
+        total, n_max = sum(nvec), max(nvec)
+        index = torch.full((len(nvec), n_max), total, dtype=torch.long)
+        offset = 0
+        for d, n in enumerate(nvec):
+            index[d, :n] = torch.arange(offset, offset + n)
+            offset += n
+        cached = (index.to(device), (index == total).to(device))
+        _PADDING_CACHE[key] = cached
+    return cached

@@ -1,0 +1,1 @@
+"""Runners drive the components: ``serial`` in one process, ``parallel`` across processes."""

@@ -1,0 +1,124 @@
+"""Set-up shared by the serial and parallel runners."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from fastrl.cfg import Config
+from fastrl.env_registry import make_env
+from fastrl.experiment import ExperimentError
+from fastrl.model import ActorCritic, as_dict_space
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ExperimentError(f"--device={name}: CUDA is not available on this machine (use cpu or auto)")
+    return device
+
+
+def env_options(cfg: Config) -> dict:
+    """Options for ``make_env`` from the config (only those the user changed)."""
+    options: dict = {}
+    if cfg.env_frameskip is not None:
+        options["frameskip"] = cfg.env_frameskip
+    if cfg.env_max_episode_steps is not None:
+        options["max_episode_steps"] = cfg.env_max_episode_steps
+    if cfg.env_measurements:
+        options["measurements"] = True
+    return options
+
+
+def create_env(cfg: Config, **extra) -> gym.Env:
+    return make_env(cfg.env, **env_options(cfg), **extra)
+
+
+@dataclass(frozen=True)
+class EnvInfo:
+    obs_space: spaces.Dict
+    action_space: spaces.Space
+    frameskip: int
+
+    def describe(self) -> dict:
+        return {"obs_space": repr(self.obs_space), "action_space": repr(self.action_space),
+                "frameskip": self.frameskip}
+
+
+def env_info(env: gym.Env) -> EnvInfo:
+    return EnvInfo(as_dict_space(env.observation_space), env.action_space,
+                   int(env.metadata.get("frameskip", 1)))
+
+
+def probe_env(cfg: Config) -> EnvInfo:
+    """Create one env to read its spaces, then close it."""
+    env = create_env(cfg)
+    try:
+        return env_info(env)
+    finally:
+        env.close()
+
+
+def build_model(cfg: Config, info: EnvInfo, device: torch.device) -> ActorCritic:
+    return ActorCritic(info.obs_space, info.action_space, cfg).to(device)
+
+
+def buffers_per_env(cfg: Config, num_envs: int) -> int:
+    """Trajectory slots per env: one being filled plus room for two learner batches."""
+    traj_per_batch = cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout
+    return 2 * math.ceil(traj_per_batch / num_envs) + 1
+
+
+def seed_everything(seed: int | None) -> None:
+    if seed is None:
+        return
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def check_checkpoint_compatible(state: dict, cfg: Config, info: EnvInfo, path: str) -> None:
+    """Refuse a checkpoint made for another env or model, naming what differs."""
+    saved = state.get("env_info", {})
+    for key, value in info.describe().items():
+        if key in saved and saved[key] != value:
+            raise ExperimentError(
+                f"checkpoint {path} was made with {key} {saved[key]}, but --env={cfg.env} gives {value}"
+            )
+    saved_cfg = state.get("cfg", {})
+    from fastrl.cfg import MODEL_DEFINING
+
+    for key in MODEL_DEFINING:
+        if key in saved_cfg and saved_cfg[key] != getattr(cfg, key):
+            raise ExperimentError(
+                f"checkpoint {path} was made with {key}={saved_cfg[key]!r}, not {getattr(cfg, key)!r}"
+            )
+
+
+def checkpoint_state(cfg: Config, info: EnvInfo, learner_state: dict, counters: dict) -> dict:
+    """Everything a checkpoint holds; ``counters`` comes from ``TrainingStats.counters()``."""
+    from fastrl.experiment import rng_state
+
+    return {
+        "learner": learner_state,
+        "counters": dict(counters),
+        "rng": rng_state(),
+        "cfg": cfg.to_dict(),
+        "env_info": info.describe(),
+    }
+
+
+def restore_counters(stats, state: dict) -> None:
+    counters = state["counters"]
+    stats.env_frames = int(counters["env_frames"])
+    stats.episodes = int(counters["episodes"])
+    stats.prior_seconds = float(counters["wall_seconds"])
+    stats.learner_steps = int(state["learner"]["version"])

@@ -1,0 +1,144 @@
+"""Serial mode: the rollout, inference and learner components driven in one process.
+
+The same classes as the parallel runner, called in order with no queues between them: the
+way to debug and profile, and to test learning deterministically (a seeded run repeats).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from fastrl.buffers import BufferLayout, TrajectoryBuffers
+from fastrl.cfg import Config
+from fastrl.experiment import (
+    Reporter,
+    TrainingStats,
+    load_latest_checkpoint,
+    log,
+    prepare_experiment_dir,
+    print_final_summary,
+    save_checkpoint,
+    set_rng_state,
+)
+from fastrl.inference import PolicyWorker
+from fastrl.learner import Learner
+from fastrl.rollout import RolloutWorker, StepOutput
+from fastrl.runner.common import (
+    build_model,
+    buffers_per_env,
+    check_checkpoint_compatible,
+    checkpoint_state,
+    create_env,
+    env_info,
+    resolve_device,
+    restore_counters,
+    seed_everything,
+)
+
+
+def run_serial(cfg: Config) -> dict:
+    """Train (or only sample, with ``--sampling_only``) until a stop condition; return the summary."""
+    device = resolve_device(cfg.device)
+    exp_dir = prepare_experiment_dir(cfg)
+    seed_everything(cfg.seed)
+    n_envs = cfg.num_envs_per_worker
+    envs = [create_env(cfg) for _ in range(n_envs)]
+    worker = None
+    reporter = None
+    try:
+        info = env_info(envs[0])
+        model = build_model(cfg, info, device)
+        learner = Learner(cfg, model, info.action_space, device)
+        stats = TrainingStats(cfg, info.frameskip)
+        state, path = load_latest_checkpoint(exp_dir, map_location=device)
+        if state is not None:
+            check_checkpoint_compatible(state, cfg, info, path)
+            learner.load_state_dict(state["learner"])
+            restore_counters(stats, state)
+            set_rng_state(state["rng"])
+            log(f"resumed from {path} at {stats.env_frames:,} frames")
+        per_env = buffers_per_env(cfg, n_envs)
+        layout = BufferLayout.from_spaces(info.obs_space, info.action_space, n_envs * per_env,
+                                          cfg.rollout, model.rnn_state_size)
+        buffers = TrajectoryBuffers(layout)
+        rnn_state = torch.zeros((n_envs, model.rnn_state_size))
+        per_round = None
+        if not cfg.async_rl:
+            per_round = learner.trajectories_per_batch // n_envs
+        worker = RolloutWorker(0, envs, buffers, rnn_state, list(range(layout.num_buffers)),
+                               cfg.worker_num_splits, cfg.reward_scale, cfg.reward_clip,
+                               trajectories_per_round=per_round, seed=cfg.seed)
+        policy = PolicyWorker(model, info.action_space, buffers, rnn_state, device,
+                              version_fn=lambda: learner.version)
+        reporter = Reporter(cfg, exp_dir, stats)
+        log(f"serial mode: {cfg.env}, {n_envs} envs in {cfg.worker_num_splits} splits, device {device}, "
+            f"model {sum(p.numel() for p in model.parameters()):,} parameters, experiment {exp_dir}")
+        _loop(cfg, worker, policy, learner, buffers, stats, reporter, exp_dir, info, device)
+        summary = reporter.close()
+        reporter = None
+        print_final_summary(summary)
+        return summary
+    finally:
+        if reporter is not None:
+            reporter.close()
+        for env in envs:
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001 - free every engine even if one fails
+                pass
+
+
+def _loop(cfg, worker, policy, learner, buffers, stats, reporter, exp_dir, info, device) -> None:
+    requests: deque = deque()
+    ready: list[int] = []
+    last_save = stats.run_seconds
+    frames_at_start = stats.env_frames
+
+    def route(out: StepOutput) -> None:
+        requests.extend(out.requests)
+        for traj in out.trajectories:
+            ready.extend(traj.buffers)
+        for ep in out.episodes:
+            stats.add_episode(ep.episode_return, ep.length)
+        stats.agent_steps_collected += out.agent_steps
+        if cfg.sampling_only:
+            stats.env_frames += out.agent_steps * info.frameskip
+
+    def save() -> None:
+        state = checkpoint_state(cfg, info, learner.state_dict(), stats.counters())
+        path = save_checkpoint(exp_dir, state, cfg.keep_checkpoints)
+        log(f"saved {path}")
+
+    route(worker.start())
+    n_batch = learner.trajectories_per_batch
+    try:
+        while stats.env_frames < cfg.train_for_env_steps and stats.run_seconds < cfg.train_for_seconds:
+            batch_requests = list(requests)
+            requests.clear()
+            for ready_msg in policy.infer(batch_requests):
+                route(worker.on_actions(ready_msg.split_id))
+            if cfg.sampling_only:
+                if ready:
+                    route(worker.add_free_buffers(ready))
+                    ready.clear()
+            while len(ready) >= n_batch and not cfg.sampling_only:
+                idx, ready[:] = ready[:n_batch], ready[n_batch:]
+                batch = buffers.gather(idx, device)
+                route(worker.add_free_buffers(idx))
+                train_stats = learner.train(batch)
+                stats.env_frames += int(batch["rewards"].numel()) * info.frameskip
+                stats.add_learner_stats(train_stats, learner.version)
+                if worker.all_paused:
+                    route(worker.resume())
+            if not requests and not ready:
+                raise RuntimeError("serial runner stalled: no inference requests and no data to train on")
+            reporter.maybe_report()
+            if stats.run_seconds - last_save >= cfg.save_every_sec:
+                save()
+                last_save = stats.run_seconds
+    except KeyboardInterrupt:
+        log("interrupted: saving a checkpoint and stopping")
+    if not cfg.sampling_only and stats.env_frames > frames_at_start:
+        save()

@@ -1,0 +1,34 @@
+"""Entry point behind ``train.py``: parse, validate, run, turn user errors into one line."""
+
+from __future__ import annotations
+
+import sys
+
+from fastrl.cfg import Config, parse_or_exit
+from fastrl.experiment import ExperimentError
+
+
+def user_error_types() -> tuple[type[BaseException], ...]:
+    from fastrl.env_registry import UnknownEnvError
+
+    return (ExperimentError, UnknownEnvError)
+
+
+def run(cfg: Config) -> dict:
+    if cfg.serial_mode:
+        from fastrl.runner.serial import run_serial
+
+        return run_serial(cfg)
+    from fastrl.runner.parallel import run_parallel
+
+    return run_parallel(cfg)
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_or_exit(argv, prog="train.py")
+    try:
+        run(cfg)
+    except user_error_types() as exc:
+        print(f"train.py: error: {exc}", file=sys.stderr)
+        return 1
+    return 0

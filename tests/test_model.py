@@ -1,0 +1,341 @@
+"""Tests for fastrl.model: encoders, GRU core, heads and ActionDistribution."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from fastrl.model import ActionDistribution, ActorCritic, as_dict_space, obs_to_dict
+
+IMG = spaces.Box(0, 255, (3, 36, 36), np.uint8)  # the smallest image convnet_simple accepts
+VEC = spaces.Box(-np.inf, np.inf, (7,), np.float32)
+OBS_SPACES = {
+    "image": IMG,
+    "vector": VEC,
+    "dict": spaces.Dict({"obs": IMG, "measurements": VEC}),
+}
+ACTION_SPACES = {
+    "discrete": spaces.Discrete(5),
+    "multidiscrete": spaces.MultiDiscrete([3, 2, 4]),
+}
+
+
+def make_cfg(**overrides) -> SimpleNamespace:
+    cfg = dict(
+        use_rnn=True,
+        rnn_size=16,
+        encoder_fc_size=32,
+        encoder_mlp_layers=[16, 16],
+        nonlinearity="elu",
+    )
+    cfg.update(overrides)
+    return SimpleNamespace(**cfg)
+
+
+def random_obs(space: spaces.Space, lead: tuple[int, ...], gen: torch.Generator) -> dict:
+    """Random observations of shape [*lead, ...] for every key of ``space``."""
+    out = {}
+    for key, sub in as_dict_space(space).spaces.items():
+        shape = (*lead, *sub.shape)
+        if sub.dtype == np.uint8:
+            out[key] = torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen)
+        else:
+            out[key] = torch.randn(shape, generator=gen)
+    return out
+
+
+def num_logits(action_space: spaces.Space) -> int:
+    if isinstance(action_space, spaces.Discrete):
+        return int(action_space.n)
+    return int(np.sum(action_space.nvec))
+
+
+def test_as_dict_space_and_obs_to_dict():
+    d = as_dict_space(IMG)
+    assert isinstance(d, spaces.Dict) and list(d.spaces) == ["obs"] and d["obs"] is IMG
+    dict_space = OBS_SPACES["dict"]
+    assert as_dict_space(dict_space) is dict_space
+    with pytest.raises(ValueError, match="Box or a Dict"):
+        as_dict_space(spaces.Discrete(3))
+
+    t = torch.zeros(2, 3)
+    assert obs_to_dict(t)["obs"] is t
+    a = np.zeros(3)
+    assert obs_to_dict(a)["obs"] is a
+    obs = {"obs": t, "measurements": t}
+    assert obs_to_dict(obs) == obs
+
+
+@pytest.mark.parametrize("use_rnn", [True, False])
+@pytest.mark.parametrize("act_name", list(ACTION_SPACES))
+@pytest.mark.parametrize("obs_name", list(OBS_SPACES))
+def test_output_shapes(obs_name, act_name, use_rnn):
+    gen = torch.Generator().manual_seed(0)
+    obs_space, act_space = OBS_SPACES[obs_name], ACTION_SPACES[act_name]
+    model = ActorCritic(obs_space, act_space, make_cfg(use_rnn=use_rnn))
+    h = 16 if use_rnn else 0
+    a = num_logits(act_space)
+    assert model.rnn_state_size == h
+
+    b, t = 3, 4
+    state = model.initial_rnn_state(b)
+    assert state.shape == (b, h) and state.dtype == torch.float32 and not state.any()
+    logits, values, new_state = model.forward_step(random_obs(obs_space, (b,), gen), state)
+    assert logits.shape == (b, a) and values.shape == (b,) and new_state.shape == (b, h)
+    if not use_rnn:
+        assert new_state is state
+
+    resets = torch.zeros(b, t)
+    logits, values = model.forward_sequence(random_obs(obs_space, (b, t), gen), state, resets)
+    assert logits.shape == (b, t, a) and values.shape == (b, t)
+    assert torch.isfinite(logits).all() and torch.isfinite(values).all()
+
+
+def test_bare_box_obs_tensor_is_accepted():
+    gen = torch.Generator().manual_seed(0)
+    model = ActorCritic(VEC, spaces.Discrete(3), make_cfg())
+    obs = random_obs(VEC, (2,), gen)
+    state = model.initial_rnn_state(2)
+    from_dict = model.forward_step(obs, state)
+    from_tensor = model.forward_step(obs["obs"], state)
+    for x, y in zip(from_dict, from_tensor, strict=True):
+        torch.testing.assert_close(x, y)
+
+
+def test_real_doom_observation_batch_4():
+    gen = torch.Generator().manual_seed(0)
+    obs_space = spaces.Dict(
+        {
+            "obs": spaces.Box(0, 255, (3, 72, 128), np.uint8),
+            "measurements": spaces.Box(-np.inf, np.inf, (4,), np.float32),
+        }
+    )
+    act_space = spaces.MultiDiscrete([3, 3, 2, 2])
+    cfg = make_cfg(rnn_size=512, encoder_fc_size=512, encoder_mlp_layers=[256, 256])
+    model = ActorCritic(obs_space, act_space, cfg)
+    obs = random_obs(obs_space, (4,), gen)
+    assert obs["obs"].dtype == torch.uint8
+    with torch.no_grad():
+        logits, values, state = model.forward_step(obs, model.initial_rnn_state(4))
+    assert logits.shape == (4, 10) and values.shape == (4,) and state.shape == (4, 512)
+    assert torch.isfinite(logits).all() and torch.isfinite(values).all()
+    actions = ActionDistribution(logits, act_space).sample()
+    assert actions.shape == (4, 4) and actions.dtype == torch.int64
+
+
+def stepwise_reference(model, obs, h0, resets):
+    """forward_step for t = 0..T-1, zeroing the state where resets == 1."""
+    h = h0
+    logits, values = [], []
+    for t in range(resets.shape[1]):
+        h = h * (1.0 - resets[:, t : t + 1])
+        step_obs = {k: v[:, t] for k, v in obs.items()}
+        lg, v, h = model.forward_step(step_obs, h)
+        logits.append(lg)
+        values.append(v)
+    return torch.stack(logits, 1), torch.stack(values, 1)
+
+
+@pytest.mark.parametrize("use_rnn", [True, False])
+@pytest.mark.parametrize("reset_kind", ["none", "some", "every_step"])
+def test_forward_sequence_matches_stepwise(use_rnn, reset_kind):
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(1)
+    obs_space = OBS_SPACES["dict"]
+    model = ActorCritic(obs_space, ACTION_SPACES["multidiscrete"], make_cfg(use_rnn=use_rnn))
+    b, t = 4, 7
+    obs = random_obs(obs_space, (b, t), gen)
+    h0 = torch.randn(b, model.rnn_state_size, generator=gen)
+    resets = torch.zeros(b, t)
+    if reset_kind == "some":
+        resets[0, 0] = 1.0  # reset before the very first step
+        resets[1, 3] = 1.0
+        resets[2, 3] = 1.0
+        resets[2, 5] = 1.0
+        resets[3, 6] = 1.0  # last step
+    elif reset_kind == "every_step":
+        resets = (torch.rand(b, t, generator=gen) < 0.5).float()
+        resets[0] = 1.0
+
+    with torch.no_grad():
+        seq_logits, seq_values = model.forward_sequence(obs, h0, resets)
+        ref_logits, ref_values = stepwise_reference(model, obs, h0, resets)
+    torch.testing.assert_close(seq_logits, ref_logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(seq_values, ref_values, atol=1e-5, rtol=0)
+
+    if use_rnn and reset_kind == "some":
+        # The resets matter: without them the result is different.
+        with torch.no_grad():
+            no_reset_logits, _ = model.forward_sequence(obs, h0, torch.zeros(b, t))
+        assert not torch.allclose(no_reset_logits[1, 3:], seq_logits[1, 3:], atol=1e-6)
+
+
+@pytest.mark.parametrize("use_rnn", [True, False])
+def test_gradient_reaches_every_parameter(use_rnn):
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    obs_space = OBS_SPACES["dict"]
+    act_space = ACTION_SPACES["multidiscrete"]
+    model = ActorCritic(obs_space, act_space, make_cfg(use_rnn=use_rnn))
+    b, t = 3, 5
+    resets = torch.zeros(b, t)
+    resets[1, 2] = 1.0
+    logits, values = model.forward_sequence(
+        random_obs(obs_space, (b, t), gen), model.initial_rnn_state(b), resets
+    )
+    dist = ActionDistribution(logits, act_space)
+    loss = (logits**2).sum() + values.sum() - dist.entropy().sum()
+    loss.backward()
+    for name, param in model.named_parameters():
+        assert param.grad is not None, name
+        assert torch.isfinite(param.grad).all(), name
+        assert param.grad.abs().sum() > 0, name
+
+
+def test_uint8_images_are_scaled_inside_the_model():
+    model = ActorCritic(IMG, spaces.Discrete(4), make_cfg(use_rnn=False))
+    state = model.initial_rnn_state(2)
+    black = torch.zeros(2, *IMG.shape, dtype=torch.uint8)
+    white = torch.full((2, *IMG.shape), 255, dtype=torch.uint8)
+    with torch.no_grad():
+        logits_black, values_black, _ = model.forward_step({"obs": black}, state)
+        logits_white, values_white, _ = model.forward_step({"obs": white}, state)
+        # Documented: float images are read as pixel values in [0, 255], like uint8.
+        logits_float, values_float, _ = model.forward_step({"obs": white.float()}, state)
+    assert not torch.allclose(logits_black, logits_white)
+    assert not torch.allclose(values_black, values_white)
+    torch.testing.assert_close(logits_float, logits_white)
+    torch.testing.assert_close(values_float, values_white)
+    assert white.dtype == torch.uint8 and int(white.max()) == 255  # input not modified
+
+    float_input = white.float()
+    with torch.no_grad():
+        model.forward_step({"obs": float_input}, state)
+    assert float(float_input.max()) == 255.0  # a float input is not scaled in place
+
+
+def test_bad_nonlinearity_raises():
+    with pytest.raises(ValueError, match=r"unknown nonlinearity 'gelu'.*elu.*relu.*tanh"):
+        ActorCritic(IMG, spaces.Discrete(3), make_cfg(nonlinearity="gelu"))
+
+
+@pytest.mark.parametrize("nonlinearity", ["elu", "relu", "tanh"])
+def test_every_nonlinearity_builds(nonlinearity):
+    model = ActorCritic(VEC, spaces.Discrete(3), make_cfg(nonlinearity=nonlinearity))
+    logits, _, _ = model.forward_step({"obs": torch.zeros(1, 7)}, model.initial_rnn_state(1))
+    assert logits.shape == (1, 3)
+
+
+@pytest.mark.parametrize(
+    "bad_space",
+    [
+        spaces.Box(0, 1, (3, 36, 36), np.float32),  # a float image space
+        spaces.Box(0, 1, (4, 4), np.float32),  # 2-D
+        spaces.Discrete(3),
+    ],
+)
+def test_bad_observation_space_raises(bad_space):
+    obs_space = spaces.Dict({"obs": IMG, "weird": bad_space})
+    with pytest.raises(ValueError, match=r"observation key 'weird': unsupported space"):
+        ActorCritic(obs_space, spaces.Discrete(3), make_cfg())
+
+
+def test_too_small_image_raises():
+    small = spaces.Box(0, 255, (3, 20, 64), np.uint8)
+    with pytest.raises(ValueError, match=r"'obs'.*too small"):
+        ActorCritic(small, spaces.Discrete(3), make_cfg())
+
+
+def test_bad_action_space_raises():
+    with pytest.raises(ValueError, match="Discrete or MultiDiscrete"):
+        ActorCritic(VEC, spaces.Box(-1, 1, (2,)), make_cfg())
+
+
+# ---- ActionDistribution ----
+
+
+def reference_categoricals(logits: torch.Tensor, nvec: list[int]):
+    return [torch.distributions.Categorical(logits=chunk) for chunk in logits.split(nvec, -1)]
+
+
+@pytest.mark.parametrize(
+    "act_space, nvec",
+    [
+        (spaces.Discrete(5), [5]),
+        (spaces.MultiDiscrete([3, 2, 4]), [3, 2, 4]),  # unequal: padded internally
+        (spaces.MultiDiscrete([3, 3]), [3, 3]),  # equal: no padding
+    ],
+)
+def test_distribution_matches_torch_reference(act_space, nvec):
+    gen = torch.Generator().manual_seed(0)
+    b = 6
+    logits = torch.randn(b, sum(nvec), generator=gen) * 3
+    dist = ActionDistribution(logits, act_space)
+    refs = reference_categoricals(logits, nvec)
+
+    torch.manual_seed(0)
+    actions = dist.sample()
+    assert actions.shape == (b, len(nvec)) and actions.dtype == torch.int64
+    for d, n in enumerate(nvec):
+        assert ((actions[:, d] >= 0) & (actions[:, d] < n)).all()
+
+    log_prob = dist.log_prob(actions)
+    assert log_prob.shape == (b,) and torch.isfinite(log_prob).all()
+    ref_log_prob = sum(ref.log_prob(actions[:, d]) for d, ref in enumerate(refs))
+    torch.testing.assert_close(log_prob, ref_log_prob)
+
+    torch.testing.assert_close(dist.entropy(), sum(ref.entropy() for ref in refs))
+
+    mode = dist.mode()
+    assert mode.dtype == torch.int64
+    expected_mode = torch.stack([chunk.argmax(-1) for chunk in logits.split(nvec, -1)], -1)
+    torch.testing.assert_close(mode, expected_mode)
+
+
+def test_sample_frequencies_follow_probabilities():
+    nvec = [3, 2]
+    logits = torch.tensor([[0.0, 1.0, 2.0, -1.0, 1.0]])
+    dist = ActionDistribution(logits.expand(20000, -1), spaces.MultiDiscrete(nvec))
+    torch.manual_seed(0)
+    actions = dist.sample()
+    for d, chunk in enumerate(logits[0].split(nvec)):
+        freq = torch.bincount(actions[:, d], minlength=len(chunk)).float() / actions.shape[0]
+        torch.testing.assert_close(freq, chunk.softmax(-1), atol=0.015, rtol=0)
+
+
+def test_distribution_keeps_leading_batch_shape():
+    gen = torch.Generator().manual_seed(0)
+    act_space = spaces.MultiDiscrete([3, 2, 4])
+    logits = torch.randn(2, 5, 9, generator=gen)
+    dist = ActionDistribution(logits, act_space)
+    actions = dist.sample()
+    assert actions.shape == (2, 5, 3)
+    assert dist.mode().shape == (2, 5, 3)
+    assert dist.entropy().shape == (2, 5)
+    log_prob = dist.log_prob(actions)
+    assert log_prob.shape == (2, 5)
+    flat = ActionDistribution(logits.reshape(10, 9), act_space)
+    torch.testing.assert_close(log_prob.reshape(10), flat.log_prob(actions.reshape(10, 3)))
+
+
+def test_entropy_gradient_is_finite_with_padding():
+    logits = torch.randn(4, 9, requires_grad=True)
+    dist = ActionDistribution(logits, spaces.MultiDiscrete([3, 2, 4]))
+    (dist.entropy().sum() + dist.log_prob(dist.sample()).sum()).backward()
+    assert torch.isfinite(logits.grad).all()
+
+
+def test_distribution_rejects_wrong_logit_count():
+    with pytest.raises(ValueError, match="needs 9"):
+        ActionDistribution(torch.zeros(2, 8), spaces.MultiDiscrete([3, 2, 4]))
+
+
+def test_uniform_logits_entropy():
+    dist = ActionDistribution(torch.zeros(1, 9), spaces.MultiDiscrete([3, 2, 4]))
+    expected = math.log(3) + math.log(2) + math.log(4)
+    assert abs(float(dist.entropy()) - expected) < 1e-6
