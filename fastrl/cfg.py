@@ -47,6 +47,8 @@ class Config:
     num_policy_workers: int = _f(1, "Policy (inference) worker processes", "sampling")
     rollout: int = _f(32, "Trajectory length in agent steps", "sampling")
     max_policy_lag: int = _f(100, "Samples acted by weights more than this many versions old are masked out of the loss", "sampling")
+    policy_threads: int = _f(1, "Torch threads of each policy worker process", "sampling")
+    learner_threads: int = _f(1, "Torch threads of the learner process", "sampling")
     sampling_only: bool = _f(False, "Act with the policy but never train (measures how fast the pipeline can feed a learner)", "sampling")
 
     # --- environment ------------------------------------------------------------------
@@ -196,7 +198,7 @@ def validate(cfg: Config) -> list[str]:
             errors.append(f"--{name}={value}: must be > 0")
 
     for name in ("num_workers", "num_envs_per_worker", "worker_num_splits", "num_policy_workers",
-                 "rollout", "batch_size", "num_batches_per_epoch", "num_epochs", "learning_rate",
+                 "rollout", "batch_size", "policy_threads", "learner_threads", "num_batches_per_epoch", "num_epochs", "learning_rate",
                  "rnn_size", "encoder_fc_size", "keep_checkpoints", "stats_avg",
                  "train_for_env_steps", "train_for_seconds", "log_every_sec",
                  "summaries_every_sec", "save_every_sec", "adam_eps", "vtrace_rho", "vtrace_c",

@@ -1,0 +1,46 @@
+"""A tiny deterministic env for pipeline tests: its observation counts its own steps."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+class CountingEnv(gym.Env):
+    """Observation ``[env_tag, global_step, episode_step]`` (float32).
+
+    ``global_step`` counts every step the env ever took, so a test can check that each
+    step lands in exactly one trajectory. Episodes last ``episode_len`` steps; the reward
+    is 1 per step, so the return equals the length.
+    """
+
+    metadata = {"frameskip": 1}
+
+    def __init__(self, env_tag: int = 0, episode_len: int = 7, crash_at: int | None = None):
+        self.observation_space = spaces.Box(-1e9, 1e9, (3,), np.float32)
+        self.action_space = spaces.Discrete(3)
+        self.env_tag = env_tag
+        self.episode_len = episode_len
+        self.crash_at = crash_at
+        self.global_step = 0
+        self.episode_step = 0
+        self.actions: list[int] = []
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.env_tag, self.global_step, self.episode_step], dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode_step = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        if self.crash_at is not None and self.global_step >= self.crash_at:
+            raise RuntimeError(f"CountingEnv {self.env_tag} crashed on purpose at step {self.global_step}")
+        self.actions.append(int(action))
+        self.global_step += 1
+        self.episode_step += 1
+        terminated = self.episode_step >= self.episode_len
+        info = {"episode": {"r": float(self.episode_step), "l": self.episode_step}} if terminated else {}
+        return self._obs(), 1.0, terminated, False, info

@@ -1,0 +1,103 @@
+"""Config parsing, validation and resume merging (in-process, plus one real CLI call)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fastrl.cfg import Config, ConfigError, parse_config, save_config, str2bool
+
+
+def test_defaults_are_valid_and_match_sample_factory_names():
+    cfg = parse_config([])
+    assert cfg.env == "doom_basic"
+    for name in ("num_workers", "num_envs_per_worker", "worker_num_splits", "rollout", "batch_size",
+                 "train_for_env_steps", "train_for_seconds", "serial_mode", "device", "seed",
+                 "train_dir", "max_policy_lag", "learning_rate", "gamma", "use_rnn", "rnn_size"):
+        assert hasattr(cfg, name)
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--use_rnn"], True),
+    (["--use_rnn", "True"], True),
+    (["--use_rnn=False"], False),
+    (["--use_rnn", "false"], False),
+    (["--use_rnn=0"], False),
+])
+def test_boolean_flag_forms(argv, expected):
+    assert parse_config(argv + ["--train_dir", "/nonexistent"]).use_rnn is expected
+
+
+def test_str2bool_rejects_garbage():
+    with pytest.raises(Exception):
+        str2bool("maybe")
+
+
+def test_every_bad_value_is_reported_at_once():
+    with pytest.raises(ConfigError) as info:
+        parse_config(["--num_workers", "0", "--gamma", "1.5", "--batch_size", "100", "--device", "tpu"])
+    text = "\n".join(info.value.errors)
+    assert len(info.value.errors) == 4
+    for needle in ("--num_workers=0", "--gamma=1.5", "--batch_size=100", "--device=tpu"):
+        assert needle in text
+
+
+def test_sync_mode_needs_whole_rounds():
+    with pytest.raises(ConfigError, match="async_rl=False"):
+        parse_config(["--async_rl=False", "--num_workers", "3", "--num_envs_per_worker", "2",
+                      "--worker_num_splits", "1", "--rollout", "32", "--batch_size", "1024"])
+
+
+def test_resume_uses_saved_config_and_explicit_flags_override(tmp_path):
+    saved = Config(train_dir=str(tmp_path), experiment="e", env="CartPole-v1", learning_rate=3e-4,
+                   rollout=16, batch_size=64)
+    save_config(saved, saved.experiment_dir)
+    cfg = parse_config(["--train_dir", str(tmp_path), "--experiment", "e", "--learning_rate", "1e-3"])
+    assert cfg.env == "CartPole-v1"  # from config.json, not the default
+    assert cfg.rollout == 16
+    assert cfg.learning_rate == 1e-3  # explicit flag wins
+
+
+def test_resume_refuses_a_different_model(tmp_path):
+    saved = Config(train_dir=str(tmp_path), experiment="e", env="CartPole-v1", use_rnn=False)
+    save_config(saved, saved.experiment_dir)
+    with pytest.raises(ConfigError, match="use_rnn"):
+        parse_config(["--train_dir", str(tmp_path), "--experiment", "e", "--use_rnn", "True"])
+    # overwrite starts afresh and is allowed
+    parse_config(["--train_dir", str(tmp_path), "--experiment", "e", "--use_rnn", "True",
+                  "--restart_behavior", "overwrite"])
+
+
+def test_incompatible_saved_config_is_one_clear_error(tmp_path):
+    folder = tmp_path / "e"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"rollout": "long", "no_such_flag": 1}))
+    with pytest.raises(ConfigError) as info:
+        parse_config(["--train_dir", str(tmp_path), "--experiment", "e"])
+    text = "\n".join(info.value.errors)
+    assert "rollout='long'" in text and "no_such_flag" in text
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--rollout", "abc"], "--rollout"),
+    (["--no_such_flag", "1"], "unrecognized arguments: --no_such_flag"),
+    (["--gamma", "7"], "--gamma=7.0"),
+])
+def test_cli_bad_flag_is_one_line_and_nonzero(argv, needle, tmp_path):
+    proc = subprocess.run([sys.executable, "train.py", "--train_dir", str(tmp_path), *argv],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert needle in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_help_lists_every_field_with_help():
+    proc = subprocess.run([sys.executable, "train.py", "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0
+    for name in ("--num_envs_per_worker", "--max_policy_lag", "--serial_mode", "--exploration_loss_coeff"):
+        assert name in proc.stdout

@@ -1,0 +1,148 @@
+"""The rollout worker core in-process, driven by a fake policy (no processes, no model)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from fastrl.buffers import FILL_FLOAT, FILL_INT, BufferLayout, TrajectoryBuffers
+from fastrl.rollout import RolloutWorker
+from tests.counting_env import CountingEnv
+
+T = 5
+
+
+def make_worker(num_envs=4, splits=2, per_env=3, rnn=0, per_round=None, worker_id=0):
+    envs = [CountingEnv(env_tag=worker_id * num_envs + i, episode_len=7) for i in range(num_envs)]
+    obs_space = spaces.Dict({"obs": envs[0].observation_space})
+    layout = BufferLayout.from_spaces(obs_space, envs[0].action_space, num_envs * per_env, T, rnn)
+    buffers = TrajectoryBuffers(layout)
+    rnn_state = torch.zeros((num_envs * (worker_id + 1), rnn))
+    worker = RolloutWorker(worker_id, envs, buffers, rnn_state, list(range(layout.num_buffers)),
+                           splits, trajectories_per_round=per_round)
+    return worker, envs, buffers, rnn_state
+
+
+def fake_policy(buffers, requests, version=0, rng=np.random.default_rng(0)):
+    """Write a random action and the version for each request; return (worker, split) pairs."""
+    ready = []
+    for req in requests:
+        for b in req.buffers:
+            buffers.actions[b, req.t, 0] = int(rng.integers(3))
+            buffers.log_probs[b, req.t] = -1.0
+            buffers.values[b, req.t] = 0.0
+            buffers.policy_versions[b, req.t] = version
+        ready.append(req.split_id)
+    return ready
+
+
+def drive(worker, buffers, steps, free_immediately=True):
+    """Alternate splits like the double-buffered pipeline; return completed trajectory slots."""
+    out = worker.start()
+    requests = list(out.requests)
+    done_slots, episodes = [], []
+    for _ in range(steps):
+        if not requests:
+            break
+        req = requests.pop(0)
+        for split in fake_policy(buffers, [req]):
+            step = worker.on_actions(split)
+            requests += step.requests
+            episodes += step.episodes
+            for traj in step.trajectories:
+                done_slots.append(list(traj.buffers))
+                # copy out before the slots can be reused, as the learner does
+                done_slots[-1] = [(b, buffers.gather([b])) for b in traj.buffers]
+                if free_immediately:
+                    requests += worker.add_free_buffers(traj.buffers).requests
+    return done_slots, episodes
+
+
+def test_every_step_lands_in_exactly_one_trajectory():
+    worker, envs, buffers, _ = make_worker()
+    completed, episodes = drive(worker, buffers, steps=400)
+    seen: dict[int, list[int]] = {}
+    for group in completed:
+        for _, traj in group:
+            obs = traj["obs"]["obs"][0]  # [T+1, 3]
+            tag = int(obs[0, 0])
+            assert torch.all(obs[:, 0] == tag), "a trajectory mixes envs"
+            steps = obs[:T, 1].long().tolist()
+            seen.setdefault(tag, []).extend(steps)
+            # the bootstrap observation is the one after the last step
+            assert int(obs[T, 1]) == steps[-1] + 1
+            # actions recorded are the actions the env received
+            acts = traj["actions"][0, :, 0].tolist()
+            assert acts == envs[tag].actions[steps[0]:steps[0] + T]
+            assert torch.all(traj["policy_versions"] >= 0)
+            assert torch.all(traj["rewards"] == 1.0)
+    for tag, steps in seen.items():
+        assert sorted(steps) == list(range(len(steps))), f"env {tag}: steps dropped or duplicated"
+        assert len(steps) % T == 0
+    assert len(seen) == 4
+    assert episodes and all(ep.episode_return == 7 and ep.length == 7 for ep in episodes)
+
+
+def test_dones_mark_episode_ends_and_next_obs_is_a_reset():
+    worker, _, buffers, _ = make_worker(num_envs=2, splits=1)
+    completed, _ = drive(worker, buffers, steps=100)
+    for group in completed:
+        for _, traj in group:
+            obs, dones = traj["obs"]["obs"][0], traj["dones"][0]
+            for t in range(T):
+                assert bool(dones[t]) == (int(obs[t, 2]) == 6)
+                if dones[t]:
+                    assert int(obs[t + 1, 2]) == 0
+
+
+def test_fresh_buffers_hold_impossible_values():
+    _, _, buffers, _ = make_worker()
+    assert torch.all(buffers.log_probs == FILL_FLOAT)
+    assert torch.all(buffers.policy_versions == FILL_INT)
+    assert torch.all(buffers.actions == FILL_INT)
+
+
+def test_worker_waits_for_free_buffers_then_resumes():
+    worker, _, buffers, _ = make_worker(num_envs=2, splits=1, per_env=1)
+    completed, _ = drive(worker, buffers, steps=50, free_immediately=False)
+    assert len(completed) == 1, "with one slot per env the worker must stop after one trajectory"
+    assert worker.splits[0].waiting_for_buffers
+    out = worker.add_free_buffers([b for b, _ in completed[0]])
+    assert len(out.requests) == 1 and out.requests[0].t == 0
+
+
+def test_sync_rounds_pause_until_resume():
+    worker, _, buffers, _ = make_worker(num_envs=2, splits=2, per_env=3, per_round=2)
+    completed, _ = drive(worker, buffers, steps=1000)
+    assert len(completed) == 4  # 2 splits x 2 trajectories each, then paused
+    assert worker.all_paused
+    out = worker.resume()
+    assert len(out.requests) == 2 and not worker.all_paused
+
+
+def test_recurrent_state_is_stored_at_trajectory_start_and_zeroed_on_done():
+    worker, _, buffers, rnn_state = make_worker(num_envs=2, splits=1, rnn=4)
+    out = worker.start()
+    req = out.requests[0]
+    for t in range(T):
+        fake_policy(buffers, [req])
+        rnn_state[list(req.env_ids)] = float(t + 1)  # the policy's new hidden state
+        step = worker.on_actions(req.split_id)
+        if step.requests:
+            req = step.requests[0]
+    # after T=5 steps: episode (length 7) not over, so state carried into the next trajectory
+    first = req.buffers
+    assert torch.all(buffers.rnn_states[list(first)] == float(T))
+    # two more steps end the episode (step 7): the state is zeroed by the worker
+    for _ in range(2):
+        fake_policy(buffers, [req])
+        step = worker.on_actions(req.split_id)
+        req = step.requests[0]
+    assert torch.all(rnn_state[list(req.env_ids)] == 0.0)
+
+
+def test_bad_split_count_is_refused():
+    with pytest.raises(ValueError, match="cannot be split"):
+        make_worker(num_envs=3, splits=2)
