@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
+
 def _f(default: Any, help: str, group: str = "training", choices: tuple | None = None) -> Any:
     meta = {"help": help, "group": group}
     if choices is not None:
@@ -55,7 +56,7 @@ class Config:
     env_frameskip: int | None = _f(None, "Frames per agent step inside the simulator (none: the env's default, 4 for VizDoom)", "environment")
     env_max_episode_steps: int | None = _f(None, "Per-episode time limit in agent steps (none: the env's own)", "environment")
     env_measurements: bool = _f(False, "VizDoom: add the scenario's game variables as a second, vector observation", "environment")
-    reward_scale: float = _f(1.0, "Multiply training rewards by this (returns are reported unscaled)", "environment")
+    reward_scale: float | None = _f(None, "Multiply training rewards by this; none: 0.01 for VizDoom envs, 1.0 otherwise (returns are reported unscaled)", "environment")
     reward_clip: float = _f(1000.0, "Clip scaled training rewards to [-x, x]", "environment")
 
     # --- model ------------------------------------------------------------------------
@@ -219,7 +220,7 @@ def validate(cfg: Config) -> list[str]:
             errors.append(f"--{name}={getattr(cfg, name)}: must be >= 0")
     for name in ("reward_scale",):
         v = getattr(cfg, name)
-        if not math.isfinite(v):
+        if v is not None and not math.isfinite(v):
             errors.append(f"--{name}={v}: must be a finite number")
     if cfg.env_frameskip is not None and cfg.env_frameskip < 1:
         errors.append(f"--env_frameskip={cfg.env_frameskip}: must be >= 1 (or None for the env's default)")

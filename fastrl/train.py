@@ -10,8 +10,9 @@ from fastrl.experiment import ExperimentError
 
 def user_error_types() -> tuple[type[BaseException], ...]:
     from fastrl.env_registry import UnknownEnvError
+    from fastrl.runner.parallel import ChildError
 
-    return (ExperimentError, UnknownEnvError)
+    return (ExperimentError, UnknownEnvError, ChildError)
 
 
 def run(cfg: Config) -> dict:

@@ -12,12 +12,15 @@ class CountingEnv(gym.Env):
 
     ``global_step`` counts every step the env ever took, so a test can check that each
     step lands in exactly one trajectory. Episodes last ``episode_len`` steps; the reward
-    is 1 per step, so the return equals the length.
+    is 1 per step, so the return equals the length. ``env_tag`` is random unless given,
+    so that envs in different processes can be told apart.
     """
 
-    metadata = {"frameskip": 1}
+    metadata = {"frameskip": 1, "render_modes": []}
 
-    def __init__(self, env_tag: int = 0, episode_len: int = 7, crash_at: int | None = None):
+    def __init__(self, env_tag: int | None = None, episode_len: int = 7, crash_at: int | None = None):
+        if env_tag is None:
+            env_tag = int(np.random.default_rng().integers(1, 2**24))
         self.observation_space = spaces.Box(-1e9, 1e9, (3,), np.float32)
         self.action_space = spaces.Discrete(3)
         self.env_tag = env_tag
@@ -42,5 +45,10 @@ class CountingEnv(gym.Env):
         self.global_step += 1
         self.episode_step += 1
         terminated = self.episode_step >= self.episode_len
-        info = {"episode": {"r": float(self.episode_step), "l": self.episode_step}} if terminated else {}
-        return self._obs(), 1.0, terminated, False, info
+        return self._obs(), 1.0, terminated, False, {}
+
+
+# Registered with gymnasium so that spawned worker processes can build it from its id
+# ("tests.counting_env:CountingEnv-v0" imports this module first).
+gym.register("CountingEnv-v0", entry_point=CountingEnv)
+gym.register("CrashingCountingEnv-v0", entry_point=CountingEnv, kwargs={"crash_at": 40})

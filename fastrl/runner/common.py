@@ -17,6 +17,14 @@ from fastrl.experiment import ExperimentError
 from fastrl.model import ActorCritic, as_dict_space
 
 
+def reward_scale(cfg: Config) -> float:
+    """``--reward_scale``, or its per-env default: VizDoom's native rewards are in the
+    hundreds, so 0.01 keeps value targets near 1; other envs get 1.0."""
+    if cfg.reward_scale is not None:
+        return cfg.reward_scale
+    return 0.01 if cfg.env.startswith("doom_") else 1.0
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -107,9 +115,12 @@ def checkpoint_state(cfg: Config, info: EnvInfo, learner_state: dict, counters: 
     """Everything a checkpoint holds; ``counters`` comes from ``TrainingStats.counters()``."""
     from fastrl.experiment import rng_state
 
+    # Frames the learner trained on are the learner's own count: the runner's figure may
+    # trail by a batch that was trained after it was sent.
+    counters = {**counters, "env_frames": int(learner_state["samples_trained"]) * info.frameskip}
     return {
         "learner": learner_state,
-        "counters": dict(counters),
+        "counters": counters,
         "rng": rng_state(),
         "cfg": cfg.to_dict(),
         "env_info": info.describe(),

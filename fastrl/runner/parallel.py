@@ -42,16 +42,17 @@ from fastrl.experiment import (
     save_checkpoint,
     set_rng_state,
 )
-from fastrl.messages import ActionsReady, EpisodeStats, InferenceRequest, TrajectoriesReady
+from fastrl.messages import ActionsReady, EpisodeStats, TrajectoriesReady
 from fastrl.runner.common import (
     EnvInfo,
-    build_model,
     buffers_per_env,
+    build_model,
     check_checkpoint_compatible,
     checkpoint_state,
     create_env,
     probe_env,
     resolve_device,
+    reward_scale,
     seed_everything,
 )
 
@@ -229,7 +230,7 @@ def rollout_worker_main(shared: Shared, worker_id: int) -> None:
             per_round = (cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout) // cfg.num_envs
         worker = RolloutWorker(worker_id, envs, shared.buffers, shared.rnn_state,
                                list(range(first, first + shared.per_worker_buffers)),
-                               cfg.worker_num_splits, cfg.reward_scale, cfg.reward_clip,
+                               cfg.worker_num_splits, reward_scale(cfg), cfg.reward_clip,
                                trajectories_per_round=per_round,
                                seed=None if cfg.seed is None else cfg.seed)
         inbox = shared.worker_queues[worker_id]
@@ -364,10 +365,11 @@ class ParallelRunner:
         self.procs: list[tuple[str, Any]] = []
         self.stopping = False
 
-    def run(self) -> dict:
+    def setup(self) -> Shared:
+        """Validate, prepare the experiment folder and allocate every shared buffer and queue."""
         cfg = self.cfg
         resolve_device(cfg.device)  # fail early on a bad device
-        exp_dir = prepare_experiment_dir(cfg)
+        self.exp_dir = prepare_experiment_dir(cfg)
         seed_everything(cfg.seed)
         info = probe_env(cfg)
         model = build_model(cfg, info, torch.device("cpu"))
@@ -375,7 +377,7 @@ class ParallelRunner:
         layout = BufferLayout.from_spaces(info.obs_space, info.action_space,
                                           cfg.num_envs * per_env, cfg.rollout, model.rnn_state_size)
         _check_shm(layout)
-        shared = Shared(
+        self.shared = Shared(
             cfg=cfg, info=info, layout=layout,
             buffers=TrajectoryBuffers(layout, shared=True),
             rnn_state=torch.zeros((cfg.num_envs, model.rnn_state_size)).share_memory_(),
@@ -388,13 +390,24 @@ class ParallelRunner:
             per_worker_buffers=cfg.num_envs_per_worker * per_env,
             parent_pid=os.getpid(),
         )
-        del model
-        self.shared = shared
-        stats = TrainingStats(cfg, info.frameskip)
+        return self.shared
+
+    def start_sampling(self) -> None:
+        """Start the policy workers, then the rollout workers."""
+        cfg = self.cfg
+        for p in range(cfg.num_policy_workers):
+            self._start(f"fastrl-policy-{p}", cfg.policy_threads, policy_worker_main, p)
+        for w in range(cfg.num_workers):
+            self._start(f"fastrl-rollout-{w}", 1, rollout_worker_main, w)
+
+    def run(self) -> dict:
+        cfg = self.cfg
+        stats = None
         reporter = None
         try:
-            learner_threads = cfg.learner_threads
-            self._start("fastrl-learner", learner_threads, learner_main)
+            shared = self.setup()
+            stats = TrainingStats(cfg, shared.info.frameskip)
+            self._start("fastrl-learner", cfg.learner_threads, learner_main)
             ready = self._wait_for(LearnerReady, timeout=120)
             if ready.counters:
                 stats.env_frames = int(ready.counters["env_frames"])
@@ -402,17 +415,15 @@ class ParallelRunner:
                 stats.prior_seconds = float(ready.counters["wall_seconds"])
                 stats.learner_steps = ready.version
                 log(f"resumed from {ready.checkpoint} at {stats.env_frames:,} frames")
-            for p in range(cfg.num_policy_workers):
-                self._start(f"fastrl-policy-{p}", cfg.policy_threads, policy_worker_main, p)
-            for w in range(cfg.num_workers):
-                self._start(f"fastrl-rollout-{w}", 1, rollout_worker_main, w)
+            self.start_sampling()
             stats.start_time = time.time()
-            reporter = Reporter(cfg, exp_dir, stats)
+            reporter = Reporter(cfg, self.exp_dir, stats)
             mode = "sampling only" if cfg.sampling_only else ("async" if cfg.async_rl else "sync")
+            layout = shared.layout
             log(f"parallel mode ({mode}): {cfg.env}, {cfg.num_workers} workers x {cfg.num_envs_per_worker} envs "
                 f"in {cfg.worker_num_splits} splits, {cfg.num_policy_workers} policy worker(s), "
                 f"device {resolve_device(cfg.device)}, {layout.num_buffers} trajectory buffers "
-                f"({layout.nbytes() / 2**20:.0f} MiB), experiment {exp_dir}")
+                f"({layout.nbytes() / 2**20:.0f} MiB), experiment {self.exp_dir}")
             self._loop(stats, reporter)
             summary = reporter.close()
             reporter = None
@@ -421,7 +432,7 @@ class ParallelRunner:
         finally:
             if reporter is not None:
                 reporter.close()
-            self._shutdown()
+            self.shutdown()
 
     # -- supervision --------------------------------------------------------------------
 
@@ -518,7 +529,8 @@ class ParallelRunner:
             self._check_children()
         log("warning: the learner did not confirm the final checkpoint within 60 s")
 
-    def _shutdown(self) -> None:
+    def shutdown(self) -> None:
+        """Stop every child: a stop flag, a join with a timeout, then terminate, then kill."""
         if not self.procs:
             return
         self.shared.stop.set()

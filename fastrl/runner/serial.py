@@ -26,14 +26,15 @@ from fastrl.inference import PolicyWorker
 from fastrl.learner import Learner
 from fastrl.rollout import RolloutWorker, StepOutput
 from fastrl.runner.common import (
-    build_model,
     buffers_per_env,
+    build_model,
     check_checkpoint_compatible,
     checkpoint_state,
     create_env,
     env_info,
     resolve_device,
     restore_counters,
+    reward_scale,
     seed_everything,
 )
 
@@ -68,7 +69,7 @@ def run_serial(cfg: Config) -> dict:
         if not cfg.async_rl:
             per_round = learner.trajectories_per_batch // n_envs
         worker = RolloutWorker(0, envs, buffers, rnn_state, list(range(layout.num_buffers)),
-                               cfg.worker_num_splits, cfg.reward_scale, cfg.reward_clip,
+                               cfg.worker_num_splits, reward_scale(cfg), cfg.reward_clip,
                                trajectories_per_round=per_round, seed=cfg.seed)
         policy = PolicyWorker(model, info.action_space, buffers, rnn_state, device,
                               version_fn=lambda: learner.version)

@@ -1,0 +1,161 @@
+"""Environment registry: a name plus a factory.
+
+```python
+from fastrl.env_registry import make_env, register_env
+
+env = make_env("doom_basic", frameskip=4)      # a built-in VizDoom scenario
+env = make_env("CartPole-v1")                  # any gymnasium id works too
+register_env("my_env", lambda **options: MyEnv(**options))
+env = make_env("my_env")
+```
+
+Built-in names are registered lazily by importing the `envs` package the first time the
+registry is used; that import does not import vizdoom (see `envs/__init__.py`).
+
+Options are passed to the factory as keyword arguments. When the factory's signature
+does not accept an option, an option left at None is dropped and any other value is a
+`ValueError` naming it and listing the options the factory supports.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+from gymnasium.envs.registration import registry as gym_registry
+
+EnvFactory = Callable[..., gym.Env]
+
+_REGISTRY: dict[str, EnvFactory] = {}
+_lock = threading.RLock()
+_builtins_loaded = False
+
+
+class UnknownEnvError(ValueError):
+    """`make_env` got a name that is neither registered nor a gymnasium id."""
+
+
+def _ensure_builtins() -> None:
+    global _builtins_loaded
+    with _lock:
+        if _builtins_loaded:
+            return
+        _builtins_loaded = True  # set first: importing envs calls register_env
+        try:
+            import envs  # noqa: F401  (registers the built-in names)
+        except BaseException:
+            _builtins_loaded = False
+            raise
+
+
+def register_env(name: str, factory: EnvFactory, *, overwrite: bool = False) -> None:
+    """Register `factory(**options) -> gymnasium.Env` under `name`.
+
+    A name can be registered once; pass `overwrite=True` to replace an existing entry.
+    With multiprocessing "spawn", register at import time of a module the worker
+    processes also import (not under `if __name__ == "__main__":`).
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"env name must be a non-empty string, got {name!r}")
+    if not callable(factory):
+        raise TypeError(f"factory for {name!r} must be callable, got {factory!r}")
+    _ensure_builtins()
+    with _lock:
+        if name in _REGISTRY and not overwrite and _REGISTRY[name] is not factory:
+            raise ValueError(
+                f"env {name!r} is already registered; pass overwrite=True to replace it"
+            )
+        _REGISTRY[name] = factory
+
+
+def registered_envs() -> list[str]:
+    """Sorted names registered with fastrl (built-ins included; gymnasium ids not listed)."""
+    _ensure_builtins()
+    with _lock:
+        return sorted(_REGISTRY)
+
+
+def _gym_ids() -> list[str]:
+    return list(gym_registry.keys())
+
+
+def _is_gym_id(name: str) -> bool:
+    # "module:EnvId" asks gymnasium to import `module` first (it registers EnvId).
+    return name in gym_registry or (":" in name and not name.startswith(":"))
+
+
+def _unknown_env_error(name: str) -> UnknownEnvError:
+    fastrl_names = registered_envs()
+    candidates = fastrl_names + [i for i in _gym_ids() if i not in _REGISTRY]
+    by_lower: dict[str, str] = {}
+    for c in candidates:
+        by_lower.setdefault(c.lower(), c)
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.6)
+    hint = (
+        "did you mean " + " or ".join(repr(by_lower[c]) for c in close) + "?"
+        if close
+        else f"registered: {', '.join(fastrl_names)}."
+    )
+    return UnknownEnvError(
+        f"unknown env {name!r}: {hint} Any gymnasium id (e.g. 'CartPole-v1') works too."
+    )
+
+
+def _accepted_options(factory: EnvFactory) -> tuple[list[str], bool]:
+    """Keyword names the factory accepts, and whether it takes **kwargs."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # some builtins/C callables have no signature
+        return [], True
+    names = [
+        p.name
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
+    return names, any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def _filter_options(name: str, factory: EnvFactory, options: dict[str, Any]) -> dict[str, Any]:
+    accepted, takes_any = _accepted_options(factory)
+    if takes_any:
+        return options
+    unsupported = sorted(k for k, v in options.items() if k not in accepted and v is not None)
+    if unsupported:
+        raise ValueError(
+            f"env {name!r} does not support option(s) {', '.join(unsupported)}; "
+            f"supported: {', '.join(accepted) or '(none)'}"
+        )
+    return {k: v for k, v in options.items() if k in accepted}
+
+
+def _gym_factory(env_id: str) -> EnvFactory:
+    from envs.gym_env import make_gym_env
+
+    return functools.partial(make_gym_env, env_id)
+
+
+def make_env(name: str, **options: Any) -> gym.Env:
+    """Build the env registered as `name` (or the gymnasium env with that id).
+
+    Raises `UnknownEnvError` (a `ValueError`) listing close matches when `name` is
+    unknown, and `ValueError` for an option the factory does not support.
+    """
+    _ensure_builtins()
+    with _lock:
+        factory = _REGISTRY.get(name)
+    if factory is None:
+        if not isinstance(name, str) or not _is_gym_id(name):
+            raise _unknown_env_error(str(name))
+        factory = _gym_factory(name)
+    env = factory(**_filter_options(name, factory, options))
+    if not isinstance(env, gym.Env):
+        raise TypeError(f"factory for {name!r} returned {type(env).__name__}, not a gymnasium.Env")
+    if "frameskip" not in env.metadata:
+        # Copy rather than mutate: metadata is often a dict shared by the class.
+        env.metadata = {**env.metadata, "frameskip": 1}
+    return env

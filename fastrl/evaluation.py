@@ -1,0 +1,352 @@
+"""Play whole episodes with a policy and measure them: used by ``enjoy.py`` and by training
+(``--eval_every_env_frames``), so it works on any ``ActorCritic`` without touching its owner.
+
+The acting loop mirrors the training one (``RolloutWorker`` + ``PolicyWorker``): one
+``forward_step`` per agent step, the recurrent state carried from step to step and zeroed
+when an episode ends, actions sampled from :class:`ActionDistribution` (or its ``mode()``
+with ``deterministic=True``). The return of an episode is the env's native return,
+``info["episode"]["r"]`` (the unshaped, unscaled score), with the summed step rewards as a
+fallback for an env that does not report it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from fastrl.model import ActionDistribution, ActorCritic, obs_to_dict
+
+__all__ = [
+    "EvalResult",
+    "FrameSink",
+    "PeriodicEvaluator",
+    "WeightsSource",
+    "evaluate",
+    "obs_to_tensors",
+    "to_env_action",
+    "write_eval_summaries",
+]
+
+
+class FrameSink(Protocol):
+    """Receives every observation the policy acts on, in order.
+
+    ``obs`` is the env's observation as a dict of numpy arrays (a ``Box`` observation is
+    ``{"obs": array}``); ``env`` is the env that produced it, so a sink may call
+    ``env.render()`` for the current screen. Observations that end an episode are not
+    passed: the agent never acts on them.
+    """
+
+    def __call__(self, obs: dict[str, np.ndarray], env: gym.Env) -> None: ...
+
+
+@dataclass
+class EvalResult:
+    """Native returns and lengths (agent steps) of the evaluated episodes, in order.
+
+    Standard deviations are population ones (``ddof=0``): they describe the episodes
+    played, not an estimate for other ones.
+    """
+
+    returns: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+
+    @property
+    def episodes(self) -> int:
+        return len(self.returns)
+
+    @property
+    def mean_return(self) -> float:
+        return float(np.mean(self.returns)) if self.returns else math.nan
+
+    @property
+    def std_return(self) -> float:
+        return float(np.std(self.returns)) if self.returns else math.nan
+
+    @property
+    def mean_length(self) -> float:
+        return float(np.mean(self.lengths)) if self.lengths else math.nan
+
+    @property
+    def std_length(self) -> float:
+        return float(np.std(self.lengths)) if self.lengths else math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready statistics (``None`` instead of NaN when there are no episodes)."""
+
+        def num(x: float) -> float | None:
+            return None if math.isnan(x) else x
+
+        return {
+            "episodes": self.episodes,
+            "returns": [float(r) for r in self.returns],
+            "lengths": [int(n) for n in self.lengths],
+            "mean_return": num(self.mean_return),
+            "std_return": num(self.std_return),
+            "mean_length": num(self.mean_length),
+            "std_length": num(self.std_length),
+        }
+
+
+def obs_to_tensors(obs: Any, device: torch.device) -> dict[str, torch.Tensor]:
+    """One env observation -> ``dict`` of ``[1, ...]`` tensors on ``device`` (dtypes kept)."""
+    return {
+        key: torch.from_numpy(np.ascontiguousarray(value)).unsqueeze(0).to(device)
+        for key, value in obs_to_dict(obs).items()
+    }
+
+
+def to_env_action(actions: torch.Tensor, action_space: spaces.Space) -> int | np.ndarray:
+    """Row 0 of int64 ``[B, D]`` actions in the form ``env.step`` takes: an ``int`` for
+    ``Discrete``, an int64 array ``[D]`` for ``MultiDiscrete``."""
+    row = actions[0].cpu()
+    if isinstance(action_space, spaces.Discrete):
+        return int(row[0])
+    return row.numpy().astype(np.int64)
+
+
+@contextlib.contextmanager
+def _private_rng(seed: int | None, device: torch.device) -> Iterator[None]:
+    """With a seed: seed torch inside a fork of its RNG state, so that the caller's stream
+    (a training run's, say) is left exactly as it was. Without one: the caller's stream."""
+    if seed is None:
+        yield
+        return
+    devices: list[int] = []
+    if device.type == "cuda":
+        devices = [device.index if device.index is not None else torch.cuda.current_device()]
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def evaluate(
+    model: ActorCritic,
+    env: gym.Env,
+    action_space: spaces.Space,
+    num_episodes: int,
+    deterministic: bool,
+    device: torch.device | str,
+    frame_sink: FrameSink | None = None,
+    seed: int | None = None,
+    on_episode: Callable[[int, float, int], None] | None = None,
+) -> EvalResult:
+    """Play ``num_episodes`` complete episodes of ``env`` with ``model``; one env, batch 1.
+
+    Args:
+        model: the actor-critic, already on ``device``. It is run under
+            ``torch.inference_mode``; its train/eval flag is restored on return, and its
+            weights and gradients are not touched.
+        env: a fastrl env (``info["episode"]`` at episode ends). It is reset first and left
+            open; the caller owns it.
+        action_space: the space the model's logits are for (``env.action_space``).
+        num_episodes: episodes to play (>= 1).
+        deterministic: take ``ActionDistribution.mode()`` instead of sampling.
+        device: where the model is.
+        frame_sink: called with every observation the policy acts on (see
+            :class:`FrameSink`).
+        seed: seeds the env's first reset and, in a private fork of torch's RNG, the action
+            sampling: the same seed, weights and env give the same episodes. ``None``: the
+            env continues its own random stream and sampling uses torch's global RNG.
+        on_episode: called as ``on_episode(index, native_return, length)`` after each
+            episode (progress printing; results so far survive a ``KeyboardInterrupt``).
+
+    Returns:
+        :class:`EvalResult` with one entry per episode.
+    """
+    if num_episodes < 1:
+        raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
+    device = torch.device(device)
+    result = EvalResult()
+    was_training = model.training
+    model.eval()
+    try:
+        with _private_rng(seed, device), torch.inference_mode():
+            obs, _ = env.reset(seed=seed)
+            rnn_state = model.initial_rnn_state(1, device)
+            ep_return, ep_len = 0.0, 0
+            while result.episodes < num_episodes:
+                obs_dict = obs_to_dict(obs)
+                if frame_sink is not None:
+                    frame_sink(obs_dict, env)
+                logits, _, rnn_state = model.forward_step(obs_to_tensors(obs_dict, device), rnn_state)
+                dist = ActionDistribution(logits, action_space)
+                actions = dist.mode() if deterministic else dist.sample()
+                obs, reward, terminated, truncated, info = env.step(to_env_action(actions, action_space))
+                ep_return += float(reward)
+                ep_len += 1
+                if terminated or truncated:
+                    episode = info.get("episode")
+                    if episode is not None:
+                        ret, length = float(episode["r"]), int(episode["l"])
+                    else:
+                        ret, length = ep_return, ep_len
+                    result.returns.append(ret)
+                    result.lengths.append(length)
+                    if on_episode is not None:
+                        on_episode(result.episodes - 1, ret, length)
+                    ep_return, ep_len = 0.0, 0
+                    # As in training: the next episode starts from a zero hidden state.
+                    rnn_state = model.initial_rnn_state(1, device)
+                    if result.episodes < num_episodes:
+                        obs, _ = env.reset()
+    finally:
+        model.train(was_training)
+    return result
+
+
+class WeightsSource(Protocol):
+    """Anything that can copy a policy's newest weights into a model (the parallel runner's
+    ``SharedWeights``, as in ``fastrl.inference``)."""
+
+    def load_into(self, model: torch.nn.Module) -> int: ...
+
+
+class _Cancelled(Exception):
+    """Raised inside a background evaluation by :meth:`PeriodicEvaluator.close`."""
+
+
+class PeriodicEvaluator:
+    """Evaluation during training, every ``every_env_frames`` frames, in its own env.
+
+    It plays with a private copy of the model (made here, refreshed from the learner's
+    weights before each evaluation), so the learner's module, optimizer, RNG and
+    train/eval flag are never touched, and the evaluation may run on another device
+    (``cpu`` beside a GPU learner, say). The weights come from ``source``: a module (its
+    ``state_dict`` is copied) or a :class:`WeightsSource`.
+
+    Two ways to drive it, from the thread that owns ``source``:
+
+    * blocking (serial runner): ``result = evaluator.maybe_evaluate(frames, learner.model)``
+      returns an :class:`EvalResult` when an evaluation was due, else ``None``;
+    * background (parallel runner's main loop, which must keep draining its queues):
+      ``evaluator.maybe_start(frames, shared.weights)`` copies the weights and starts the
+      episodes in a daemon thread when one is due and none is running; then
+      ``for frames, result in evaluator.poll(): ...`` on later iterations.
+
+    Either way, then ``write_eval_summaries(reporter.writer, result, frames)``, and
+    ``evaluator.close()`` at the end (it stops a background evaluation within one step).
+    """
+
+    def __init__(
+        self,
+        env: gym.Env,
+        model: ActorCritic,
+        every_env_frames: int,
+        num_episodes: int = 10,
+        deterministic: bool = False,
+        device: torch.device | str = "cpu",
+        seed: int | None = None,
+        start_frames: int = 0,
+    ) -> None:
+        if every_env_frames <= 0:
+            raise ValueError(f"every_env_frames must be > 0, got {every_env_frames}")
+        self.env = env
+        self.every_env_frames = int(every_env_frames)
+        self.num_episodes = num_episodes
+        self.deterministic = deterministic
+        self.device = torch.device(device)
+        self.seed = seed
+        self.model = copy.deepcopy(model).to(self.device).requires_grad_(False)
+        self.next_at = self._next_after(start_frames)
+        self.last_result: EvalResult | None = None
+        self._thread: threading.Thread | None = None
+        self._done: queue.SimpleQueue[tuple[int, EvalResult | BaseException]] = queue.SimpleQueue()
+        self._cancel = threading.Event()
+
+    def _next_after(self, frames: int) -> int:
+        return (frames // self.every_env_frames + 1) * self.every_env_frames
+
+    def due(self, env_frames: int) -> bool:
+        return env_frames >= self.next_at
+
+    @property
+    def running(self) -> bool:
+        """A background evaluation is in progress."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def _take_weights(self, env_frames: int, source: torch.nn.Module | WeightsSource) -> None:
+        if isinstance(source, torch.nn.Module):
+            self.model.load_state_dict(source.state_dict())
+        else:
+            source.load_into(self.model)
+        # A long gap between calls gives one evaluation, not a backlog of them.
+        self.next_at = self._next_after(env_frames)
+
+    def _play(self) -> EvalResult:
+        def check_cancel(obs: dict[str, np.ndarray], env: gym.Env) -> None:
+            if self._cancel.is_set():
+                raise _Cancelled
+
+        self.last_result = evaluate(self.model, self.env, self.env.action_space, self.num_episodes,
+                                    self.deterministic, self.device, frame_sink=check_cancel,
+                                    seed=self.seed)
+        return self.last_result
+
+    def maybe_evaluate(self, env_frames: int, source: torch.nn.Module | WeightsSource) -> EvalResult | None:
+        """Blocking: if ``env_frames`` reached the next multiple of ``every_env_frames``, copy
+        the weights of ``source`` and evaluate. Returns the result, else ``None``."""
+        if not self.due(env_frames) or self.running:
+            return None
+        self._take_weights(env_frames, source)
+        return self._play()
+
+    def maybe_start(self, env_frames: int, source: torch.nn.Module | WeightsSource) -> bool:
+        """Background: when an evaluation is due and none is running, copy the weights of
+        ``source`` now and play in a daemon thread. Returns whether one was started."""
+        if not self.due(env_frames) or self.running:
+            return False
+        self._take_weights(env_frames, source)
+        self._thread = threading.Thread(target=self._background, args=(env_frames,),
+                                        name="fastrl-eval", daemon=True)
+        self._thread.start()
+        return True
+
+    def _background(self, env_frames: int) -> None:
+        try:
+            self._done.put((env_frames, self._play()))
+        except _Cancelled:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - handed to the owner by poll()
+            self._done.put((env_frames, exc))
+
+    def poll(self) -> list[tuple[int, EvalResult]]:
+        """Finished background evaluations as ``(env_frames when started, result)``; an
+        exception raised by one is raised here, in the owner's thread."""
+        out: list[tuple[int, EvalResult]] = []
+        while True:
+            try:
+                frames, item = self._done.get_nowait()
+            except queue.Empty:
+                return out
+            if isinstance(item, BaseException):
+                raise RuntimeError(f"evaluation at {frames:,} frames failed: {item!r}") from item
+            out.append((frames, item))
+
+    def close(self) -> None:
+        """Stop a background evaluation (within one agent step) and close the env."""
+        self._cancel.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.env.close()
+
+
+def write_eval_summaries(writer: Any, result: EvalResult, step: int) -> None:
+    """TensorBoard scalars of one evaluation (``writer``: a ``SummaryWriter``)."""
+    if not result.episodes:
+        return
+    writer.add_scalar("eval/mean_return", result.mean_return, step)
+    writer.add_scalar("eval/std_return", result.std_return, step)
+    writer.add_scalar("eval/mean_length", result.mean_length, step)

@@ -1,0 +1,168 @@
+"""Real multiprocess runs, with timeouts: nothing lost, lag bounded, crashes reported, clean exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from fastrl.cfg import parse_config
+from fastrl.runner.common import buffers_per_env
+from fastrl.runner.parallel import BuffersFreed, ParallelRunner, _get_many
+from fastrl.messages import TrajectoriesReady
+
+pytestmark = pytest.mark.multiprocess
+
+COUNTING = "tests.counting_env:CountingEnv-v0"
+CRASHING = "tests.counting_env:CrashingCountingEnv-v0"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHM_PATTERNS = ("torch_", "psm_", "sem.", "ViZDoom")
+
+
+def shm_files() -> set[str]:
+    return {f for f in os.listdir("/dev/shm") if f.startswith(SHM_PATTERNS)}
+
+
+def children_of(pid: int) -> set[int]:
+    """Every live descendant of ``pid`` (read from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    parents[int(entry)] = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    out = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    out.add(pid)
+        except OSError:
+            pass
+    return out
+
+
+def base_args(tmp_path, env=COUNTING, *extra):
+    return ["--env", env, "--train_dir", str(tmp_path), "--experiment", "x", "--device", "cpu",
+            "--use_rnn", "False", "--num_workers", "2", "--num_envs_per_worker", "4",
+            "--worker_num_splits", "2", "--rollout", "8", "--batch_size", "32",
+            "--encoder_mlp_layers", "16", "--log_every_sec", "1", "--summaries_every_sec", "1",
+            *extra]
+
+
+def test_every_step_lands_in_exactly_one_trajectory(tmp_path):
+    """Real rollout and policy processes; this test plays the learner and checks every slot."""
+    cfg = parse_config(base_args(tmp_path))
+    runner = ParallelRunner(cfg)
+    shared = runner.setup()
+    steps_by_env: dict[int, list[int]] = {}
+    trajectories = 0
+    try:
+        runner.start_sampling()
+        deadline = time.time() + 60
+        while trajectories < 200 and time.time() < deadline:
+            runner._check_children()
+            for msg in _get_many(shared.learner_queue):
+                assert isinstance(msg, TrajectoriesReady)
+                data = shared.buffers.gather(list(msg.buffers))
+                obs = data["obs"]["obs"]  # [B, T+1, 3]
+                for b in range(obs.shape[0]):
+                    tag = int(obs[b, 0, 0])
+                    assert torch.all(obs[b, :, 0] == tag), "a trajectory mixes envs"
+                    steps = obs[b, :cfg.rollout, 1].long().tolist()
+                    assert steps == list(range(steps[0], steps[0] + cfg.rollout))
+                    assert int(obs[b, cfg.rollout, 1]) == steps[-1] + 1
+                    steps_by_env.setdefault(tag, []).extend(steps)
+                assert torch.all(data["policy_versions"] != -42), "unwritten policy output"
+                assert torch.all(data["log_probs"] <= 0)
+                trajectories += len(msg.buffers)
+                per_worker = shared.per_worker_buffers
+                shared.worker_queues[msg.buffers[0] // per_worker].put(BuffersFreed(msg.buffers))
+    finally:
+        runner.shutdown()
+    assert trajectories >= 200
+    assert len(steps_by_env) == cfg.num_envs
+    for tag, steps in steps_by_env.items():
+        assert sorted(steps) == list(range(len(steps))), f"env {tag}: a step was dropped or duplicated"
+
+
+def run_train(args, timeout=120):
+    return subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_sync_mode_has_zero_policy_lag(tmp_path):
+    proc = run_train(base_args(tmp_path, COUNTING, "--async_rl", "False", "--batch_size", "64",
+                                "--train_for_env_steps", "3000"))
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    summary = json.loads((tmp_path / "x" / "summary.json").read_text())
+    assert summary["env_frames"] >= 3000
+    assert summary["policy_lag"] == {"min": 0, "mean": 0, "max": 0}
+
+
+def test_async_policy_lag_is_bounded(tmp_path):
+    args = base_args(tmp_path, COUNTING, "--train_for_env_steps", "6000")
+    proc = run_train(args)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    summary = json.loads((tmp_path / "x" / "summary.json").read_text())
+    cfg = parse_config(args)
+    # A slot waits for at most every other slot of the run to be trained first.
+    slots = buffers_per_env(cfg, cfg.num_envs) * cfg.num_envs
+    batches = slots * cfg.rollout // cfg.batch_size + 1
+    assert 0 <= summary["policy_lag"]["min"] <= summary["policy_lag"]["max"] <= batches
+    assert summary["learner_steps"] > 0
+
+
+def test_crashing_child_brings_the_run_down_with_its_traceback(tmp_path):
+    before = shm_files()
+    proc = run_train(base_args(tmp_path, CRASHING, "--train_for_seconds", "60"), timeout=90)
+    assert proc.returncode != 0
+    assert "crashed on purpose" in proc.stdout  # the child's traceback, in the main log
+    assert "Traceback" in proc.stdout
+    err = proc.stderr.strip().splitlines()
+    assert err and "fastrl-rollout-" in err[-1] and "crashed on purpose" in err[-1]
+    assert not (shm_files() - before)
+
+
+def test_ctrl_c_saves_and_leaves_nothing_behind(tmp_path):
+    before = shm_files()
+    proc = subprocess.Popen([sys.executable, "train.py", *base_args(tmp_path, COUNTING)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    kids: set[int] = set()
+    try:
+        deadline = time.time() + 60
+        summary = tmp_path / "x" / "summary.json"
+        while time.time() < deadline:
+            kids |= children_of(proc.pid)
+            if summary.exists() and json.loads(summary.read_text())["learner_steps"] > 0:
+                break
+            time.sleep(0.2)
+        kids |= children_of(proc.pid)
+        assert len(kids) >= 4, "expected learner, policy and two rollout workers"
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert "interrupted" in out and "saved" in out
+    assert list((tmp_path / "x" / "checkpoints").glob("checkpoint_*.pt"))
+    time.sleep(0.5)
+    assert not alive(kids), f"processes left behind: {alive(kids)}"
+    assert not (shm_files() - before), f"shared memory left behind: {shm_files() - before}"
