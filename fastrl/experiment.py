@@ -151,12 +151,30 @@ class TrainingStats:
     def mark_warmup(self) -> None:
         """Start of the measured window reported as ``measured_fps`` (perf scripts)."""
         self._warmup = (time.time(), self.env_frames)
+        self._stages = {}
 
-    def measured_fps(self) -> float | None:
+    def end_measurement(self) -> None:
+        """End of the measured window (before the final checkpoint and shutdown)."""
+        self._measure_end = (time.time(), self.env_frames)
+
+    def measured(self) -> dict | None:
         if getattr(self, "_warmup", None) is None:
             return None
         t0, f0 = self._warmup
-        return (self.env_frames - f0) / max(time.time() - t0, 1e-9)
+        t1, f1 = getattr(self, "_measure_end", None) or (time.time(), self.env_frames)
+        seconds = max(t1 - t0, 1e-9)
+        out = {"fps": (f1 - f0) / seconds, "env_frames": f1 - f0, "seconds": seconds}
+        for name, (samples, busy) in self._stages.items():
+            out[name] = {"samples_per_busy_second": samples / busy if busy > 0 else None,
+                         "busy_fraction": busy / seconds}
+        return out
+
+    def add_stage_time(self, name: str, samples: int, busy_seconds: float) -> None:
+        """A pipeline stage (learner, policy worker) processed ``samples`` in ``busy_seconds``."""
+        if getattr(self, "_warmup", None) is None:
+            return
+        samples0, busy0 = self._stages.get(name, (0, 0.0))
+        self._stages[name] = (samples0 + samples, busy0 + busy_seconds)
 
     def add_episode(self, episode_return: float, length: int) -> None:
         self.episodes += 1
@@ -203,7 +221,7 @@ class TrainingStats:
             "episodes_averaged": len(self.returns),
             "policy_lag": lag,
             "learner_steps": self.learner_steps,
-            "measured_fps": self.measured_fps(),
+            "measured": self.measured(),
             "updated": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
 

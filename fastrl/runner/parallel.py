@@ -88,6 +88,13 @@ class LearnerReport(NamedTuple):
     stats: dict
     version: int
     samples: int  # samples trained (or, sampling only, collected) since the last report
+    busy_seconds: float  # time spent in gather + train since the last report
+
+
+class PolicyReport(NamedTuple):
+    policy_id: int
+    samples: int
+    busy_seconds: float  # time spent in inference since the last report
 
 
 class CheckpointSaved(NamedTuple):
@@ -277,15 +284,21 @@ def policy_worker_main(shared: Shared, policy_id: int) -> None:
     policy = PolicyWorker(model, shared.info.action_space, shared.buffers, shared.rnn_state,
                           device, weights=shared.weights)
     policy.maybe_update_weights()
+    busy, samples, last_report = 0.0, 0, time.time()
     while not _should_stop(shared):
         requests = _get_many(shared.policy_queue, max_messages=4096)
-        if not requests:
-            continue
-        by_worker: dict[int, list[ActionsReady]] = {}
-        for ready in policy.infer(requests):
-            by_worker.setdefault(ready.worker_id, []).append(ready)
-        for worker_id, msgs in by_worker.items():
-            shared.worker_queues[worker_id].put_many(msgs, block=True, timeout=10)
+        if requests:
+            start = time.perf_counter()
+            by_worker: dict[int, list[ActionsReady]] = {}
+            for ready in policy.infer(requests):
+                by_worker.setdefault(ready.worker_id, []).append(ready)
+            for worker_id, msgs in by_worker.items():
+                shared.worker_queues[worker_id].put_many(msgs, block=True, timeout=10)
+            busy += time.perf_counter() - start
+            samples += sum(len(r.buffers) for r in requests)
+        if time.time() - last_report > 1.0:
+            shared.runner_queue.put(PolicyReport(policy_id, samples, busy), timeout=10)
+            busy, samples, last_report = 0.0, 0, time.time()
 
 
 def learner_main(shared: Shared) -> None:
@@ -310,6 +323,7 @@ def learner_main(shared: Shared) -> None:
     n_batch = learner.trajectories_per_batch
     pending: list[int] = []
     samples = 0
+    busy = 0.0
     last_report = time.time()
     stats: dict = {}
 
@@ -339,6 +353,7 @@ def learner_main(shared: Shared) -> None:
                 free(pending)
                 pending = []
         while len(pending) >= n_batch and not cfg.sampling_only:
+            start = time.perf_counter()
             idx, pending = pending[:n_batch], pending[n_batch:]
             batch = shared.buffers.gather(idx, device)
             free(idx)  # the data is copied out: the slots can be refilled while we train
@@ -348,9 +363,10 @@ def learner_main(shared: Shared) -> None:
             if not cfg.async_rl:
                 for q in shared.worker_queues:
                     q.put(Resume(learner.version), timeout=10)
+            busy += time.perf_counter() - start
         if samples and time.time() - last_report > 0.5:
-            shared.runner_queue.put(LearnerReport(stats, learner.version, samples), timeout=10)
-            samples = 0
+            shared.runner_queue.put(LearnerReport(stats, learner.version, samples, busy), timeout=10)
+            samples, busy = 0, 0.0
             last_report = time.time()
 
 
@@ -497,6 +513,7 @@ class ParallelRunner:
         except KeyboardInterrupt:
             log("interrupted: saving a checkpoint and stopping (Ctrl-C again to quit at once)")
             signal.signal(signal.SIGINT, signal.default_int_handler)
+        stats.end_measurement()
         if not cfg.sampling_only and stats.env_frames > frames_at_start:
             self._final_save(stats)
 
@@ -508,6 +525,10 @@ class ParallelRunner:
             stats.env_frames += msg.samples * stats.frameskip
             if msg.stats:
                 stats.add_learner_stats(msg.stats, msg.version)
+            if not self.cfg.sampling_only:
+                stats.add_stage_time("learner", msg.samples, msg.busy_seconds)
+        elif isinstance(msg, PolicyReport):
+            stats.add_stage_time(f"policy_worker_{msg.policy_id}", msg.samples, msg.busy_seconds)
         elif isinstance(msg, CheckpointSaved):
             if msg.path:
                 log(f"saved {msg.path}")

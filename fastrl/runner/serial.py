@@ -39,7 +39,7 @@ from fastrl.runner.common import (
 )
 
 
-def run_serial(cfg: Config) -> dict:
+def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
     """Train (or only sample, with ``--sampling_only``) until a stop condition; return the summary."""
     device = resolve_device(cfg.device)
     exp_dir = prepare_experiment_dir(cfg)
@@ -76,7 +76,7 @@ def run_serial(cfg: Config) -> dict:
         reporter = Reporter(cfg, exp_dir, stats)
         log(f"serial mode: {cfg.env}, {n_envs} envs in {cfg.worker_num_splits} splits, device {device}, "
             f"model {sum(p.numel() for p in model.parameters()):,} parameters, experiment {exp_dir}")
-        _loop(cfg, worker, policy, learner, buffers, stats, reporter, exp_dir, info, device)
+        _loop(cfg, worker, policy, learner, buffers, stats, reporter, exp_dir, info, device, warmup_seconds)
         summary = reporter.close()
         reporter = None
         print_final_summary(summary)
@@ -91,7 +91,7 @@ def run_serial(cfg: Config) -> dict:
                 pass
 
 
-def _loop(cfg, worker, policy, learner, buffers, stats, reporter, exp_dir, info, device) -> None:
+def _loop(cfg, worker, policy, learner, buffers, stats, reporter, exp_dir, info, device, warmup_seconds) -> None:
     requests: deque = deque()
     ready: list[int] = []
     last_save = stats.run_seconds
@@ -114,8 +114,12 @@ def _loop(cfg, worker, policy, learner, buffers, stats, reporter, exp_dir, info,
 
     route(worker.start())
     n_batch = learner.trajectories_per_batch
+    warm = False
     try:
         while stats.env_frames < cfg.train_for_env_steps and stats.run_seconds < cfg.train_for_seconds:
+            if not warm and stats.run_seconds >= warmup_seconds:
+                stats.mark_warmup()
+                warm = True
             batch_requests = list(requests)
             requests.clear()
             for ready_msg in policy.infer(batch_requests):
@@ -141,5 +145,6 @@ def _loop(cfg, worker, policy, learner, buffers, stats, reporter, exp_dir, info,
                 last_save = stats.run_seconds
     except KeyboardInterrupt:
         log("interrupted: saving a checkpoint and stopping")
+    stats.end_measurement()
     if not cfg.sampling_only and stats.env_frames > frames_at_start:
         save()

@@ -1,0 +1,94 @@
+"""Shared by the perf scripts: common flags, a throw-away experiment, one JSON line out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def parse(description: str) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(
+        description=description + " Any other flag is passed to the trainer (see train.py --help)."
+    )
+    parser.add_argument("--env", default="doom_basic")
+    parser.add_argument("--num_workers", type=int, default=2)
+    parser.add_argument("--num_envs_per_worker", type=int, default=8)
+    parser.add_argument(
+        "--seconds", type=float, default=60.0, help="measured seconds, after warm-up"
+    )
+    parser.add_argument(
+        "--warmup", type=float, default=15.0, help="seconds not measured at the start"
+    )
+    return parser.parse_known_args()
+
+
+def run(args: argparse.Namespace, extra: list[str], mode_flags: list[str]) -> dict:
+    from fastrl.cfg import parse_config
+    from fastrl.train import user_error_types
+
+    with tempfile.TemporaryDirectory(prefix="fastrl-perf-") as train_dir:
+        argv = [
+            "--env",
+            args.env,
+            "--num_workers",
+            str(args.num_workers),
+            "--num_envs_per_worker",
+            str(args.num_envs_per_worker),
+            "--train_dir",
+            train_dir,
+            "--experiment",
+            "perf",
+            "--train_for_seconds",
+            str(args.warmup + args.seconds),
+            "--save_every_sec",
+            "1e9",
+            *mode_flags,
+            *extra,
+        ]
+        cfg = parse_config(argv)
+        try:
+            if cfg.serial_mode:
+                from fastrl.runner.serial import run_serial
+
+                summary = run_serial(cfg, warmup_seconds=args.warmup)
+            else:
+                from fastrl.runner.parallel import run_parallel
+
+                summary = run_parallel(cfg, warmup_seconds=args.warmup)
+        except user_error_types() as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(1)
+    measured = summary["measured"] or {}
+    frameskip = (
+        summary["env_frames"] / max(summary["agent_steps"], 1) if summary["agent_steps"] else 1
+    )
+    fps = measured.get("fps", 0.0)
+    result = {
+        "fps": round(fps, 1),
+        "sps": round(fps / frameskip, 1),
+        "env_frames": measured.get("env_frames", 0),
+        "seconds": round(measured.get("seconds", 0.0), 2),
+        "stages": {k: v for k, v in measured.items() if isinstance(v, dict)},
+        "mean_episode_return": summary["mean_episode_return"],
+        "policy_lag": summary["policy_lag"],
+        "settings": {**cfg.to_dict(), "warmup": args.warmup},
+        "host": {
+            "machine": platform.node(),
+            "cpus": os.cpu_count(),
+            "date": time.strftime("%Y-%m-%d"),
+        },
+    }
+    for key in ("train_dir", "experiment"):
+        result["settings"].pop(key)
+    return result
+
+
+def emit(result: dict) -> None:
+    print(json.dumps(result), flush=True)
