@@ -88,6 +88,9 @@ class Config:
     keep_checkpoints: int = _f(3, "How many newest checkpoints to keep", "logging")
     log_every_sec: float = _f(5.0, "Seconds between console progress lines", "logging")
     summaries_every_sec: float = _f(10.0, "Seconds between TensorBoard and summary.json writes", "logging")
+    eval_every_env_frames: int = _f(0, "Every this many env frames, play --eval_episodes in a separate env and log eval/ returns to TensorBoard (0: never)", "logging")
+    eval_episodes: int = _f(10, "Episodes per evaluation during training", "logging")
+    eval_deterministic: bool = _f(False, "Evaluate with the most likely action instead of sampling", "logging")
     stats_avg: int = _f(100, "Episodes averaged for the reported mean return", "logging")
 
     # --- derived ----------------------------------------------------------------------
@@ -202,10 +205,10 @@ def validate(cfg: Config) -> list[str]:
                  "rollout", "batch_size", "policy_threads", "learner_threads", "num_batches_per_epoch", "num_epochs", "learning_rate",
                  "rnn_size", "encoder_fc_size", "keep_checkpoints", "stats_avg",
                  "train_for_env_steps", "train_for_seconds", "log_every_sec",
-                 "summaries_every_sec", "save_every_sec", "adam_eps", "vtrace_rho", "vtrace_c",
+                 "summaries_every_sec", "save_every_sec", "eval_episodes", "adam_eps", "vtrace_rho", "vtrace_c",
                  "reward_clip"):
         positive(name)
-    for name in ("max_policy_lag",):
+    for name in ("max_policy_lag", "eval_every_env_frames"):
         if getattr(cfg, name) < 0:
             errors.append(f"--{name}={getattr(cfg, name)}: must be >= 0")
     if not 0.0 <= cfg.gamma <= 1.0:

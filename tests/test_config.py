@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -32,7 +33,7 @@ def test_boolean_flag_forms(argv, expected):
 
 
 def test_str2bool_rejects_garbage():
-    with pytest.raises(Exception):
+    with pytest.raises(argparse.ArgumentTypeError, match="maybe"):
         str2bool("maybe")
 
 

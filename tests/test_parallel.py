@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from fastrl.cfg import parse_config
+from fastrl.messages import TrajectoriesReady
 from fastrl.runner.common import buffers_per_env
 from fastrl.runner.parallel import BuffersFreed, ParallelRunner, _get_many
-from fastrl.messages import TrajectoriesReady
 
 pytestmark = pytest.mark.multiprocess
 

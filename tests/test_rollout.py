@@ -25,7 +25,10 @@ def make_worker(num_envs=4, splits=2, per_env=3, rnn=0, per_round=None, worker_i
     return worker, envs, buffers, rnn_state
 
 
-def fake_policy(buffers, requests, version=0, rng=np.random.default_rng(0)):
+_RNG = np.random.default_rng(0)
+
+
+def fake_policy(buffers, requests, version=0, rng=_RNG):
     """Write a random action and the version for each request; return (worker, split) pairs."""
     ready = []
     for req in requests:

@@ -31,6 +31,7 @@ from faster_fifo import Queue
 
 from fastrl.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.cfg import Config
+from fastrl.evaluation import PeriodicEvaluator, write_eval_summaries
 from fastrl.experiment import (
     ExperimentError,
     Reporter,
@@ -379,7 +380,7 @@ class ParallelRunner:
         self.warmup_seconds = warmup_seconds
         self.ctx = tmp.get_context("spawn")
         self.procs: list[tuple[str, Any]] = []
-        self.stopping = False
+        self.evaluator: PeriodicEvaluator | None = None
 
     def setup(self) -> Shared:
         """Validate, prepare the experiment folder and allocate every shared buffer and queue."""
@@ -406,6 +407,11 @@ class ParallelRunner:
             per_worker_buffers=cfg.num_envs_per_worker * per_env,
             parent_pid=os.getpid(),
         )
+        if cfg.eval_every_env_frames:
+            # Evaluation plays in a thread of this process, on the CPU, with its own env.
+            self.evaluator = PeriodicEvaluator(create_env(cfg), model, cfg.eval_every_env_frames,
+                                               cfg.eval_episodes, cfg.eval_deterministic, "cpu",
+                                               seed=cfg.seed)
         return self.shared
 
     def start_sampling(self) -> None:
@@ -507,6 +513,12 @@ class ParallelRunner:
                     stats.mark_warmup()
                     warm = True
                 reporter.maybe_report()
+                if self.evaluator is not None:
+                    self.evaluator.maybe_start(stats.env_frames, self.shared.weights)
+                    for frames, result in self.evaluator.poll():
+                        write_eval_summaries(reporter.writer, result, frames)
+                        log(f"evaluation at {frames:,} frames: return {result.mean_return:.3f} "
+                            f"+- {result.std_return:.3f} over {result.episodes} episodes")
                 if not cfg.sampling_only and time.time() - last_save >= cfg.save_every_sec:
                     self.shared.learner_queue.put(SaveCheckpoint(stats.counters(), False), timeout=10)
                     last_save = time.time()
@@ -552,6 +564,9 @@ class ParallelRunner:
 
     def shutdown(self) -> None:
         """Stop every child: a stop flag, a join with a timeout, then terminate, then kill."""
+        if self.evaluator is not None:
+            self.evaluator.close()
+            self.evaluator = None
         if not self.procs:
             return
         self.shared.stop.set()

@@ -12,6 +12,7 @@ import torch
 
 from fastrl.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.cfg import Config
+from fastrl.evaluation import PeriodicEvaluator, write_eval_summaries
 from fastrl.experiment import (
     Reporter,
     TrainingStats,
@@ -48,6 +49,7 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
     envs = [create_env(cfg) for _ in range(n_envs)]
     worker = None
     reporter = None
+    evaluator = None
     try:
         info = env_info(envs[0])
         model = build_model(cfg, info, device)
@@ -74,14 +76,21 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
         policy = PolicyWorker(model, info.action_space, buffers, rnn_state, device,
                               version_fn=lambda: learner.version)
         reporter = Reporter(cfg, exp_dir, stats)
+        if cfg.eval_every_env_frames:
+            evaluator = PeriodicEvaluator(create_env(cfg), model, cfg.eval_every_env_frames,
+                                          cfg.eval_episodes, cfg.eval_deterministic, device,
+                                          seed=cfg.seed, start_frames=stats.env_frames)
         log(f"serial mode: {cfg.env}, {n_envs} envs in {cfg.worker_num_splits} splits, device {device}, "
             f"model {sum(p.numel() for p in model.parameters()):,} parameters, experiment {exp_dir}")
-        _loop(cfg, worker, policy, learner, buffers, stats, reporter, exp_dir, info, device, warmup_seconds)
+        _loop(cfg, worker, policy, learner, buffers, stats, reporter, exp_dir, info, device,
+              warmup_seconds, evaluator)
         summary = reporter.close()
         reporter = None
         print_final_summary(summary)
         return summary
     finally:
+        if evaluator is not None:
+            evaluator.close()
         if reporter is not None:
             reporter.close()
         for env in envs:
@@ -91,7 +100,8 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
                 pass
 
 
-def _loop(cfg, worker, policy, learner, buffers, stats, reporter, exp_dir, info, device, warmup_seconds) -> None:
+def _loop(cfg, worker, policy, learner, buffers, stats, reporter, exp_dir, info, device,
+              warmup_seconds, evaluator) -> None:
     requests: deque = deque()
     ready: list[int] = []
     last_save = stats.run_seconds
@@ -137,6 +147,12 @@ def _loop(cfg, worker, policy, learner, buffers, stats, reporter, exp_dir, info,
                 stats.add_learner_stats(train_stats, learner.version)
                 if worker.all_paused:
                     route(worker.resume())
+                if evaluator is not None:
+                    result = evaluator.maybe_evaluate(stats.env_frames, learner.model)
+                    if result is not None:
+                        write_eval_summaries(reporter.writer, result, stats.env_frames)
+                        log(f"evaluation at {stats.env_frames:,} frames: return "
+                            f"{result.mean_return:.3f} +- {result.std_return:.3f} over {result.episodes} episodes")
             if not requests and not ready:
                 raise RuntimeError("serial runner stalled: no inference requests and no data to train on")
             reporter.maybe_report()
