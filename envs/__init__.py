@@ -1,0 +1,46 @@
+"""fastrl's built-in environments.
+
+Importing this package registers the VizDoom scenario names (`doom_basic`, ...) with
+`fastrl.env_registry` from the table in `envs.doom_scenarios`. It does not import
+vizdoom: each factory imports `envs.doom` (and so vizdoom) only when it is called.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from envs.doom_scenarios import SCENARIOS
+from fastrl.env_registry import register_env
+
+
+def _make_doom(
+    scenario: str,
+    *,
+    frameskip: int | None = None,
+    max_episode_steps: int | None = None,
+    render_mode: str | None = None,
+    measurements: bool = False,
+    reward_shaping: bool = False,
+    interpolation: str = "nearest",
+) -> Any:
+    from envs.doom import make_doom_env
+
+    return make_doom_env(
+        scenario,
+        frameskip=frameskip,
+        max_episode_steps=max_episode_steps,
+        render_mode=render_mode,
+        measurements=measurements,
+        reward_shaping=reward_shaping,
+        interpolation=interpolation,
+    )
+
+
+def register_builtin_envs() -> None:
+    """Register every scenario of the doom table (idempotent)."""
+    for name in SCENARIOS:
+        register_env(name, functools.partial(_make_doom, name), overwrite=True)
+
+
+register_builtin_envs()

@@ -1,0 +1,181 @@
+"""The VizDoom scenarios that fastrl registers, as plain data.
+
+Importing this module does not import vizdoom: buttons and game variables are named by
+strings and resolved by `envs.doom` when an env is built.
+
+Conventions for action spaces: a scenario's buttons are grouped into independent "heads"
+(move, turn, attack...). A scenario with one head gets a `Discrete` space, one with
+several heads a `MultiDiscrete` space, one sub-action per head. Choice 0 of every head is
+"do nothing", so the all-zeros action is a no-op.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ButtonPress = tuple[str, float]
+"""A button name (a `vizdoom.Button` member name) and the value it is set to."""
+
+
+@dataclass(frozen=True)
+class ActionChoice:
+    """One choice of an action head: a label and the buttons it sets."""
+
+    label: str
+    buttons: tuple[ButtonPress, ...] = ()
+
+
+@dataclass(frozen=True)
+class ActionHead:
+    """A group of mutually exclusive choices; choice 0 must be the no-op."""
+
+    name: str
+    choices: tuple[ActionChoice, ...]
+
+
+@dataclass(frozen=True)
+class Shaping:
+    """Optional reward shaping on one game variable (applied only with `reward_shaping=True`).
+
+    Each agent step adds `gain * max(delta, 0) - loss * max(-delta, 0)` to the training
+    reward, where `delta` is the change of the variable over the step.
+    """
+
+    variable: str
+    gain: float = 0.0
+    loss: float = 0.0
+
+
+@dataclass(frozen=True)
+class DoomScenario:
+    """A fastrl VizDoom scenario: a shipped .cfg plus fastrl's action and episode choices."""
+
+    name: str
+    cfg: str
+    """File name of the .cfg inside `vizdoom.scenarios_path`."""
+    heads: tuple[ActionHead, ...]
+    shaping: tuple[Shaping, ...] = ()
+    max_episode_steps: int | None = None
+    """Default time limit in agent steps; None means "the cfg's episode_timeout"."""
+    god_mode: bool = False
+    """Make the player invulnerable (used for fixed-length throughput episodes)."""
+
+
+def _choice(label: str, *buttons: str | ButtonPress) -> ActionChoice:
+    presses = tuple((b, 1.0) if isinstance(b, str) else b for b in buttons)
+    return ActionChoice(label, presses)
+
+
+def _head(name: str, *choices: ActionChoice) -> ActionHead:
+    return ActionHead(name, (_choice("none"), *choices))
+
+
+TURN = _head("turn", _choice("left", "TURN_LEFT"), _choice("right", "TURN_RIGHT"))
+ATTACK = _head("attack", _choice("attack", "ATTACK"))
+FORWARD = _head("forward", _choice("forward", "MOVE_FORWARD"))
+MOVE = _head("move", _choice("forward", "MOVE_FORWARD"), _choice("backward", "MOVE_BACKWARD"))
+STRAFE = _head("strafe", _choice("left", "MOVE_LEFT"), _choice("right", "MOVE_RIGHT"))
+
+# TURN_LEFT_RIGHT_DELTA is in degrees per tic (positive turns right) and is applied on
+# every tic of a frameskip. 2.5 deg/tic is close to the binary TURN_* speed, 7.5 to the
+# running turn speed (measured with vizdoom 1.3.2).
+DELTA_TURN = ActionHead(
+    "turn",
+    (
+        _choice("none"),
+        _choice("left_slow", ("TURN_LEFT_RIGHT_DELTA", -2.5)),
+        _choice("right_slow", ("TURN_LEFT_RIGHT_DELTA", 2.5)),
+        _choice("left_fast", ("TURN_LEFT_RIGHT_DELTA", -7.5)),
+        _choice("right_fast", ("TURN_LEFT_RIGHT_DELTA", 7.5)),
+    ),
+)
+
+HEALTH_LOSS = Shaping("HEALTH", loss=0.01)
+
+SCENARIOS: dict[str, DoomScenario] = {
+    s.name: s
+    for s in (
+        DoomScenario(
+            "doom_basic",
+            "basic.cfg",
+            (
+                ActionHead(
+                    "action",
+                    (
+                        _choice("none"),
+                        _choice("left", "MOVE_LEFT"),
+                        _choice("right", "MOVE_RIGHT"),
+                        _choice("attack", "ATTACK"),
+                    ),
+                ),
+            ),
+        ),
+        DoomScenario(
+            "doom_defend_the_center", "defend_the_center.cfg", (TURN, ATTACK), (HEALTH_LOSS,)
+        ),
+        DoomScenario("doom_defend_the_line", "defend_the_line.cfg", (TURN, ATTACK), (HEALTH_LOSS,)),
+        DoomScenario(
+            "doom_health_gathering",
+            "health_gathering.cfg",
+            (TURN, FORWARD),
+            (Shaping("HEALTH", gain=0.05),),
+        ),
+        DoomScenario(
+            "doom_health_gathering_supreme",
+            "health_gathering_supreme.cfg",
+            (TURN, FORWARD),
+            (Shaping("HEALTH", gain=0.05),),
+        ),
+        DoomScenario("doom_my_way_home", "my_way_home.cfg", (TURN, FORWARD, STRAFE)),
+        DoomScenario(
+            "doom_deadly_corridor",
+            "deadly_corridor.cfg",
+            (MOVE, STRAFE, TURN, ATTACK),
+            (Shaping("HEALTH", loss=0.1), Shaping("KILLCOUNT", gain=5.0)),
+        ),
+        DoomScenario("doom_predict_position", "predict_position.cfg", (TURN, ATTACK)),
+        DoomScenario(
+            "doom_take_cover",
+            "take_cover.cfg",
+            (
+                ActionHead(
+                    "move",
+                    (_choice("none"), _choice("left", "MOVE_LEFT"), _choice("right", "MOVE_RIGHT")),
+                ),
+            ),
+            (Shaping("HEALTH", loss=0.05),),
+        ),
+        DoomScenario(
+            "doom_deathmatch",
+            "deathmatch.cfg",
+            (
+                MOVE,
+                STRAFE,
+                DELTA_TURN,
+                ATTACK,
+                _head("run", _choice("run", "SPEED")),
+                _head("weapon", *(_choice(f"weapon{i}", f"SELECT_WEAPON{i}") for i in range(1, 7))),
+            ),
+            (Shaping("HEALTH", gain=0.01, loss=0.01), Shaping("KILLCOUNT", gain=1.0)),
+        ),
+        # Throughput setting: defend_the_center rendering and monsters, an invulnerable
+        # player (no deaths, so no resets inside the measurement) and a fixed episode.
+        DoomScenario(
+            "doom_benchmark",
+            "defend_the_center.cfg",
+            (
+                ActionHead(
+                    "action",
+                    (
+                        _choice("none"),
+                        _choice("left", "TURN_LEFT"),
+                        _choice("right", "TURN_RIGHT"),
+                        _choice("attack", "ATTACK"),
+                    ),
+                ),
+            ),
+            max_episode_steps=2100,
+            god_mode=True,
+        ),
+    )
+}
