@@ -1,0 +1,254 @@
+"""Environment throughput: N processes, each stepping M envs with random actions.
+
+    PYTHONPATH=. python perf/env_fps.py --env doom_basic --num_workers 2 --seconds 10
+    PYTHONPATH=. python perf/env_fps.py --env doom_basic --num_workers 2 --seconds 10 --bare
+
+`--bare` steps a bare `vizdoom.DoomGame` instead of the fastrl env: the same cfg,
+resolution (160x120 CRCGCB), frameskip and button vectors, `make_action` + `get_state`
+per step and `new_episode` at the same time limit, but no resize, wrapper or copies.
+The difference between the two is the cost of the env stack around the engine.
+
+Actions are drawn in advance (1024 per env, cycled) so that sampling them is not timed.
+Each process steps for `--warmup` seconds, waits for the others, then counts for
+`--seconds`. The last line printed is one JSON object (fps counts simulator frames, so
+it includes the frameskip; sps counts agent steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+ACTIONS_PER_ENV = 1024
+
+
+class _EnvStepper:
+    """Steps fastrl envs built by `make_env`."""
+
+    def __init__(self, args: argparse.Namespace, worker: int) -> None:
+        from fastrl.env_registry import make_env
+
+        options: dict[str, Any] = dict(args.options)
+        if args.frameskip is not None:
+            options["frameskip"] = args.frameskip
+        self.envs = [make_env(args.env, **options) for _ in range(args.num_envs_per_worker)]
+        self.frameskip = int(self.envs[0].metadata.get("frameskip", 1))
+        self.actions = []
+        for i, env in enumerate(self.envs):
+            seed = args.seed + 1000 * worker + i
+            env.action_space.seed(seed)
+            env.reset(seed=seed)
+            self.actions.append([env.action_space.sample() for _ in range(ACTIONS_PER_ENV)])
+        self.episodes = 0
+
+    def step_all(self, k: int) -> int:
+        """One step of every env; returns the number of agent steps taken."""
+        a = k % ACTIONS_PER_ENV
+        for env, actions in zip(self.envs, self.actions, strict=True):
+            _, _, terminated, truncated, _ = env.step(actions[a])
+            if terminated or truncated:
+                env.reset()
+                self.episodes += 1
+        return len(self.envs)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+class _BareStepper:
+    """Steps bare DoomGames configured like the fastrl env of the same name."""
+
+    def __init__(self, args: argparse.Namespace, worker: int) -> None:
+        import numpy as np
+
+        from envs.doom import DEFAULT_FRAMESKIP, button_table, default_max_episode_steps, start_game
+        from envs.doom_scenarios import SCENARIOS
+
+        self.scenario = SCENARIOS[args.env]
+        self.frameskip = args.frameskip or DEFAULT_FRAMESKIP
+        self.games, self.actions, self.limits = [], [], []
+        for i in range(args.num_envs_per_worker):
+            game, cfg_timeout = start_game(self.scenario)
+            _, table = button_table(self.scenario, game.get_available_buttons())
+            rng = np.random.default_rng(args.seed + 1000 * worker + i)
+            self.games.append(game)
+            self.actions.append([table[j] for j in rng.integers(len(table), size=ACTIONS_PER_ENV)])
+            self.limits.append(
+                default_max_episode_steps(self.scenario, cfg_timeout, self.frameskip)
+            )
+            game.set_seed(args.seed + 1000 * worker + i)
+            self._new_episode(game)
+        self.ep_steps = [0] * len(self.games)
+        self.episodes = 0
+
+    def _new_episode(self, game: Any) -> None:
+        game.new_episode()
+        if self.scenario.god_mode:
+            game.send_game_command("god")
+
+    def step_all(self, k: int) -> int:
+        a = k % ACTIONS_PER_ENV
+        fs = self.frameskip
+        for i, game in enumerate(self.games):
+            game.make_action(self.actions[i][a], fs)
+            self.ep_steps[i] += 1
+            limit = self.limits[i]
+            if game.is_episode_finished() or (limit is not None and self.ep_steps[i] >= limit):
+                self._new_episode(game)
+                self.ep_steps[i] = 0
+                self.episodes += 1
+            else:
+                game.get_state().screen_buffer  # noqa: B018  (the engine's output, as the env reads it)
+        return len(self.games)
+
+    def close(self) -> None:
+        for game in self.games:
+            game.close()
+
+
+def _worker(
+    worker: int, args: argparse.Namespace, core: int | None, barrier: Any, results: Any
+) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+    stepper = _BareStepper(args, worker) if args.bare else _EnvStepper(args, worker)
+    try:
+        k = 0
+        start = time.perf_counter()
+        while time.perf_counter() - start < args.warmup:
+            stepper.step_all(k)
+            k += 1
+        stepper.episodes = 0
+        barrier.wait(timeout=300)
+        steps = 0
+        start = time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < args.seconds:
+            steps += stepper.step_all(k)
+            k += 1
+        results.put(
+            {
+                "worker": worker,
+                "core": core,
+                "agent_steps": steps,
+                "env_frames": steps * stepper.frameskip,
+                "frameskip": stepper.frameskip,
+                "episodes": stepper.episodes,
+                "elapsed": elapsed,
+            }
+        )
+    finally:
+        stepper.close()
+
+
+def _parse_options(items: list[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--option expects KEY=VALUE, got {item!r}")
+        try:
+            options[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            options[key] = text  # a bare word: keep it as a string
+    return options
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the measurement and print the per-worker lines and the final JSON line."""
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--env", default="doom_basic", help="fastrl env name or gymnasium id")
+    p.add_argument("--num_workers", type=int, default=1, help="processes (spawn)")
+    p.add_argument("--num_envs_per_worker", type=int, default=1)
+    p.add_argument("--seconds", type=float, default=10.0, help="measured time per process")
+    p.add_argument("--warmup", type=float, default=2.0, help="untimed seconds before measuring")
+    p.add_argument("--frameskip", type=int, default=None, help="default: the env's own")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra make_env option, repeatable (e.g. interpolation=area); not with --bare",
+    )
+    p.add_argument("--bare", action="store_true", help="step bare vizdoom.DoomGame instances")
+    p.add_argument("--pin", action="store_true", help="pin each process to one core")
+    args = p.parse_args(argv)
+    args.options = _parse_options(args.option)
+    if args.bare and args.options:
+        p.error("--option has no effect with --bare")
+    if args.bare:
+        from envs.doom_scenarios import SCENARIOS
+
+        if args.env not in SCENARIOS:
+            p.error(f"--bare needs a doom scenario name ({', '.join(SCENARIOS)}), got {args.env!r}")
+
+    cores = sorted(os.sched_getaffinity(0))
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(args.num_workers)
+    results = ctx.Queue()
+    assigned = [cores[i % len(cores)] if args.pin else None for i in range(args.num_workers)]
+    procs = [
+        ctx.Process(target=_worker, args=(i, args, assigned[i], barrier, results), daemon=True)
+        for i in range(args.num_workers)
+    ]
+    for proc in procs:
+        proc.start()
+    rows = []
+    deadline = time.monotonic() + args.warmup + args.seconds + 300
+    while len(rows) < len(procs):
+        try:
+            rows.append(results.get(timeout=5))
+        except Exception:
+            if time.monotonic() > deadline or any(
+                not q.is_alive() and q.exitcode != 0 for q in procs
+            ):
+                for q in procs:
+                    q.terminate()
+                raise SystemExit("a worker failed or timed out; see its traceback above") from None
+    for proc in procs:
+        proc.join(timeout=60)
+    rows.sort(key=lambda r: r["worker"])
+    for r in rows:
+        print(
+            f"worker {r['worker']} core {r['core']}: {r['env_frames'] / r['elapsed']:.0f} fps, "
+            f"{r['agent_steps'] / r['elapsed']:.0f} sps, {r['episodes']} episodes"
+        )
+    result = {
+        "env": args.env,
+        "bare": args.bare,
+        "num_workers": args.num_workers,
+        "num_envs_per_worker": args.num_envs_per_worker,
+        "frameskip": rows[0]["frameskip"],
+        "options": args.options,
+        "pinned": args.pin,
+        "cores": assigned if args.pin else cores,
+        "seconds": round(max(r["elapsed"] for r in rows), 3),
+        "warmup": args.warmup,
+        "fps": round(sum(r["env_frames"] / r["elapsed"] for r in rows), 1),
+        "sps": round(sum(r["agent_steps"] / r["elapsed"] for r in rows), 1),
+        "env_frames": sum(r["env_frames"] for r in rows),
+        "agent_steps": sum(r["agent_steps"] for r in rows),
+        "episodes": sum(r["episodes"] for r in rows),
+    }
+    print(f"{'pinned to cores ' + str(assigned) if args.pin else 'not pinned'}")
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
