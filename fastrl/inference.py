@@ -13,6 +13,7 @@ from typing import Protocol
 import torch
 
 from fastrl.buffers import TrajectoryBuffers
+from fastrl.device import autocast
 from fastrl.messages import ActionsReady, InferenceRequest
 from fastrl.model import ActionDistribution, ActorCritic
 
@@ -42,7 +43,7 @@ class PolicyWorker:
     def __init__(self, model: ActorCritic, action_space, buffers: TrajectoryBuffers,
                  rnn_state: torch.Tensor, device: torch.device,
                  weights: WeightsSource | None = None,
-                 version_fn=None, deterministic: bool = False):
+                 version_fn=None, deterministic: bool = False, precision: str = "fp32"):
         self.model = model
         self.buffers = buffers
         self.rnn_state = rnn_state
@@ -50,6 +51,7 @@ class PolicyWorker:
         self.weights = weights
         self.version_fn = version_fn
         self.deterministic = deterministic
+        self.precision = precision
         self.action_space = action_space
         self.policy_version = 0
         self.samples = 0
@@ -79,7 +81,7 @@ class PolicyWorker:
         e_idx = torch.tensor(env_ids, dtype=torch.int64)
         obs = {k: self._to_device(v[b_idx, t_idx]) for k, v in self.buffers.obs.items()}
         h = self._to_device(self.rnn_state[e_idx])
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast(self.precision, self.device):
             logits, values, new_h = self.model.forward_step(obs, h)
             dist = ActionDistribution(logits, self.action_space)
             actions = dist.mode() if self.deterministic else dist.sample()

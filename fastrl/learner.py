@@ -8,6 +8,7 @@ import torch
 
 from fastrl.algo.appo import LossParams, appo_loss
 from fastrl.cfg import Config
+from fastrl.device import autocast, resolve_precision
 from fastrl.model import ActionDistribution, ActorCritic
 
 
@@ -32,6 +33,7 @@ class Learner:
             exploration_loss_coeff=cfg.exploration_loss_coeff, vtrace_rho=cfg.vtrace_rho,
             vtrace_c=cfg.vtrace_c, with_vtrace=cfg.with_vtrace,
         )
+        self.precision = resolve_precision(cfg.precision, device)
         self.version = 0
         self.samples_trained = 0
         self.train_seconds = 0.0
@@ -85,7 +87,8 @@ class Learner:
         # The hidden state is zeroed before step t+1 when step t ended an episode.
         resets = torch.zeros((b, t + 1), device=self.device)
         resets[:, 1:] = dones.float()
-        logits, values = self.model.forward_sequence(mb["obs"], mb["rnn_states"], resets)
+        with autocast(self.precision, self.device):
+            logits, values = self.model.forward_sequence(mb["obs"], mb["rnn_states"], resets)
         dist = ActionDistribution(logits[:, :t].reshape(b * t, -1), self.action_space)
         actions = mb["actions"].reshape(b * t, -1)
         target_log_probs = dist.log_prob(actions).reshape(b, t)

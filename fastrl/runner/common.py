@@ -12,6 +12,7 @@ import torch
 from gymnasium import spaces
 
 from fastrl.cfg import Config
+from fastrl.device import resolve_device  # noqa: F401 - re-exported for the runners
 from fastrl.env_registry import make_env
 from fastrl.experiment import ExperimentError
 from fastrl.model import ActorCritic, as_dict_space
@@ -23,15 +24,6 @@ def reward_scale(cfg: Config) -> float:
     if cfg.reward_scale is not None:
         return cfg.reward_scale
     return 0.01 if cfg.env.startswith("doom_") else 1.0
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ExperimentError(f"--device={name}: CUDA is not available on this machine (use cpu or auto)")
-    return device
 
 
 def env_options(cfg: Config) -> dict:

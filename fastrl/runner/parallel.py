@@ -31,6 +31,7 @@ from faster_fifo import Queue
 
 from fastrl.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.cfg import Config
+from fastrl.device import resolve_precision
 from fastrl.evaluation import PeriodicEvaluator, write_eval_summaries
 from fastrl.experiment import (
     ExperimentError,
@@ -283,7 +284,8 @@ def policy_worker_main(shared: Shared, policy_id: int) -> None:
     model = build_model(cfg, shared.info, device)
     model.eval()
     policy = PolicyWorker(model, shared.info.action_space, shared.buffers, shared.rnn_state,
-                          device, weights=shared.weights)
+                          device, weights=shared.weights,
+                          precision=resolve_precision(cfg.precision, device))
     policy.maybe_update_weights()
     busy, samples, last_report = 0.0, 0, time.time()
     while not _should_stop(shared):
@@ -440,11 +442,12 @@ class ParallelRunner:
             self.start_sampling()
             stats.start_time = time.time()
             reporter = Reporter(cfg, self.exp_dir, stats)
+            device = resolve_device(cfg.device)
             mode = "sampling only" if cfg.sampling_only else ("async" if cfg.async_rl else "sync")
             layout = shared.layout
             log(f"parallel mode ({mode}): {cfg.env}, {cfg.num_workers} workers x {cfg.num_envs_per_worker} envs "
                 f"in {cfg.worker_num_splits} splits, {cfg.num_policy_workers} policy worker(s), "
-                f"device {resolve_device(cfg.device)}, {layout.num_buffers} trajectory buffers "
+                f"device {device} ({resolve_precision(cfg.precision, device)}), {layout.num_buffers} trajectory buffers "
                 f"({layout.nbytes() / 2**20:.0f} MiB), experiment {self.exp_dir}")
             self._loop(stats, reporter)
             summary = reporter.close()

@@ -74,13 +74,13 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
                                cfg.worker_num_splits, reward_scale(cfg), cfg.reward_clip,
                                trajectories_per_round=per_round, seed=cfg.seed)
         policy = PolicyWorker(model, info.action_space, buffers, rnn_state, device,
-                              version_fn=lambda: learner.version)
+                              version_fn=lambda: learner.version, precision=learner.precision)
         reporter = Reporter(cfg, exp_dir, stats)
         if cfg.eval_every_env_frames:
             evaluator = PeriodicEvaluator(create_env(cfg), model, cfg.eval_every_env_frames,
                                           cfg.eval_episodes, cfg.eval_deterministic, device,
                                           seed=cfg.seed, start_frames=stats.env_frames)
-        log(f"serial mode: {cfg.env}, {n_envs} envs in {cfg.worker_num_splits} splits, device {device}, "
+        log(f"serial mode: {cfg.env}, {n_envs} envs in {cfg.worker_num_splits} splits, device {device} ({learner.precision}), "
             f"model {sum(p.numel() for p in model.parameters()):,} parameters, experiment {exp_dir}")
         _loop(cfg, worker, policy, learner, buffers, stats, reporter, exp_dir, info, device,
               warmup_seconds, evaluator)
