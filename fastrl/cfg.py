@@ -83,6 +83,7 @@ class Config:
     with_vtrace: bool = _f(True, "Correct advantages and value targets for policy lag with V-trace")
     vtrace_rho: float = _f(1.0, "V-trace rho-bar (importance weight clip for the value targets and advantages)")
     vtrace_c: float = _f(1.0, "V-trace c-bar (trace-cutting clip)")
+    gae_lambda: float = _f(0.95, "Trace decay of the value targets and advantages (lambda-returns inside V-trace); 1.0 = plain V-trace")
 
     # --- logging and checkpoints ------------------------------------------------------
     save_every_sec: float = _f(120.0, "Seconds between checkpoints (one is also written at exit)", "logging")
@@ -212,6 +213,8 @@ def validate(cfg: Config) -> list[str]:
     for name in ("max_policy_lag", "eval_every_env_frames"):
         if getattr(cfg, name) < 0:
             errors.append(f"--{name}={getattr(cfg, name)}: must be >= 0")
+    if not 0.0 <= cfg.gae_lambda <= 1.0:
+        errors.append(f"--gae_lambda={cfg.gae_lambda}: must be in [0, 1]")
     if not 0.0 <= cfg.gamma <= 1.0:
         errors.append(f"--gamma={cfg.gamma}: must be in [0, 1]")
     if not 0.0 < cfg.ppo_clip_ratio < 1.0:

@@ -31,7 +31,7 @@ class Learner:
         self.params = LossParams(
             gamma=cfg.gamma, ppo_clip_ratio=cfg.ppo_clip_ratio, value_loss_coeff=cfg.value_loss_coeff,
             exploration_loss_coeff=cfg.exploration_loss_coeff, vtrace_rho=cfg.vtrace_rho,
-            vtrace_c=cfg.vtrace_c, with_vtrace=cfg.with_vtrace,
+            vtrace_c=cfg.vtrace_c, with_vtrace=cfg.with_vtrace, gae_lambda=cfg.gae_lambda,
         )
         self.precision = resolve_precision(cfg.precision, device)
         self.version = 0

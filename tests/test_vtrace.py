@@ -44,10 +44,11 @@ def reference_vtrace(
     rho_bar: float | None,
     pg_rho_bar: float | None,
     c_bar: float | None,
+    lam: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The non-recursive definition, element by element:
 
-    vs_s = V(x_s) + sum_{t=s}^{T-1} (prod_{i=s}^{t-1} discount_i * c_i) * delta_t,
+    vs_s = V(x_s) + sum_{t=s}^{T-1} (prod_{i=s}^{t-1} discount_i * lam * c_i) * delta_t,
     delta_t = rho_t * (r_t + discount_t * V(x_{t+1}) - V(x_t)),
     pg_adv_s = pg_rho_s * (r_s + discount_s * vs_{s+1} - V(x_s)),  V(x_T) = vs_T = bootstrap.
     """
@@ -66,7 +67,7 @@ def reference_vtrace(
             for t in range(s, num_steps):
                 weight = 1.0
                 for i in range(s, t):
-                    weight *= d[i][b] * clipped(math.exp(lr[i][b]), c_bar)
+                    weight *= d[i][b] * lam * clipped(math.exp(lr[i][b]), c_bar)
                 rho_t = clipped(math.exp(lr[t][b]), rho_bar)
                 delta_t = rho_t * (r[t][b] + d[t][b] * value(t + 1) - value(t))
                 total += weight * delta_t
@@ -179,3 +180,21 @@ def test_non_float_or_bad_threshold_raise() -> None:
         vtrace(**{**good, "rewards": good["rewards"].long()})
     with pytest.raises(ValueError, match="positive"):
         vtrace(**good, clip_c_threshold=0.0)
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.5, 0.95])
+def test_lambda_decays_the_traces(lam: float) -> None:
+    inputs = make_inputs(9, 5, seed=11)
+    vs, pg = vtrace(**inputs, clip_rho_threshold=1.0, clip_pg_rho_threshold=1.0,
+                    clip_c_threshold=1.0, lambda_=lam)
+    ref_vs, ref_pg = reference_vtrace(**inputs, rho_bar=1.0, pg_rho_bar=1.0, c_bar=1.0, lam=lam)
+    torch.testing.assert_close(vs, ref_vs)
+    torch.testing.assert_close(pg, ref_pg)
+
+
+def test_lambda_zero_on_policy_is_one_step_td() -> None:
+    inputs = make_inputs(6, 3, seed=5)
+    inputs["log_rhos"] = torch.zeros_like(inputs["log_rhos"])
+    vs, _ = vtrace(**inputs, lambda_=0.0)
+    v_next = torch.cat([inputs["values"][1:], inputs["bootstrap_value"][None]])
+    torch.testing.assert_close(vs, inputs["rewards"] + inputs["discounts"] * v_next)

@@ -24,6 +24,7 @@ class LossParams:
     ``vtrace_rho`` clips the importance ratio both in the value-target deltas and in the
     policy-gradient advantages; ``vtrace_c`` clips the trace coefficients. With
     ``with_vtrace=False`` the targets are plain discounted returns (all ratios taken as 1).
+    ``gae_lambda`` decays the traces (lambda-returns; 1.0 is plain V-trace).
     """
 
     gamma: float
@@ -33,12 +34,15 @@ class LossParams:
     vtrace_rho: float = 1.0
     vtrace_c: float = 1.0
     with_vtrace: bool = True
+    gae_lambda: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
         if not self.ppo_clip_ratio > 0.0:
             raise ValueError(f"ppo_clip_ratio must be positive, got {self.ppo_clip_ratio}")
+        if not 0.0 <= self.gae_lambda <= 1.0:
+            raise ValueError(f"gae_lambda must be in [0, 1], got {self.gae_lambda}")
         if not (self.vtrace_rho > 0.0 and self.vtrace_c > 0.0):
             raise ValueError(
                 f"vtrace_rho and vtrace_c must be positive, got {self.vtrace_rho}, {self.vtrace_c}"
@@ -156,6 +160,7 @@ def appo_loss(
         clip_rho_threshold=rho_clip,
         clip_pg_rho_threshold=rho_clip,
         clip_c_threshold=c_clip,
+        lambda_=params.gae_lambda,
     )
     vs, pg_adv = vs.t(), pg_adv.t()
 

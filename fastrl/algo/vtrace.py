@@ -56,6 +56,7 @@ def vtrace(
     clip_rho_threshold: float | None = 1.0,
     clip_pg_rho_threshold: float | None = 1.0,
     clip_c_threshold: float | None = 1.0,
+    lambda_: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """V-trace value targets and policy-gradient advantages for a batch of trajectories.
 
@@ -73,13 +74,16 @@ def vtrace(
         clip_pg_rho_threshold: clip of the ratio that weights the policy-gradient advantage;
             None disables clipping.
         clip_c_threshold: ``c_bar``, the clip of the trace coefficients; None disables clipping.
+        lambda_: trace decay, ``c_t = lambda_ * min(c_bar, rho_t)`` (the paper's remark on
+            mixing in a lambda); 1.0 is plain V-trace; on-policy, ``vs`` are then the
+            lambda-returns (lower variance, more bias).
 
     Returns:
         ``(vs, pg_advantages)``, both ``[T, B]`` with the dtype of the inputs, detached:
 
         - ``vs_t = V(x_t) + delta_t + discount_t * c_t * (vs_{t+1} - V(x_{t+1}))`` with
           ``delta_t = min(rho_bar, rho_t) * (r_t + discount_t * V(x_{t+1}) - V(x_t))``,
-          ``c_t = min(c_bar, rho_t)`` and ``vs_T = V(x_T) = bootstrap_value``;
+          ``c_t = lambda_ * min(c_bar, rho_t)`` and ``vs_T = V(x_T) = bootstrap_value``;
         - ``pg_advantages_t = min(pg_rho_bar, rho_t) * (r_t + discount_t * vs_{t+1} - V(x_t))``.
 
     Raises:
@@ -100,7 +104,7 @@ def vtrace(
     with torch.no_grad():
         rhos = torch.exp(log_rhos)
         clipped_rhos = _clip(rhos, clip_rho_threshold)
-        cs = _clip(rhos, clip_c_threshold)
+        cs = _clip(rhos, clip_c_threshold) * lambda_
 
         values_next = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
         deltas = clipped_rhos * (rewards + discounts * values_next - values)
