@@ -340,9 +340,12 @@ def parse_config(argv: list[str] | None = None, prog: str | None = None) -> Conf
                         f"{key}={saved[key]!r}; use another --experiment or --restart_behavior=overwrite"
                     )
             merged = {**saved, **explicit}
-            # The folder is where it is now; do not follow a stale saved train_dir.
+            # The folder is where it is now; do not follow a stale saved train_dir. What to
+            # do with an existing folder is this invocation's choice, never a saved one (a
+            # run started with --restart_behavior=overwrite must resume when run again).
             merged["train_dir"] = cfg.train_dir
             merged["experiment"] = cfg.experiment
+            merged["restart_behavior"] = cfg.restart_behavior
             cfg = Config(**{**full, **merged})
     errors += validate(cfg)
     if errors:

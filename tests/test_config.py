@@ -102,3 +102,10 @@ def test_help_lists_every_field_with_help():
     assert proc.returncode == 0
     for name in ("--num_envs_per_worker", "--max_policy_lag", "--serial_mode", "--exploration_loss_coeff"):
         assert name in proc.stdout
+
+
+def test_overwrite_is_not_inherited_on_resume(tmp_path):
+    saved = Config(train_dir=str(tmp_path), experiment="e", restart_behavior="overwrite")
+    save_config(saved, saved.experiment_dir)
+    cfg = parse_config(["--train_dir", str(tmp_path), "--experiment", "e"])
+    assert cfg.restart_behavior == "resume"
