@@ -14,6 +14,9 @@ from envs.doom_scenarios import SCENARIOS
 from fastrl.env_registry import register_env
 
 
+# The options are spelled out (not **kwargs) because the registry checks the options it is
+# given against the factory's signature; the import is inside so that vizdoom loads only
+# when a doom env is made.
 def _make_doom(
     scenario: str,
     *,
@@ -24,9 +27,9 @@ def _make_doom(
     reward_shaping: bool = False,
     interpolation: str = "nearest",
 ) -> Any:
-    from envs.doom import make_doom_env
+    from envs.doom import DoomEnv
 
-    return make_doom_env(
+    return DoomEnv(
         scenario,
         frameskip=frameskip,
         max_episode_steps=max_episode_steps,

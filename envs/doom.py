@@ -495,25 +495,3 @@ class DoomEnv(gym.Env):
             self.close()
         except Exception:
             pass
-
-
-def make_doom_env(
-    scenario: str,
-    *,
-    frameskip: int | None = None,
-    max_episode_steps: int | None = None,
-    render_mode: str | None = None,
-    measurements: bool = False,
-    reward_shaping: bool = False,
-    interpolation: str = "nearest",
-) -> DoomEnv:
-    """Factory behind the `doom_*` registry names (see `DoomEnv` for the options)."""
-    return DoomEnv(
-        scenario,
-        frameskip=frameskip,
-        max_episode_steps=max_episode_steps,
-        render_mode=render_mode,
-        measurements=measurements,
-        reward_shaping=reward_shaping,
-        interpolation=interpolation,
-    )

@@ -14,7 +14,7 @@ from gymnasium import spaces
 from fastrl.cfg import Config
 from fastrl.device import resolve_device  # noqa: F401 - re-exported for the runners
 from fastrl.env_registry import make_env
-from fastrl.experiment import ExperimentError
+from fastrl.experiment import ExperimentError, load_latest_checkpoint, rng_state, set_rng_state
 from fastrl.model import ActorCritic, as_dict_space
 
 
@@ -105,8 +105,6 @@ def check_checkpoint_compatible(state: dict, cfg: Config, info: EnvInfo, path: s
 
 def checkpoint_state(cfg: Config, info: EnvInfo, learner_state: dict, counters: dict) -> dict:
     """Everything a checkpoint holds; ``counters`` comes from ``TrainingStats.counters()``."""
-    from fastrl.experiment import rng_state
-
     # Frames the learner trained on are the learner's own count: the runner's figure may
     # trail by a batch that was trained after it was sent.
     counters = {**counters, "env_frames": int(learner_state["samples_trained"]) * info.frameskip}
@@ -119,9 +117,23 @@ def checkpoint_state(cfg: Config, info: EnvInfo, learner_state: dict, counters: 
     }
 
 
-def restore_counters(stats, state: dict) -> None:
-    counters = state["counters"]
+def restore_learner(learner, cfg: Config, info: EnvInfo,
+                    device: torch.device) -> tuple[dict | None, str | None]:
+    """Load the experiment's newest checkpoint into ``learner`` (weights, optimizer, version)
+    and restore the RNG state; return its counters and path, or ``(None, None)`` when the
+    experiment has no checkpoint yet."""
+    state, path = load_latest_checkpoint(cfg.experiment_dir, map_location=device)
+    if state is None:
+        return None, None
+    check_checkpoint_compatible(state, cfg, info, path)
+    learner.load_state_dict(state["learner"])
+    set_rng_state(state["rng"])
+    return state["counters"], path
+
+
+def restore_counters(stats, counters: dict, learner_version: int) -> None:
+    """Continue the run's counters from a checkpoint's (see ``checkpoint_state``)."""
     stats.env_frames = int(counters["env_frames"])
     stats.episodes = int(counters["episodes"])
     stats.prior_seconds = float(counters["wall_seconds"])
-    stats.learner_steps = int(state["learner"]["version"])
+    stats.learner_steps = learner_version

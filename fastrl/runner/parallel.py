@@ -37,23 +37,22 @@ from fastrl.experiment import (
     ExperimentError,
     Reporter,
     TrainingStats,
-    load_latest_checkpoint,
     log,
     prepare_experiment_dir,
     print_final_summary,
     save_checkpoint,
-    set_rng_state,
 )
 from fastrl.messages import ActionsReady, EpisodeStats, TrajectoriesReady
 from fastrl.runner.common import (
     EnvInfo,
     buffers_per_env,
     build_model,
-    check_checkpoint_compatible,
     checkpoint_state,
     create_env,
     probe_env,
     resolve_device,
+    restore_counters,
+    restore_learner,
     reward_scale,
     seed_everything,
 )
@@ -312,13 +311,7 @@ def learner_main(shared: Shared) -> None:
     seed_everything(cfg.seed)
     model = build_model(cfg, shared.info, device)
     learner = Learner(cfg, model, shared.info.action_space, device)
-    state, path = load_latest_checkpoint(cfg.experiment_dir, map_location=device)
-    counters = None
-    if state is not None:
-        check_checkpoint_compatible(state, cfg, shared.info, path)
-        learner.load_state_dict(state["learner"])
-        set_rng_state(state["rng"])
-        counters = state["counters"]
+    counters, path = restore_learner(learner, cfg, shared.info, device)
     shared.weights.publish(learner.model, learner.version)
     shared.runner_queue.put(LearnerReady(counters, path, learner.version), timeout=10)
 
@@ -434,10 +427,7 @@ class ParallelRunner:
             self._start("fastrl-learner", cfg.learner_threads, learner_main)
             ready = self._wait_for(LearnerReady, timeout=120)
             if ready.counters:
-                stats.env_frames = int(ready.counters["env_frames"])
-                stats.episodes = int(ready.counters["episodes"])
-                stats.prior_seconds = float(ready.counters["wall_seconds"])
-                stats.learner_steps = ready.version
+                restore_counters(stats, ready.counters, ready.version)
                 log(f"resumed from {ready.checkpoint} at {stats.env_frames:,} frames")
             self.start_sampling()
             stats.start_time = time.time()
@@ -558,10 +548,7 @@ class ParallelRunner:
                 if isinstance(msg, CheckpointSaved) and msg.final:
                     log(f"saved {msg.path}")
                     return
-                if isinstance(msg, ChildFailed):
-                    raise self._failure(msg)
-                if isinstance(msg, LearnerReport):
-                    stats.env_frames += msg.samples * stats.frameskip
+                self._handle(msg, stats)
             self._check_children()
         log("warning: the learner did not confirm the final checkpoint within 60 s")
 

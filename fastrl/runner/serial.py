@@ -16,12 +16,10 @@ from fastrl.evaluation import PeriodicEvaluator, write_eval_summaries
 from fastrl.experiment import (
     Reporter,
     TrainingStats,
-    load_latest_checkpoint,
     log,
     prepare_experiment_dir,
     print_final_summary,
     save_checkpoint,
-    set_rng_state,
 )
 from fastrl.inference import PolicyWorker
 from fastrl.learner import Learner
@@ -29,12 +27,12 @@ from fastrl.rollout import RolloutWorker, StepOutput
 from fastrl.runner.common import (
     buffers_per_env,
     build_model,
-    check_checkpoint_compatible,
     checkpoint_state,
     create_env,
     env_info,
     resolve_device,
     restore_counters,
+    restore_learner,
     reward_scale,
     seed_everything,
 )
@@ -55,12 +53,9 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
         model = build_model(cfg, info, device)
         learner = Learner(cfg, model, info.action_space, device)
         stats = TrainingStats(cfg, info.frameskip)
-        state, path = load_latest_checkpoint(exp_dir, map_location=device)
-        if state is not None:
-            check_checkpoint_compatible(state, cfg, info, path)
-            learner.load_state_dict(state["learner"])
-            restore_counters(stats, state)
-            set_rng_state(state["rng"])
+        counters, path = restore_learner(learner, cfg, info, device)
+        if counters is not None:
+            restore_counters(stats, counters, learner.version)
             log(f"resumed from {path} at {stats.env_frames:,} frames")
         per_env = buffers_per_env(cfg, n_envs)
         layout = BufferLayout.from_spaces(info.obs_space, info.action_space, n_envs * per_env,
