@@ -18,6 +18,9 @@ from gymnasium import spaces
 # that was never written shows up in tests instead of passing silently.
 FILL_FLOAT = -42.42
 FILL_INT = -42
+# The policy version written over the steps of an episode cut short by an env fault: any
+# negative version marks a sample the learner must leave out.
+INVALID_VERSION = -1
 
 
 def action_dims(action_space: spaces.Space) -> int:

@@ -53,6 +53,12 @@ class Config:
     learner_threads: int = _f(1, "Torch threads of the learner process", "sampling")
     sampling_only: bool = _f(False, "Act with the policy but never train (measures how fast the pipeline can feed a learner)", "sampling")
 
+    # --- fault handling ---------------------------------------------------------------
+    env_timeout: float = _f(30.0, "Seconds one env step or reset may take before the env is treated as hung, closed and recreated (0: no limit)", "faults")
+    worker_timeout: float = _f(60.0, "Seconds a rollout or policy worker may go without a heartbeat before the runner kills and restarts it", "faults")
+    max_worker_restarts: int = _f(3, "Restarts of one worker allowed within --restart_window seconds; one more stops the run with the cause (0: never restart)", "faults")
+    restart_window: float = _f(300.0, "Seconds over which --max_worker_restarts is counted", "faults")
+
     # --- environment ------------------------------------------------------------------
     env_frameskip: int | None = _f(None, "Frames per agent step inside the simulator (none: the env's default, 4 for VizDoom)", "environment")
     env_max_episode_steps: int | None = _f(None, "Per-episode time limit in agent steps (none: the env's own)", "environment")
@@ -208,9 +214,9 @@ def validate(cfg: Config) -> list[str]:
                  "rnn_size", "encoder_fc_size", "keep_checkpoints", "stats_avg",
                  "train_for_env_steps", "train_for_seconds", "log_every_sec",
                  "summaries_every_sec", "save_every_sec", "eval_episodes", "adam_eps", "vtrace_rho", "vtrace_c",
-                 "reward_clip"):
+                 "reward_clip", "worker_timeout", "restart_window"):
         positive(name)
-    for name in ("max_policy_lag", "eval_every_env_frames"):
+    for name in ("max_policy_lag", "eval_every_env_frames", "env_timeout", "max_worker_restarts"):
         if getattr(cfg, name) < 0:
             errors.append(f"--{name}={getattr(cfg, name)}: must be >= 0")
     if not 0.0 <= cfg.gae_lambda <= 1.0:

@@ -138,6 +138,11 @@ class TrainingStats:
         self.lag_sum = 0.0
         self.lag_batches = 0
         self._fps_window: deque[tuple[float, int]] = deque()
+        # Faults survived in this run (see docs/reliability.md).
+        self.env_restarts = 0  # envs closed and recreated after raising or hanging
+        self.steps_discarded = 0  # steps of episodes those env faults cut short
+        self.worker_restarts = 0  # rollout/policy worker processes restarted
+        self.trajectories_discarded = 0  # complete trajectories of dead workers left untrained
         self._episodes_since_summary: list[tuple[float, int]] = []
 
     @property
@@ -221,6 +226,10 @@ class TrainingStats:
             "episodes_averaged": len(self.returns),
             "policy_lag": lag,
             "learner_steps": self.learner_steps,
+            "env_restarts": self.env_restarts,
+            "steps_discarded": self.steps_discarded,
+            "worker_restarts": self.worker_restarts,
+            "trajectories_discarded": self.trajectories_discarded,
             "measured": self.measured(),
             "updated": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
@@ -263,6 +272,9 @@ class Reporter:
         if s.returns:
             w.add_scalar("episode/mean_return", s.mean_return(), step)
         w.add_scalar("perf/fps", fps, step)
+        w.add_scalar("faults/env_restarts", s.env_restarts, step)
+        w.add_scalar("faults/worker_restarts", s.worker_restarts, step)
+        w.add_scalar("faults/trajectories_discarded", s.trajectories_discarded, step)
         names = {"policy_loss": "train/policy_loss", "value_loss": "train/value_loss",
                  "entropy": "train/entropy", "kl": "train/kl", "clip_fraction": "train/clip_fraction",
                  "learning_rate": "train/learning_rate", "grad_norm": "train/grad_norm",
@@ -311,6 +323,10 @@ def print_final_summary(summary: dict) -> None:
     ]
     if lag:
         lines.append(f"  policy lag      min {lag['min']:.0f}, mean {lag['mean']:.2f}, max {lag['max']:.0f}")
+    if summary.get("env_restarts") or summary.get("worker_restarts"):
+        lines.append(f"  faults          {summary['env_restarts']} env restarts, "
+                     f"{summary['worker_restarts']} worker restarts, "
+                     f"{summary['trajectories_discarded']} trajectories discarded")
     for line in lines:
         log(line)
     sys.stdout.flush()

@@ -93,7 +93,7 @@ class PolicyWorker:
         if new_h.shape[-1]:
             self.rnn_state[e_idx] = new_h.float().cpu()
         self.samples += len(bufs)
-        return [ActionsReady(req.worker_id, req.split_id) for req in requests]
+        return [ActionsReady(req.worker_id, req.split_id, req.t, req.generation, req.epoch) for req in requests]
 
     def _to_device(self, x: torch.Tensor) -> torch.Tensor:
         if self._non_blocking:

@@ -57,12 +57,13 @@ class Learner:
         start = time.perf_counter()
         cfg = self.cfg
         num_traj = batch["log_probs"].shape[0]
-        lag = (self.version - batch["policy_versions"]).float()
-        stats: dict[str, float] = {
-            "policy_lag_min": lag.min().item(),
-            "policy_lag_mean": lag.mean().item(),
-            "policy_lag_max": lag.max().item(),
-        }
+        versions = batch["policy_versions"]
+        acted = versions >= 0  # negative: steps of an episode cut short by an env fault
+        lag = (self.version - versions[acted]).float()
+        stats: dict[str, float] = {}
+        if lag.numel():
+            stats.update(policy_lag_min=lag.min().item(), policy_lag_mean=lag.mean().item(),
+                         policy_lag_max=lag.max().item())
         mb_size = self.trajectories_per_minibatch
         last: dict[str, torch.Tensor] = {}
         for _ in range(cfg.num_epochs):
@@ -93,7 +94,8 @@ class Learner:
         actions = mb["actions"].reshape(b * t, -1)
         target_log_probs = dist.log_prob(actions).reshape(b, t)
         entropy = dist.entropy().reshape(b, t)
-        valid = (self.version - mb["policy_versions"]) <= cfg.max_policy_lag
+        versions = mb["policy_versions"]
+        valid = (versions >= 0) & ((self.version - versions) <= cfg.max_policy_lag)
         loss, stats = appo_loss(target_log_probs, entropy, mb["log_probs"], values, mb["rewards"],
                                 dones, valid, self.params)
         self.optimizer.zero_grad(set_to_none=True)

@@ -10,6 +10,10 @@ class InferenceRequest(NamedTuple):
 
     The observation of env ``env_ids[i]`` is in buffer slot ``buffers[i]`` at step ``t``; the
     policy writes the action (and log-prob, value, version) to the same place.
+
+    ``generation`` counts restarts of the rollout worker and ``epoch`` restarts of any policy
+    worker; a policy worker drops a request whose numbers are out of date (see
+    ``fastrl/runner/parallel.py``: that is how a restarted worker's stale requests are fenced).
     """
 
     worker_id: int
@@ -17,13 +21,21 @@ class InferenceRequest(NamedTuple):
     t: int
     env_ids: tuple[int, ...]
     buffers: tuple[int, ...]
+    generation: int = 0
+    epoch: int = 0
 
 
 class ActionsReady(NamedTuple):
-    """Policy worker -> rollout worker ``worker_id``: split ``split_id`` may step."""
+    """Policy worker -> rollout worker ``worker_id``: split ``split_id`` may step.
+
+    The other fields echo the request, so that the worker can ignore a stale answer.
+    """
 
     worker_id: int
     split_id: int
+    t: int = 0
+    generation: int = 0
+    epoch: int = 0
 
 
 class TrajectoriesReady(NamedTuple):
@@ -31,6 +43,7 @@ class TrajectoriesReady(NamedTuple):
 
     worker_id: int
     buffers: tuple[int, ...]
+    generation: int = 0
 
 
 class EpisodeStats(NamedTuple):

@@ -9,7 +9,10 @@ routes them. This keeps the logic testable in-process.
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import gymnasium as gym
@@ -17,8 +20,20 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from fastrl.buffers import TrajectoryBuffers
-from fastrl.messages import EpisodeStats, InferenceRequest, TrajectoriesReady
+from fastrl.buffers import INVALID_VERSION, TrajectoryBuffers
+from fastrl.messages import ActionsReady, EpisodeStats, InferenceRequest, TrajectoriesReady
+
+# An env that fails this many times in a row while being recreated is beyond repair: the
+# worker stops with the cause (and the runner decides whether to restart the worker).
+ENV_RESTART_ATTEMPTS = 3
+
+
+class EnvTimeout(Exception):
+    """An env call ran past ``env_timeout`` seconds."""
+
+
+class EnvBroken(RuntimeError):
+    """An env kept failing while it was being recreated."""
 
 
 @dataclass
@@ -29,12 +44,18 @@ class StepOutput:
     trajectories: list[TrajectoriesReady] = field(default_factory=list)
     episodes: list[EpisodeStats] = field(default_factory=list)
     agent_steps: int = 0
+    env_restarts: int = 0  # envs closed and recreated after a fault
+    steps_discarded: int = 0  # steps of the partial episodes those faults cut short
+    faults: list[str] = field(default_factory=list)  # one line per env fault, for the log
 
     def extend(self, other: StepOutput) -> None:
         self.requests += other.requests
         self.trajectories += other.trajectories
         self.episodes += other.episodes
         self.agent_steps += other.agent_steps
+        self.env_restarts += other.env_restarts
+        self.steps_discarded += other.steps_discarded
+        self.faults += other.faults
 
 
 @dataclass
@@ -47,6 +68,7 @@ class _Split:
     paused: bool = False  # sync mode: round finished, waiting for new weights
     trajectories_this_round: int = 0
     pending_obs: list | None = None  # first observations of the next trajectory
+    request_epoch: int = -1  # epoch of the request in flight; -1: none in flight
 
 
 def dict_obs(obs) -> dict:
@@ -69,12 +91,23 @@ class RolloutWorker:
         trajectories_per_round: sync mode (``async_rl=False``): each split pauses after
             this many trajectories per env until :meth:`resume` is called; ``None`` = async.
         seed: base seed; env ``e`` is reset with ``seed + e`` on its first reset.
+        env_factory: makes a replacement env. With it, an env that raises in ``step`` or
+            ``reset`` (or, with ``env_timeout``, runs too long) is closed and recreated: the
+            steps of its unfinished episode in the current trajectory are marked invalid
+            (the learner leaves them out), the episode is not reported, and the fault is
+            counted. Without it, the env's exception propagates.
+        env_timeout: seconds one env call may take (0 = no limit). Enforced with SIGALRM,
+            so only in the main thread, and only for envs that return to Python (a call
+            stuck in C code is caught by the runner's heartbeat check instead).
+        generation, epoch: stamped on every request (see ``InferenceRequest``).
     """
 
     def __init__(self, worker_id: int, envs: list[gym.Env], buffers: TrajectoryBuffers,
                  rnn_state: torch.Tensor, free_buffers: list[int], num_splits: int,
                  reward_scale: float = 1.0, reward_clip: float = 1000.0,
-                 trajectories_per_round: int | None = None, seed: int | None = None):
+                 trajectories_per_round: int | None = None, seed: int | None = None,
+                 env_factory: Callable[[], gym.Env] | None = None, env_timeout: float = 0.0,
+                 generation: int = 0, epoch: int = 0):
         if len(envs) % num_splits:
             raise ValueError(f"{len(envs)} envs cannot be split into {num_splits} equal groups")
         self.worker_id = worker_id
@@ -85,7 +118,11 @@ class RolloutWorker:
         self.reward_clip = reward_clip
         self.trajectories_per_round = trajectories_per_round
         self.seed = seed
+        self.env_factory = env_factory
+        self.generation = generation
+        self.epoch = epoch
         self.free: deque[int] = deque(free_buffers)
+        self._timer = _CallTimer(env_timeout)
         # numpy views share memory with the (possibly shared) tensors; numpy's small
         # indexed writes cost far less than torch's per-call overhead on this hot path.
         self._obs_np = {k: v.numpy() for k, v in buffers.obs.items()}
@@ -106,6 +143,8 @@ class RolloutWorker:
         self._discrete = isinstance(action_space, spaces.Discrete)
         self._ep_return = np.zeros(len(envs), dtype=np.float64)
         self._ep_len = np.zeros(len(envs), dtype=np.int64)
+        self._ep_start = np.zeros(len(envs), dtype=np.int64)  # step where the episode began in this trajectory
+        self._versions_np = buffers.policy_versions.numpy()
 
     # -- public API ---------------------------------------------------------------------
 
@@ -116,26 +155,64 @@ class RolloutWorker:
             first_obs = []
             for i, e in zip(split.local, split.env_ids):
                 seed = None if self.seed is None else self.seed + e
-                obs, _ = self.envs[i].reset(seed=seed)
+                try:
+                    obs = self._timer.call(self.envs[i].reset, seed=seed)[0]
+                except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
+                    obs = self._replace_env(i, exc, out)
                 self._policy_rnn_np[e] = 0.0
                 first_obs.append(dict_obs(obs))
             split.pending_obs = first_obs
             self._begin_trajectories(s, out)
         return out
 
+    def accepts(self, ready: ActionsReady) -> bool:
+        """Whether ``ready`` answers the request now in flight for its split (a message for
+        an earlier incarnation of this worker, or an answer that was re-requested after a
+        policy worker restart, is stale and must be ignored)."""
+        if ready.generation != self.generation or not 0 <= ready.split_id < len(self.splits):
+            return False
+        split = self.splits[ready.split_id]
+        return split.request_epoch == ready.epoch and split.t == ready.t and bool(split.buffers)
+
+    def reissue(self, epoch: int) -> StepOutput:
+        """A policy worker was restarted and requests from before ``epoch`` are dropped:
+        ask again for every split still waiting for actions."""
+        self.epoch = epoch
+        out = StepOutput()
+        for s, split in enumerate(self.splits):
+            if 0 <= split.request_epoch < epoch:
+                out.requests.append(self._request(s))
+        return out
+
     def on_actions(self, split_id: int) -> StepOutput:
         """The policy wrote actions for ``split_id``: step its envs once."""
         out = StepOutput()
         split = self.splits[split_id]
+        split.request_epoch = -1
         t = split.t
         bufs = split.buffers
         actions = self._actions_np[bufs, t]  # one indexed read: [n, D]
         next_obs = []
         for j, (i, e) in enumerate(zip(split.local, split.env_ids)):
             action = int(actions[j, 0]) if self._discrete else actions[j]
-            obs, reward, terminated, truncated, info = self.envs[i].step(action)
-            done = terminated or truncated
             b = bufs[j]
+            try:
+                obs, reward, terminated, truncated, info = self._timer.call(self.envs[i].step, action)
+            except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
+                # The episode is cut short: its steps in this trajectory are left out of
+                # training, and the next step starts a new episode in a new env.
+                start = int(self._ep_start[i])
+                self._versions_np[b, start:t + 1] = INVALID_VERSION
+                self._rewards_np[b, t] = 0.0
+                self._dones_np[b, t] = True
+                out.steps_discarded += t + 1 - start
+                self._ep_return[i] = 0.0
+                self._ep_len[i] = 0
+                self._ep_start[i] = t + 1
+                self._policy_rnn_np[e] = 0.0
+                next_obs.append(dict_obs(self._replace_env(i, exc, out)))
+                continue
+            done = terminated or truncated
             r = float(reward)
             self._rewards_np[b, t] = max(-self.reward_clip, min(self.reward_clip, r * self.reward_scale))
             self._dones_np[b, t] = done
@@ -150,7 +227,11 @@ class RolloutWorker:
                 out.episodes.append(EpisodeStats(e, ret, length))
                 self._ep_return[i] = 0.0
                 self._ep_len[i] = 0
-                obs, _ = self.envs[i].reset()
+                self._ep_start[i] = t + 1
+                try:
+                    obs = self._timer.call(self.envs[i].reset)[0]
+                except Exception as exc:  # noqa: BLE001 - the finished episode stays valid
+                    obs = self._replace_env(i, exc, out)
                 self._policy_rnn_np[e] = 0.0
             next_obs.append(dict_obs(obs))
         out.agent_steps = len(bufs)
@@ -166,7 +247,7 @@ class RolloutWorker:
         for key, arr in self._obs_np.items():
             for j, b in enumerate(bufs):
                 arr[b, self.rollout] = next_obs[j][key]
-        out.trajectories.append(TrajectoriesReady(self.worker_id, tuple(bufs)))
+        out.trajectories.append(TrajectoriesReady(self.worker_id, tuple(bufs), self.generation))
         split.buffers = []
         split.pending_obs = next_obs
         split.trajectories_this_round += 1
@@ -210,7 +291,31 @@ class RolloutWorker:
 
     def _request(self, split_id: int) -> InferenceRequest:
         split = self.splits[split_id]
-        return InferenceRequest(self.worker_id, split_id, split.t, tuple(split.env_ids), tuple(split.buffers))
+        split.request_epoch = self.epoch
+        return InferenceRequest(self.worker_id, split_id, split.t, tuple(split.env_ids),
+                                tuple(split.buffers), self.generation, self.epoch)
+
+    def _replace_env(self, i: int, cause: Exception, out: StepOutput):
+        """Close env ``i`` after ``cause``, make a new one and reset it; return its first
+        observation. Raises the fault itself without an env factory, and :class:`EnvBroken`
+        when the replacement keeps failing."""
+        if self.env_factory is None:
+            raise cause
+        env_id = self.worker_id * len(self.envs) + i
+        out.faults.append(f"env {env_id}: {type(cause).__name__}: {cause}; recreating it")
+        for _ in range(ENV_RESTART_ATTEMPTS):
+            try:
+                self.envs[i].close()
+            except Exception:  # noqa: BLE001 - the old env may be half dead
+                pass
+            out.env_restarts += 1
+            try:
+                self.envs[i] = self.env_factory()
+                return self._timer.call(self.envs[i].reset)[0]
+            except Exception as exc:  # noqa: BLE001
+                cause = exc
+        raise EnvBroken(f"env {env_id} failed {ENV_RESTART_ATTEMPTS} times in a row while being "
+                        f"recreated; last error: {type(cause).__name__}: {cause}") from cause
 
     def _begin_trajectories(self, split_id: int, out: StepOutput) -> None:
         split = self.splits[split_id]
@@ -221,6 +326,7 @@ class RolloutWorker:
         split.waiting_for_buffers = False
         split.buffers = [self.free.popleft() for _ in range(n)]
         split.t = 0
+        self._ep_start[split.local] = 0
         for key, arr in self._obs_np.items():
             for j, b in enumerate(split.buffers):
                 arr[b, 0] = split.pending_obs[j][key]
@@ -228,3 +334,30 @@ class RolloutWorker:
             self._rnn_np[split.buffers] = self._policy_rnn_np[split.env_ids]
         split.pending_obs = None
         out.requests.append(self._request(split_id))
+
+
+class _CallTimer:
+    """Runs a call with a SIGALRM deadline of ``seconds`` (0: no deadline, or not in the
+    main thread, where signals cannot be used)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds if seconds > 0 and threading.current_thread() is threading.main_thread() else 0.0
+        self._armed = False
+        if self.seconds:
+            signal.signal(signal.SIGALRM, self._on_alarm)
+
+    def _on_alarm(self, signum, frame) -> None:
+        if self._armed:  # a late alarm after the call returned is ignored
+            self._armed = False
+            raise EnvTimeout(f"env call took longer than {self.seconds:g} s")
+
+    def call(self, fn, *args, **kwargs):
+        if not self.seconds:
+            return fn(*args, **kwargs)
+        self._armed = True
+        signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self._armed = False
+            signal.setitimer(signal.ITIMER_REAL, 0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
@@ -18,7 +20,13 @@ class CountingEnv(gym.Env):
 
     metadata = {"frameskip": 1, "render_modes": []}
 
-    def __init__(self, env_tag: int | None = None, episode_len: int = 7, crash_at: int | None = None):
+    instances = 0  # made in this process, for ``fail_after_instances``
+
+    def __init__(self, env_tag: int | None = None, episode_len: int = 7, crash_at: int | None = None,
+                 hang_at: int | None = None, fail_after_instances: int | None = None):
+        CountingEnv.instances += 1
+        if fail_after_instances is not None and CountingEnv.instances > fail_after_instances:
+            raise RuntimeError(f"CountingEnv refuses to be made more than {fail_after_instances} times")
         if env_tag is None:
             env_tag = int(np.random.default_rng().integers(1, 2**24))
         self.observation_space = spaces.Box(-1e9, 1e9, (3,), np.float32)
@@ -26,6 +34,7 @@ class CountingEnv(gym.Env):
         self.env_tag = env_tag
         self.episode_len = episode_len
         self.crash_at = crash_at
+        self.hang_at = hang_at
         self.global_step = 0
         self.episode_step = 0
         self.actions: list[int] = []
@@ -41,6 +50,8 @@ class CountingEnv(gym.Env):
     def step(self, action):
         if self.crash_at is not None and self.global_step >= self.crash_at:
             raise RuntimeError(f"CountingEnv {self.env_tag} crashed on purpose at step {self.global_step}")
+        if self.hang_at is not None and self.global_step >= self.hang_at:
+            time.sleep(3600)
         self.actions.append(int(action))
         self.global_step += 1
         self.episode_step += 1
@@ -52,3 +63,7 @@ class CountingEnv(gym.Env):
 # ("tests.counting_env:CountingEnv-v0" imports this module first).
 gym.register("CountingEnv-v0", entry_point=CountingEnv)
 gym.register("CrashingCountingEnv-v0", entry_point=CountingEnv, kwargs={"crash_at": 40})
+gym.register("HangingCountingEnv-v0", entry_point=CountingEnv, kwargs={"hang_at": 40})
+# Crashes, and every replacement fails: the rollout worker itself goes down.
+gym.register("BrokenCountingEnv-v0", entry_point=CountingEnv,
+             kwargs={"crash_at": 40, "fail_after_instances": 4})

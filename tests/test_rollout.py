@@ -7,21 +7,23 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.buffers import FILL_FLOAT, FILL_INT, BufferLayout, TrajectoryBuffers
-from fastrl.rollout import RolloutWorker
+from fastrl.buffers import FILL_FLOAT, FILL_INT, INVALID_VERSION, BufferLayout, TrajectoryBuffers
+from fastrl.messages import ActionsReady
+from fastrl.rollout import EnvBroken, EnvTimeout, RolloutWorker
 from tests.counting_env import CountingEnv
 
 T = 5
 
 
-def make_worker(num_envs=4, splits=2, per_env=3, rnn=0, per_round=None, worker_id=0):
-    envs = [CountingEnv(env_tag=worker_id * num_envs + i, episode_len=7) for i in range(num_envs)]
+def make_worker(num_envs=4, splits=2, per_env=3, rnn=0, per_round=None, worker_id=0, envs=None, **kwargs):
+    if envs is None:
+        envs = [CountingEnv(env_tag=worker_id * num_envs + i, episode_len=7) for i in range(num_envs)]
     obs_space = spaces.Dict({"obs": envs[0].observation_space})
     layout = BufferLayout.from_spaces(obs_space, envs[0].action_space, num_envs * per_env, T, rnn)
     buffers = TrajectoryBuffers(layout)
     rnn_state = torch.zeros((num_envs * (worker_id + 1), rnn))
     worker = RolloutWorker(worker_id, envs, buffers, rnn_state, list(range(layout.num_buffers)),
-                           splits, trajectories_per_round=per_round)
+                           splits, trajectories_per_round=per_round, **kwargs)
     return worker, envs, buffers, rnn_state
 
 
@@ -149,3 +151,85 @@ def test_recurrent_state_is_stored_at_trajectory_start_and_zeroed_on_done():
 def test_bad_split_count_is_refused():
     with pytest.raises(ValueError, match="cannot be split"):
         make_worker(num_envs=3, splits=2)
+
+
+# --- env faults ---------------------------------------------------------------------------
+
+
+def test_env_fault_drops_the_partial_episode_and_recreates_the_env():
+    # Env 0 crashes at its 9th step: mid-episode (episodes last 7), in its second trajectory.
+    made = []
+
+    def factory():
+        made.append(CountingEnv(env_tag=100 + len(made), episode_len=7))
+        return made[-1]
+
+    envs = [CountingEnv(env_tag=0, episode_len=7, crash_at=9), CountingEnv(env_tag=1, episode_len=7)]
+    worker, _, buffers, _ = make_worker(num_envs=2, splits=1, envs=envs, env_factory=factory)
+    completed, episodes = drive(worker, buffers, steps=40)
+    assert len(made) == 1 and worker.envs[0] is made[0]
+    trajs = [traj for group in completed for b, traj in group]
+    crashed = [traj for traj in trajs if int(traj["obs"]["obs"][0, 0, 0]) == 0 and
+               torch.any(traj["policy_versions"] == INVALID_VERSION)]
+    assert len(crashed) == 1
+    tr = crashed[0]
+    versions, dones, obs = tr["policy_versions"][0], tr["dones"][0], tr["obs"]["obs"][0]
+    # Second trajectory of env 0 covers global steps 5..9; the episode began at step 7
+    # (t=2); the crash came at t=4, so t=2..4 are invalid and t=4 ends the cut episode.
+    assert versions.tolist() == [0, 0, INVALID_VERSION, INVALID_VERSION, INVALID_VERSION]
+    assert bool(dones[4]) and tr["rewards"][0, 4] == 0.0
+    assert int(obs[T, 0]) == 100 and int(obs[T, 2]) == 0  # the new env's first observation
+    # The cut episode is not reported; env 0's completed first episode and env 1's are.
+    assert all(ep.length == 7 for ep in episodes)
+
+
+def test_env_fault_without_a_factory_propagates():
+    envs = [CountingEnv(env_tag=0, crash_at=3), CountingEnv(env_tag=1)]
+    worker, _, buffers, _ = make_worker(num_envs=2, splits=1, envs=envs)
+    with pytest.raises(RuntimeError, match="crashed on purpose"):
+        drive(worker, buffers, steps=20)
+
+
+def test_env_that_cannot_be_recreated_stops_the_worker():
+    def factory():
+        raise OSError("no engine today")
+
+    envs = [CountingEnv(env_tag=0, crash_at=3), CountingEnv(env_tag=1)]
+    worker, _, buffers, _ = make_worker(num_envs=2, splits=1, envs=envs, env_factory=factory)
+    with pytest.raises(EnvBroken, match="env 0 failed 3 times.*no engine today"):
+        drive(worker, buffers, steps=20)
+
+
+def test_hung_env_times_out_and_is_recreated():
+    envs = [CountingEnv(env_tag=0, hang_at=3), CountingEnv(env_tag=1)]
+    worker, _, buffers, _ = make_worker(num_envs=2, splits=1, envs=envs, env_timeout=0.2,
+                                        env_factory=lambda: CountingEnv(env_tag=2))
+    out = worker.start()
+    req = out.requests[0]
+    restarts, faults = 0, []
+    for _ in range(6):
+        fake_policy(buffers, [req])
+        step = worker.on_actions(req.split_id)
+        restarts += step.env_restarts
+        faults += step.faults
+        req = (step.requests or worker.add_free_buffers(step.trajectories[0].buffers).requests)[0]
+    assert restarts == 1 and EnvTimeout.__name__ in faults[0]
+    assert worker.envs[0].env_tag == 2
+
+
+def test_stale_answers_are_ignored_and_reissue_asks_again():
+    worker, _, buffers, _ = make_worker(num_envs=2, splits=2, generation=3, epoch=1)
+    out = worker.start()
+    assert [(r.generation, r.epoch, r.t) for r in out.requests] == [(3, 1, 0), (3, 1, 0)]
+    good = ActionsReady(0, 0, 0, 3, 1)
+    assert worker.accepts(good)
+    assert not worker.accepts(good._replace(generation=2))  # meant for a dead predecessor
+    assert not worker.accepts(good._replace(epoch=0))  # asked again since
+    assert not worker.accepts(good._replace(t=1))
+    fake_policy(buffers, out.requests[:1])
+    worker.on_actions(0)
+    assert not worker.accepts(good), "an answer counts once"
+    # A policy worker restart: both splits wait for actions and are asked for again.
+    again = worker.reissue(2)
+    assert sorted((r.split_id, r.t, r.epoch) for r in again.requests) == [(0, 1, 2), (1, 0, 2)]
+    assert not worker.reissue(2).requests, "already asked at this epoch"

@@ -11,18 +11,33 @@ in shared memory allocated here, once, before any process starts):
     runner           --SaveCheckpoint--------> learner queue
 
 The runner starts the learner first (it restores a checkpoint and publishes the weights),
-then the policy workers, then the rollout workers; it watches every child's exit code on
-each loop turn, so a crash is noticed at once and reported with the child's traceback.
+then the policy workers, then the rollout workers; it watches every child's exit code and
+heartbeat on each loop turn, so a crash or a hang is noticed at once.
+
+Faults (docs/reliability.md has the whole story):
+- A learner failure stops the run with the learner's traceback.
+- A rollout or policy worker that dies or hangs is killed with its process group (the env
+  engines it started) and restarted, up to --max_worker_restarts times per
+  --restart_window. Stale messages of the dead incarnation are fenced off by numbers
+  stamped on every request: ``worker_gen[w]`` counts restarts of rollout worker ``w``
+  (policy workers drop requests of an older generation, the learner drops that worker's
+  untrained trajectories and frees its slots, the new worker ignores answers meant for its
+  predecessor), and ``policy_epoch`` counts policy worker restarts (requests of an older
+  epoch are dropped, and every rollout worker asks again for the splits still waiting).
+- Ctrl-C or SIGTERM saves a checkpoint and stops; a second one kills everything at once.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import queue
 import signal
+import threading
 import time
 import traceback
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
@@ -43,6 +58,7 @@ from fastrl.experiment import (
     save_checkpoint,
 )
 from fastrl.messages import ActionsReady, EpisodeStats, TrajectoriesReady
+from fastrl.procs import kill_group, release_queue_locks
 from fastrl.runner.common import (
     EnvInfo,
     buffers_per_env,
@@ -66,12 +82,37 @@ POLL = 0.05  # seconds every blocking get waits before checking for stop
 
 class BuffersFreed(NamedTuple):
     buffers: tuple[int, ...]
+    generation: int = 0  # of the rollout worker the slots belong to
 
 
 class Resume(NamedTuple):
     """Sync mode: new weights are published; start the next round."""
 
     version: int
+    generation: int = 0
+
+
+class Fence(NamedTuple):
+    """Runner -> learner: rollout worker ``worker_id`` died; its next incarnation is
+    ``generation``. Drop its untrained trajectories; its slots are free again."""
+
+    worker_id: int
+    generation: int
+
+
+class Fenced(NamedTuple):
+    """Learner -> runner: done; ``trajectories`` untrained trajectories were dropped."""
+
+    worker_id: int
+    generation: int
+    trajectories: int
+
+
+class Reissue(NamedTuple):
+    """Runner -> rollout workers: a policy worker was restarted; requests older than
+    ``epoch`` are dropped, so ask again for every split still waiting for actions."""
+
+    epoch: int
 
 
 class SaveCheckpoint(NamedTuple):
@@ -103,8 +144,10 @@ class CheckpointSaved(NamedTuple):
     final: bool
 
 
-class EpisodesReport(NamedTuple):
+class RolloutReport(NamedTuple):
     episodes: list[EpisodeStats]
+    env_restarts: int
+    steps_discarded: int
 
 
 class ChildFailed(NamedTuple):
@@ -176,6 +219,13 @@ class Shared:
     stop: Any  # multiprocessing Event
     per_worker_buffers: int
     parent_pid: int
+    worker_gen: Any  # int64 per rollout worker: restarts so far
+    policy_epoch: Any  # int64: policy worker restarts so far
+    heartbeat: Any  # float64 per rollout worker, then per policy worker: time.time() of the last sign of life
+    policy_ticks: Any  # int64 per policy worker: loop turns
+
+    def beat(self, slot: int) -> None:
+        self.heartbeat[slot] = time.time()
 
 
 def _child_setup(name: str, threads: int) -> None:
@@ -183,6 +233,8 @@ def _child_setup(name: str, threads: int) -> None:
     # every checkpoint and engine is closed in order. A new process group also keeps the
     # terminal's SIGINT away from their own children (the VizDoom engine processes).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # `kill -USR1 <pid>` prints where a worker is (for a run that seems stuck).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         os.setpgrp()
     except OSError:
@@ -202,8 +254,8 @@ def _run_child(name: str, threads: int, target, shared: Shared, *args) -> None:
         target(shared, *args)
     except BaseException as exc:  # noqa: BLE001 - report everything, then exit non-zero
         try:
-            shared.runner_queue.put(ChildFailed(name, f"{type(exc).__name__}: {exc}",
-                                                traceback.format_exc()), timeout=5)
+            _put(shared.runner_queue, ChildFailed(name, f"{type(exc).__name__}: {exc}",
+                                                  traceback.format_exc()), timeout=5)
         except Exception:  # noqa: BLE001
             pass
         raise SystemExit(1) from None
@@ -213,11 +265,43 @@ def _should_stop(shared: Shared) -> bool:
     return shared.stop.is_set() or os.getppid() != shared.parent_pid
 
 
-def _get_many(q, max_messages: int = 1024) -> list:
-    try:
-        return q.get_many(block=True, timeout=POLL, max_messages_to_get=max_messages)
-    except queue.Empty:
-        return []
+# Every queue operation below is non-blocking, with short sleeps while idle: no process ever
+# sleeps on a faster-fifo condition variable. A process killed while sleeping on one leaves
+# it poisoned (glibc's signal then waits forever for the dead sleeper), which would hang
+# every sender; a lock it held is released by the runner (fastrl.procs.release_queue_locks).
+IDLE_SLEEP = 0.0005
+PUT_TIMEOUT = 10.0
+
+
+def _get_many(q, max_messages: int = 1024, timeout: float = POLL) -> list:
+    deadline = None
+    while True:
+        try:
+            return q.get_many(block=False, max_messages_to_get=max_messages)
+        except queue.Empty:
+            pass
+        now = time.monotonic()
+        if deadline is None:
+            deadline = now + timeout
+        elif now >= deadline:
+            return []
+        time.sleep(IDLE_SLEEP)
+
+
+def _put_many(q, msgs: list, timeout: float = PUT_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            q.put_many(msgs, block=False)
+            return
+        except queue.Full:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(IDLE_SLEEP)
+
+
+def _put(q, msg, timeout: float = PUT_TIMEOUT) -> None:
+    _put_many(q, [msg], timeout)
 
 
 # --- the children -----------------------------------------------------------------------
@@ -227,45 +311,69 @@ def rollout_worker_main(shared: Shared, worker_id: int) -> None:
     from fastrl.rollout import RolloutWorker, StepOutput
 
     cfg = shared.cfg
+    generation = int(shared.worker_gen[worker_id])
     envs = []
     worker = None
     try:
         for _ in range(cfg.num_envs_per_worker):
+            shared.beat(worker_id)
             envs.append(create_env(cfg))
         first = worker_id * shared.per_worker_buffers
         per_round = None
         if not cfg.async_rl:
             per_round = (cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout) // cfg.num_envs
+        seed = None
+        if cfg.seed is not None:  # a restarted worker must not replay its predecessor's episodes
+            seed = cfg.seed + 1_000_003 * generation
         worker = RolloutWorker(worker_id, envs, shared.buffers, shared.rnn_state,
                                list(range(first, first + shared.per_worker_buffers)),
                                cfg.worker_num_splits, reward_scale(cfg), cfg.reward_clip,
-                               trajectories_per_round=per_round,
-                               seed=None if cfg.seed is None else cfg.seed)
+                               trajectories_per_round=per_round, seed=seed,
+                               env_factory=lambda: create_env(cfg), env_timeout=cfg.env_timeout,
+                               generation=generation, epoch=int(shared.policy_epoch.value))
+        envs = worker.envs  # the worker replaces faulty envs in this list; close what it holds
         inbox = shared.worker_queues[worker_id]
-        episodes: list[EpisodeStats] = []
+        report = RolloutReport([], 0, 0)
         last_report = time.time()
+        faults_logged = [0]
 
         def route(out: StepOutput) -> None:
+            nonlocal report
+            for line in out.faults:
+                faults_logged[0] += 1
+                n = faults_logged[0]
+                if n <= 10 or n % 100 == 0:  # an env that fails all the time must not flood the log
+                    log(f"fastrl-rollout-{worker_id}: {line}" + ("" if n <= 10 else f" (env fault {n} of this worker)"))
             if out.requests:
-                shared.policy_queue.put_many(out.requests, block=True, timeout=10)
+                _put_many(shared.policy_queue, out.requests)
             if out.trajectories:
-                shared.learner_queue.put_many(out.trajectories, block=True, timeout=10)
-            episodes.extend(out.episodes)
+                _put_many(shared.learner_queue, out.trajectories)
+            if out.episodes or out.env_restarts:
+                report = RolloutReport(report.episodes + out.episodes,
+                                       report.env_restarts + out.env_restarts,
+                                       report.steps_discarded + out.steps_discarded)
 
+        shared.beat(worker_id)
         route(worker.start())
         while not _should_stop(shared):
+            shared.beat(worker_id)
             for msg in _get_many(inbox):
                 if isinstance(msg, ActionsReady):
-                    route(worker.on_actions(msg.split_id))
+                    if worker.accepts(msg):
+                        route(worker.on_actions(msg.split_id))
                 elif isinstance(msg, BuffersFreed):
-                    route(worker.add_free_buffers(msg.buffers))
+                    if msg.generation == generation:
+                        route(worker.add_free_buffers(msg.buffers))
                 elif isinstance(msg, Resume):
-                    route(worker.resume())
+                    if msg.generation == generation:
+                        route(worker.resume())
+                elif isinstance(msg, Reissue):
+                    route(worker.reissue(msg.epoch))
                 else:
                     raise TypeError(f"rollout worker {worker_id}: unexpected message {msg!r}")
-            if episodes and time.time() - last_report > 0.5:
-                shared.runner_queue.put(EpisodesReport(episodes), timeout=10)
-                episodes = []
+            if (report.episodes or report.env_restarts) and time.time() - last_report > 0.5:
+                _put(shared.runner_queue, report)
+                report = RolloutReport([], 0, 0)
                 last_report = time.time()
     finally:
         for env in envs:
@@ -279,6 +387,8 @@ def policy_worker_main(shared: Shared, policy_id: int) -> None:
     from fastrl.inference import PolicyWorker
 
     cfg = shared.cfg
+    slot = cfg.num_workers + policy_id
+    shared.beat(slot)
     device = resolve_device(cfg.device)
     model = build_model(cfg, shared.info, device)
     model.eval()
@@ -288,18 +398,26 @@ def policy_worker_main(shared: Shared, policy_id: int) -> None:
     policy.maybe_update_weights()
     busy, samples, last_report = 0.0, 0, time.time()
     while not _should_stop(shared):
+        # The runner waits for this counter to move before it reuses a dead worker's slots:
+        # a batch begun before a restart has then been written out.
+        shared.policy_ticks[policy_id] += 1
+        shared.beat(slot)
         requests = _get_many(shared.policy_queue, max_messages=4096)
+        if requests:
+            epoch = shared.policy_epoch.value
+            gens = shared.worker_gen
+            requests = [r for r in requests if r.epoch == epoch and r.generation == gens[r.worker_id]]
         if requests:
             start = time.perf_counter()
             by_worker: dict[int, list[ActionsReady]] = {}
             for ready in policy.infer(requests):
                 by_worker.setdefault(ready.worker_id, []).append(ready)
             for worker_id, msgs in by_worker.items():
-                shared.worker_queues[worker_id].put_many(msgs, block=True, timeout=10)
+                _put_many(shared.worker_queues[worker_id], msgs)
             busy += time.perf_counter() - start
             samples += sum(len(r.buffers) for r in requests)
         if time.time() - last_report > 1.0:
-            shared.runner_queue.put(PolicyReport(policy_id, samples, busy), timeout=10)
+            _put(shared.runner_queue, PolicyReport(policy_id, samples, busy))
             busy, samples, last_report = 0.0, 0, time.time()
 
 
@@ -313,10 +431,11 @@ def learner_main(shared: Shared) -> None:
     learner = Learner(cfg, model, shared.info.action_space, device)
     counters, path = restore_learner(learner, cfg, shared.info, device)
     shared.weights.publish(learner.model, learner.version)
-    shared.runner_queue.put(LearnerReady(counters, path, learner.version), timeout=10)
+    _put(shared.runner_queue, LearnerReady(counters, path, learner.version))
 
     per_worker = shared.per_worker_buffers
     n_batch = learner.trajectories_per_batch
+    generations = list(shared.worker_gen)  # the incarnation of each rollout worker
     pending: list[int] = []
     samples = 0
     busy = 0.0
@@ -328,19 +447,29 @@ def learner_main(shared: Shared) -> None:
         for b in indices:
             by_worker.setdefault(b // per_worker, []).append(b)
         for w, bufs in by_worker.items():
-            shared.worker_queues[w].put(BuffersFreed(tuple(bufs)), timeout=10)
+            _put(shared.worker_queues[w], BuffersFreed(tuple(bufs), generations[w]))
 
     while not _should_stop(shared):
         for msg in _get_many(shared.learner_queue):
             if isinstance(msg, TrajectoriesReady):
-                pending.extend(msg.buffers)
+                if msg.generation == generations[msg.worker_id]:
+                    pending.extend(msg.buffers)
+            elif isinstance(msg, Fence):
+                # Everything the dead worker sent came before this message: drop what of it
+                # is not trained yet (its slots now belong to the next incarnation).
+                w = msg.worker_id
+                kept = [b for b in pending if b // per_worker != w]
+                dropped = len(pending) - len(kept)  # one slot holds one trajectory
+                pending = kept
+                generations[w] = msg.generation
+                _put(shared.runner_queue, Fenced(w, msg.generation, dropped))
             elif isinstance(msg, SaveCheckpoint):
                 if not cfg.sampling_only:
                     ckpt = checkpoint_state(cfg, shared.info, learner.state_dict(), msg.counters)
                     saved = save_checkpoint(cfg.experiment_dir, ckpt, cfg.keep_checkpoints)
-                    shared.runner_queue.put(CheckpointSaved(saved, msg.final), timeout=10)
+                    _put(shared.runner_queue, CheckpointSaved(saved, msg.final))
                 else:
-                    shared.runner_queue.put(CheckpointSaved("", msg.final), timeout=10)
+                    _put(shared.runner_queue, CheckpointSaved("", msg.final))
             else:
                 raise TypeError(f"learner: unexpected message {msg!r}")
         if cfg.sampling_only:
@@ -357,11 +486,11 @@ def learner_main(shared: Shared) -> None:
             samples += n_batch * cfg.rollout
             shared.weights.publish(learner.model, learner.version)
             if not cfg.async_rl:
-                for q in shared.worker_queues:
-                    q.put(Resume(learner.version), timeout=10)
+                for w, q in enumerate(shared.worker_queues):
+                    _put(q, Resume(learner.version, generations[w]))
             busy += time.perf_counter() - start
         if samples and time.time() - last_report > 0.5:
-            shared.runner_queue.put(LearnerReport(stats, learner.version, samples, busy), timeout=10)
+            _put(shared.runner_queue, LearnerReport(stats, learner.version, samples, busy))
             samples, busy = 0, 0.0
             last_report = time.time()
 
@@ -369,13 +498,33 @@ def learner_main(shared: Shared) -> None:
 # --- the runner -------------------------------------------------------------------------
 
 
+@dataclass
+class Child:
+    """A child process the runner supervises, and how to start it again."""
+
+    name: str
+    kind: str  # "learner", "policy" or "rollout"
+    index: int
+    threads: int
+    target: Any
+    proc: Any = None
+    failures: deque = field(default_factory=deque)  # times of its past crashes
+
+
 class ParallelRunner:
     def __init__(self, cfg: Config, warmup_seconds: float = 0.0):
         self.cfg = cfg
         self.warmup_seconds = warmup_seconds
         self.ctx = tmp.get_context("spawn")
-        self.procs: list[tuple[str, Any]] = []
+        self.children: dict[str, Child] = {}
         self.evaluator: PeriodicEvaluator | None = None
+        self.stats: TrainingStats | None = None
+        self.restart_workers = False  # on only while the training loop runs
+        self._failures: dict[str, ChildFailed] = {}
+        self._fenced: dict[int, int] = {}
+        self._interrupted = False
+        self._watchdog: threading.Thread | None = None
+        self._watchdog_stop = threading.Event()
 
     def setup(self) -> Shared:
         """Validate, prepare the experiment folder and allocate every shared buffer and queue."""
@@ -401,7 +550,14 @@ class ParallelRunner:
             stop=self.ctx.Event(),
             per_worker_buffers=cfg.num_envs_per_worker * per_env,
             parent_pid=os.getpid(),
+            worker_gen=self.ctx.Array("q", cfg.num_workers, lock=False),
+            policy_epoch=self.ctx.Value("q", 0, lock=False),
+            heartbeat=self.ctx.Array("d", cfg.num_workers + cfg.num_policy_workers, lock=False),
+            policy_ticks=self.ctx.Array("q", cfg.num_policy_workers, lock=False),
         )
+        self._watchdog = threading.Thread(target=self._release_dead_locks, name="fastrl-lock-watchdog",
+                                          daemon=True)
+        self._watchdog.start()
         if cfg.eval_every_env_frames:
             # Evaluation plays in a thread of this process, on the CPU, with its own env.
             self.evaluator = PeriodicEvaluator(create_env(cfg), model, cfg.eval_every_env_frames,
@@ -413,18 +569,19 @@ class ParallelRunner:
         """Start the policy workers, then the rollout workers."""
         cfg = self.cfg
         for p in range(cfg.num_policy_workers):
-            self._start(f"fastrl-policy-{p}", cfg.policy_threads, policy_worker_main, p)
+            self._start(Child(f"fastrl-policy-{p}", "policy", p, cfg.policy_threads, policy_worker_main))
         for w in range(cfg.num_workers):
-            self._start(f"fastrl-rollout-{w}", 1, rollout_worker_main, w)
+            self._start(Child(f"fastrl-rollout-{w}", "rollout", w, 1, rollout_worker_main))
 
     def run(self) -> dict:
         cfg = self.cfg
         stats = None
         reporter = None
+        handlers = self._install_signal_handlers()
         try:
             shared = self.setup()
-            stats = TrainingStats(cfg, shared.info.frameskip)
-            self._start("fastrl-learner", cfg.learner_threads, learner_main)
+            self.stats = stats = TrainingStats(cfg, shared.info.frameskip)
+            self._start(Child("fastrl-learner", "learner", 0, cfg.learner_threads, learner_main))
             ready = self._wait_for(LearnerReady, timeout=120)
             if ready.counters:
                 restore_counters(stats, ready.counters, ready.version)
@@ -444,49 +601,171 @@ class ParallelRunner:
             reporter = None
             print_final_summary(summary)
             return summary
+        except KeyboardInterrupt:
+            # Interrupted before training began: nothing to save.
+            log("interrupted before training started")
+            raise
         finally:
             if reporter is not None:
                 reporter.close()
             self.shutdown()
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+
+    # -- signals ------------------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> dict:
+        """Ctrl-C and SIGTERM: the first stops the run (checkpoint, clean shutdown), a second
+        kills every child and exits at once."""
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        previous = {}
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._on_signal)
+        return previous
+
+    def _on_signal(self, signum, frame) -> None:
+        if self._interrupted:
+            log(f"{signal.Signals(signum).name} again: killing every worker and exiting now")
+            self._kill_all()
+            os._exit(130)
+        self._interrupted = True
+        raise KeyboardInterrupt
+
+    def _kill_all(self) -> None:
+        for child in self.children.values():
+            if child.proc is not None and child.proc.pid is not None:
+                kill_group(child.proc.pid, wait=0.5)
 
     # -- supervision --------------------------------------------------------------------
 
-    def _start(self, name: str, threads: int, target, *args) -> None:
-        proc = self.ctx.Process(target=_run_child, args=(name, threads, target, self.shared, *args),
-                                name=name, daemon=False)
-        proc.start()
-        self.procs.append((name, proc))
+    def _queues(self) -> list:
+        sh = self.shared
+        return [sh.policy_queue, sh.learner_queue, sh.runner_queue, *sh.worker_queues]
+
+    def _release_dead_locks(self) -> None:
+        """A thread: when a child dies holding a queue's lock, release it. This must not wait
+        for the main loop, which may itself be blocked on that lock."""
+        done: set[int] = set()
+        while not self._watchdog_stop.wait(0.1):
+            for child in list(self.children.values()):
+                proc = child.proc
+                if proc is not None and proc.pid not in done and proc.exitcode is not None:
+                    done.add(proc.pid)
+                    if release_queue_locks(self._queues(), proc.pid):
+                        log(f"released a queue lock that {child.name} held when it died")
+
+    def _slot(self, child: Child) -> int:
+        return child.index if child.kind == "rollout" else self.cfg.num_workers + child.index
+
+    def _start(self, child: Child) -> None:
+        if child.kind != "learner":
+            self.shared.beat(self._slot(child))  # its clock starts now, not at its first beat
+        args = (child.name, child.threads, child.target, self.shared)
+        if child.kind != "learner":
+            args += (child.index,)
+        child.proc = self.ctx.Process(target=_run_child, args=args, name=child.name, daemon=False)
+        child.proc.start()
+        self.children[child.name] = child
 
     def _check_children(self) -> None:
-        for name, proc in self.procs:
-            if proc.exitcode is not None:
-                failure = self._drain_failure(name)
-                if failure is not None:
-                    raise failure
-                code = proc.exitcode
+        """Notice dead or hung children; restart workers or stop the run (raises ChildError)."""
+        now = time.time()
+        for child in list(self.children.values()):
+            code = child.proc.exitcode
+            if code is not None:
                 how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-                raise ChildError(f"{name} died unexpectedly ({how})")
+                self._on_death(child, f"died unexpectedly ({how})")
+            elif child.kind != "learner" and now - self.shared.heartbeat[self._slot(child)] > self.cfg.worker_timeout:
+                kill_group(child.proc.pid)
+                child.proc.join(timeout=5)
+                self._on_death(child, f"sent no heartbeat for {self.cfg.worker_timeout:.0f} s (hung) and was killed")
 
-    def _drain_failure(self, name: str) -> ChildError | None:
-        deadline = time.time() + 2.0
-        while time.time() < deadline:
+    def _on_death(self, child: Child, how: str) -> None:
+        release_queue_locks(self._queues(), child.proc.pid)
+        failure = self._take_failure(child.name)
+        # What it left outside Python: env engines in its process group, their shared memory.
+        kill_group(child.proc.pid)
+        cause = f"failed: {failure.error}" if failure is not None else how
+        if child.kind == "learner" or not self.restart_workers:
+            raise ChildError(f"{child.name} {cause}")
+        now = time.time()
+        child.failures.append(now)
+        while child.failures and now - child.failures[0] > self.cfg.restart_window:
+            child.failures.popleft()
+        if len(child.failures) > self.cfg.max_worker_restarts:
+            raise ChildError(f"{child.name} {cause} ({len(child.failures)} failures within "
+                             f"{self.cfg.restart_window:.0f} s; --max_worker_restarts={self.cfg.max_worker_restarts})")
+        log(f"{child.name} {cause}; restarting it (restart {len(child.failures)} of at most "
+            f"{self.cfg.max_worker_restarts} within {self.cfg.restart_window:.0f} s)")
+        start = time.time()
+        if child.kind == "rollout":
+            self._restart_rollout(child)
+        else:
+            self._restart_policy(child)
+        if self.stats is not None:
+            self.stats.worker_restarts += 1
+        log(f"{child.name} restarted in {time.time() - start:.1f} s")
+
+    def _restart_rollout(self, child: Child) -> None:
+        shared, w = self.shared, child.index
+        generation = shared.worker_gen[w] + 1
+        shared.worker_gen[w] = generation  # from now on policy workers drop its old requests
+        ticks = list(shared.policy_ticks)
+        _put(shared.learner_queue, Fence(w, generation))
+        self._pump_until(lambda: self._fenced.get(w) == generation, 120,
+                         f"the learner to release {child.name}'s buffers")
+        self._wait_policy_ticks(ticks)
+        self._start(child)
+
+    def _restart_policy(self, child: Child) -> None:
+        shared = self.shared
+        epoch = shared.policy_epoch.value + 1
+        shared.policy_epoch.value = epoch  # requests from before are dropped from now on
+        self._wait_policy_ticks(list(shared.policy_ticks), exclude=child.index)
+        self._start(child)
+        for q in shared.worker_queues:
+            _put(q, Reissue(epoch))
+
+    def _wait_policy_ticks(self, ticks: list[int], exclude: int | None = None) -> None:
+        """Wait until every live policy worker finished the batch it was in at ``ticks``."""
+        for p, tick in enumerate(ticks):
+            child = self.children.get(f"fastrl-policy-{p}")
+            if p == exclude or child is None:
+                continue
+            deadline = time.time() + 10
+            while self.shared.policy_ticks[p] < tick + 2 and child.proc.is_alive() and time.time() < deadline:
+                time.sleep(0.005)
+
+    def _pump_until(self, done, timeout: float, what: str) -> None:
+        deadline = time.time() + timeout
+        learner = self.children.get("fastrl-learner")
+        while not done():
+            if time.time() > deadline:
+                raise ChildError(f"timed out after {timeout:.0f} s waiting for {what}")
             for msg in _get_many(self.shared.runner_queue):
-                if isinstance(msg, ChildFailed):
-                    return self._failure(msg)
-        return None
+                self._handle(msg, self.stats)
+            if learner is not None and learner.proc.exitcode is not None:
+                self._on_death(learner, f"died unexpectedly (exit code {learner.proc.exitcode})")
 
-    def _failure(self, msg: ChildFailed) -> ChildError:
-        log(f"{msg.name} failed; its traceback:\n{msg.traceback.rstrip()}")
-        return ChildError(f"{msg.name} failed: {msg.error}")
+    def _take_failure(self, name: str) -> ChildFailed | None:
+        """The failure report of ``name``, waiting a moment for it to arrive."""
+        deadline = time.time() + 1.0
+        while name not in self._failures and time.time() < deadline:
+            for msg in _get_many(self.shared.runner_queue):
+                self._handle(msg, self.stats)
+        return self._failures.pop(name, None)
 
     def _wait_for(self, kind, timeout: float):
         deadline = time.time() + timeout
         while time.time() < deadline:
             for msg in _get_many(self.shared.runner_queue):
-                if isinstance(msg, ChildFailed):
-                    raise self._failure(msg)
                 if isinstance(msg, kind):
                     return msg
+                self._handle(msg, self.stats)
             self._check_children()
         raise ChildError(f"timed out after {timeout:.0f} s waiting for {kind.__name__}")
 
@@ -497,6 +776,7 @@ class ParallelRunner:
         if warm:
             stats.mark_warmup()
         frames_at_start = stats.env_frames
+        self.restart_workers = cfg.max_worker_restarts > 0
         try:
             while stats.env_frames < cfg.train_for_env_steps and stats.run_seconds < cfg.train_for_seconds:
                 for msg in _get_many(self.shared.runner_queue):
@@ -513,19 +793,30 @@ class ParallelRunner:
                         log(f"evaluation at {frames:,} frames: return {result.mean_return:.3f} "
                             f"+- {result.std_return:.3f} over {result.episodes} episodes")
                 if not cfg.sampling_only and time.time() - last_save >= cfg.save_every_sec:
-                    self.shared.learner_queue.put(SaveCheckpoint(stats.counters(), False), timeout=10)
+                    _put(self.shared.learner_queue, SaveCheckpoint(stats.counters(), False))
                     last_save = time.time()
         except KeyboardInterrupt:
-            log("interrupted: saving a checkpoint and stopping (Ctrl-C again to quit at once)")
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            log("interrupted: saving a checkpoint and stopping (interrupt again to quit at once)")
+        self.restart_workers = False
         stats.end_measurement()
         if not cfg.sampling_only and stats.env_frames > frames_at_start:
             self._final_save(stats)
 
-    def _handle(self, msg, stats: TrainingStats) -> None:
-        if isinstance(msg, EpisodesReport):
+    def _handle(self, msg, stats: TrainingStats | None) -> None:
+        if isinstance(msg, ChildFailed):
+            log(f"{msg.name} failed; its traceback:\n{msg.traceback.rstrip()}")
+            self._failures[msg.name] = msg
+        elif isinstance(msg, Fenced):
+            self._fenced[msg.worker_id] = msg.generation
+            if stats is not None:
+                stats.trajectories_discarded += msg.trajectories
+        elif stats is None:
+            return
+        elif isinstance(msg, RolloutReport):
             for ep in msg.episodes:
                 stats.add_episode(ep.episode_return, ep.length)
+            stats.env_restarts += msg.env_restarts
+            stats.steps_discarded += msg.steps_discarded
         elif isinstance(msg, LearnerReport):
             stats.env_frames += msg.samples * stats.frameskip
             if msg.stats:
@@ -537,11 +828,9 @@ class ParallelRunner:
         elif isinstance(msg, CheckpointSaved):
             if msg.path:
                 log(f"saved {msg.path}")
-        elif isinstance(msg, ChildFailed):
-            raise self._failure(msg)
 
     def _final_save(self, stats: TrainingStats) -> None:
-        self.shared.learner_queue.put(SaveCheckpoint(stats.counters(), True), timeout=10)
+        _put(self.shared.learner_queue, SaveCheckpoint(stats.counters(), True))
         deadline = time.time() + 60
         while time.time() < deadline:
             for msg in _get_many(self.shared.runner_queue):
@@ -549,29 +838,34 @@ class ParallelRunner:
                     log(f"saved {msg.path}")
                     return
                 self._handle(msg, stats)
-            self._check_children()
+            learner = self.children["fastrl-learner"]
+            if learner.proc.exitcode is not None:
+                self._on_death(learner, f"died unexpectedly (exit code {learner.proc.exitcode})")
         log("warning: the learner did not confirm the final checkpoint within 60 s")
 
     def shutdown(self) -> None:
-        """Stop every child: a stop flag, a join with a timeout, then terminate, then kill."""
+        """Stop every child: a stop flag, a join with a timeout, then kill; then clear what
+        each left behind (engines in its process group and their shared memory)."""
         if self.evaluator is not None:
             self.evaluator.close()
             self.evaluator = None
-        if not self.procs:
+        self._watchdog_stop.set()
+        if self._watchdog is not None:
+            self._watchdog.join(timeout=2)
+            self._watchdog = None
+        if not self.children:
             return
         self.shared.stop.set()
         deadline = time.time() + 10
-        for _, proc in self.procs:
+        procs = [(c.name, c.proc) for c in self.children.values()]
+        for _, proc in procs:
             proc.join(timeout=max(0.1, deadline - time.time()))
-        for name, proc in self.procs:
+        for name, proc in procs:
             if proc.is_alive():
-                log(f"{name} did not stop in time; terminating it")
-                proc.terminate()
-                proc.join(timeout=3)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(timeout=3)
-        self.procs = []
+                log(f"{name} did not stop in time; killing it")
+            kill_group(proc.pid)
+            proc.join(timeout=3)
+        self.children = {}
 
 
 def _check_shm(layout: BufferLayout) -> None:

@@ -67,7 +67,8 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
             per_round = learner.trajectories_per_batch // n_envs
         worker = RolloutWorker(0, envs, buffers, rnn_state, list(range(layout.num_buffers)),
                                cfg.worker_num_splits, reward_scale(cfg), cfg.reward_clip,
-                               trajectories_per_round=per_round, seed=cfg.seed)
+                               trajectories_per_round=per_round, seed=cfg.seed,
+                               env_factory=lambda: create_env(cfg), env_timeout=cfg.env_timeout)
         policy = PolicyWorker(model, info.action_space, buffers, rnn_state, device,
                               version_fn=lambda: learner.version, precision=learner.precision)
         reporter = Reporter(cfg, exp_dir, stats)
@@ -109,6 +110,10 @@ def _loop(cfg, worker, policy, learner, buffers, stats, reporter, exp_dir, info,
         for ep in out.episodes:
             stats.add_episode(ep.episode_return, ep.length)
         stats.agent_steps_collected += out.agent_steps
+        stats.env_restarts += out.env_restarts
+        stats.steps_discarded += out.steps_discarded
+        for line in out.faults:
+            log(line)
         if cfg.sampling_only:
             stats.env_frames += out.agent_steps * info.frameskip
 

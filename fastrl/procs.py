@@ -1,0 +1,135 @@
+"""What a dead worker leaves outside Python, and how to clear it.
+
+Each worker process leads its own process group (see ``_child_setup`` in the parallel
+runner), so the simulator processes its envs started (VizDoom runs one engine process per
+env) belong to that group and outlive the worker when it is killed. :func:`kill_group`
+kills what is left of a group and removes the engines' shared-memory segments, which
+nobody else would remove: a VizDoom engine started with ``+viz_instance_id ID`` talks to
+Python through ``/dev/shm/ViZDoomSM<ID>``, ``ViZDoomMQCtr<ID>`` and ``ViZDoomMQDoom<ID>``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+SHM_DIR = "/dev/shm"
+VIZDOOM_SHM_PREFIXES = ("ViZDoomSM", "ViZDoomMQCtr", "ViZDoomMQDoom")
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes whose process group is ``pgid``, read from /proc."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # After the command name: state, ppid, pgrp, ...
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry))
+    return members
+
+
+def vizdoom_instance_id(pid: int) -> str | None:
+    """The ``+viz_instance_id`` of a VizDoom engine process, or None for other processes."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            args = fh.read().split(b"\0")
+    except OSError:
+        return None
+    for flag, value in zip(args, args[1:]):
+        if flag == b"+viz_instance_id":
+            return value.decode(errors="replace")
+    return None
+
+
+def kill_group(pgid: int, wait: float = 2.0) -> int:
+    """SIGKILL every process left in group ``pgid``, wait for them to go, and remove the
+    shared memory of the VizDoom engines among them. Returns how many processes it killed."""
+    if pgid == os.getpgrp():  # a child that failed to start its own group: never kill ours
+        return 0
+    members = group_members(pgid)
+    if not members:
+        return 0
+    engine_ids = [i for i in map(vizdoom_instance_id, members) if i]
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    deadline = time.time() + wait
+    while time.time() < deadline and group_members(pgid):
+        time.sleep(0.02)
+    remove_vizdoom_shm(engine_ids)
+    return len(members)
+
+
+def remove_vizdoom_shm(instance_ids) -> None:
+    for instance_id in instance_ids:
+        for prefix in VIZDOOM_SHM_PREFIXES:
+            try:
+                os.unlink(os.path.join(SHM_DIR, prefix + instance_id))
+            except OSError:
+                pass
+
+
+# --- queue locks left held by a killed process ----------------------------------------------
+#
+# A faster-fifo queue guards its ring buffer with a process-shared pthread mutex that is not
+# "robust": if a process is killed while it holds it, every other process that touches the
+# queue blocks forever. glibc records the holder's thread id in the mutex, so the runner can
+# tell that the holder is dead and release the lock itself. The ring buffer stays consistent
+# enough for that: a writer killed mid-copy has not yet moved the tail, so its message is
+# simply absent, and a reader killed mid-copy has not yet moved the head, so the message
+# stays for the next reader.
+
+# Layout of faster-fifo 1.x's Queue object (cpp_lib/faster_fifo.cpp): six size_t fields and
+# a 4-byte mutexattr, then the pthread_mutex_t, 8-byte aligned. In glibc's x86-64/aarch64
+# pthread_mutex_t: int __lock at 0, unsigned __count at 4, int __owner at 8, unsigned
+# __nusers at 12, int __kind at 16.
+_MUTEX_OFFSET = 56
+_PSHARED_KIND_BIT = 128
+_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}
+_FUTEX_WAKE = 1
+
+
+def _queue_mutex(q) -> int | None:
+    """Address of ``q``'s mutex, or None when the memory does not look like one we know."""
+    import ctypes
+
+    try:
+        base = ctypes.addressof(q.queue_obj_buffer)
+    except (AttributeError, TypeError):
+        return None
+    if len(q.queue_obj_buffer) < _MUTEX_OFFSET + 20:
+        return None
+    addr = base + _MUTEX_OFFSET
+    if not ctypes.c_int.from_address(addr + 16).value & _PSHARED_KIND_BIT:
+        return None
+    return addr
+
+
+def release_queue_locks(queues, dead_pid: int) -> int:
+    """Unlock every queue whose mutex is held by the (dead) process ``dead_pid`` and wake the
+    processes waiting for it. Returns how many locks were released."""
+    import ctypes
+    import platform
+
+    released = 0
+    for q in queues:
+        addr = _queue_mutex(q)
+        if addr is None or ctypes.c_int.from_address(addr + 8).value != dead_pid:
+            continue
+        ctypes.c_uint.from_address(addr + 12).value = 0  # __nusers
+        ctypes.c_int.from_address(addr + 8).value = 0  # __owner
+        ctypes.c_uint.from_address(addr + 4).value = 0  # __count
+        ctypes.c_int.from_address(addr).value = 0  # __lock: free
+        nr = _SYS_FUTEX.get(platform.machine())
+        if nr is not None:
+            ctypes.CDLL(None, use_errno=True).syscall(nr, ctypes.c_void_p(addr), _FUTEX_WAKE, 2**31 - 1, None, None, 0)
+        released += 1
+    return released

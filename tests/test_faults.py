@@ -1,0 +1,334 @@
+"""Fault injection on real processes, with timeouts: env faults, killed and hung workers,
+a killed learner, signals. Each test checks the outcome, the counters, and that nothing is
+left behind (processes, /dev/shm files)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from fastrl.buffers import FILL_INT
+from fastrl.cfg import parse_config
+from fastrl.messages import TrajectoriesReady
+from fastrl.runner.parallel import BuffersFreed, Fence, Fenced, ParallelRunner, _get_many
+from tests.test_parallel import (
+    COUNTING,
+    REPO,
+    alive,
+    base_args,
+    children_of,
+    run_train,
+    shm_files,
+)
+
+pytestmark = pytest.mark.multiprocess
+
+CRASHING = "tests.counting_env:CrashingCountingEnv-v0"
+HANGING = "tests.counting_env:HangingCountingEnv-v0"
+BROKEN = "tests.counting_env:BrokenCountingEnv-v0"
+
+
+def pid_of(title: str, root: int) -> int | None:
+    """The live descendant of ``root`` whose process title is ``title``."""
+    for pid in alive(children_of(root)):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if fh.read().split(b"\0")[0].decode(errors="replace").strip() == title:
+                    return pid
+        except OSError:
+            pass
+    return None
+
+
+def summary_of(tmp_path) -> dict:
+    return json.loads((tmp_path / "x" / "summary.json").read_text())
+
+
+def wait_for_training(tmp_path) -> None:
+    path = tmp_path / "x" / "summary.json"
+    wait_until(lambda: path.exists() and summary_of(tmp_path)["learner_steps"] > 0, 60, "training")
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+class Training:
+    """``train.py`` in a subprocess, with its output collected in the background."""
+
+    def __init__(self, args):
+        self.proc = subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.kids: set[int] = set()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def pid(self, title: str) -> int | None:
+        self.kids |= children_of(self.proc.pid)
+        return pid_of(title, self.proc.pid)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+    def wait(self, timeout: float) -> int:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"train.py did not exit within {timeout:.0f} s; its output:\n{self.output}")
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        self._reader.join(timeout=5)
+        return code
+
+
+def assert_nothing_left(kids: set[int], shm_before: set[str]) -> None:
+    time.sleep(0.5)
+    assert not alive(kids), f"processes left behind: {alive(kids)}"
+    assert not (shm_files() - shm_before), f"shared memory left behind: {shm_files() - shm_before}"
+
+
+# --- env faults -----------------------------------------------------------------------------
+
+
+def test_env_that_raises_is_recreated_and_training_goes_on(tmp_path):
+    proc = run_train(base_args(tmp_path, CRASHING, "--train_for_env_steps", "4000"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = summary_of(tmp_path)
+    assert summary["env_frames"] >= 4000
+    assert summary["env_restarts"] > 0 and summary["steps_discarded"] > 0
+    assert summary["worker_restarts"] == 0
+    assert "crashed on purpose at step 40; recreating it" in proc.stdout
+
+
+def test_env_that_hangs_is_timed_out_and_recreated(tmp_path):
+    proc = run_train(base_args(tmp_path, HANGING, "--train_for_env_steps", "2000", "--env_timeout", "0.5"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = summary_of(tmp_path)
+    assert summary["env_restarts"] > 0 and summary["worker_restarts"] == 0
+    assert "EnvTimeout" in proc.stdout
+
+
+# --- worker faults --------------------------------------------------------------------------
+
+
+def test_worker_that_keeps_crashing_stops_the_run_with_the_cause(tmp_path):
+    before = shm_files()
+    proc = run_train(base_args(tmp_path, BROKEN, "--max_worker_restarts", "2"), timeout=150)
+    assert proc.returncode == 1, proc.stdout
+    assert proc.stdout.count("restarting it (restart") >= 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "fastrl-rollout-" in last and "3 failures within 300 s" in last and "refuses to be made" in last
+    assert not (shm_files() - before)
+
+
+def test_killed_workers_are_restarted_and_training_goes_on(tmp_path):
+    before = shm_files()
+    run = Training(base_args(tmp_path, COUNTING, "--train_for_seconds", "30"))
+    try:
+        wait_for_training(tmp_path)
+        for title in ("fastrl-rollout-1", "fastrl-policy-0"):
+            pid = run.pid(title)
+            assert pid is not None, f"no {title} among {run.kids}"
+            os.kill(pid, signal.SIGKILL)
+            wait_until(lambda t=title, p=pid: run.pid(t) not in (None, p), 30, f"{title} to come back")
+        time.sleep(2)
+        frames_after_restarts = summary_of(tmp_path)["env_frames"]
+        code = run.wait(120)
+    finally:
+        run.kill()
+    assert code == 0, run.output
+    out = run.output
+    assert "fastrl-rollout-1 died unexpectedly (signal SIGKILL); restarting it" in out
+    assert "fastrl-policy-0 died unexpectedly (signal SIGKILL); restarting it" in out
+    final = summary_of(tmp_path)
+    assert final["worker_restarts"] == 2
+    assert final["env_frames"] > frames_after_restarts + 10_000, "training did not go on"
+    assert_nothing_left(run.kids, before)
+
+
+def test_hung_worker_is_killed_and_restarted(tmp_path):
+    """A worker stuck where no Python timeout reaches it (here: stopped) misses heartbeats."""
+    before = shm_files()
+    run = Training(base_args(tmp_path, COUNTING, "--train_for_seconds", "20", "--worker_timeout", "3"))
+    try:
+        wait_for_training(tmp_path)
+        pid = run.pid("fastrl-rollout-0")
+        os.kill(pid, signal.SIGSTOP)
+        code = run.wait(120)
+    finally:
+        run.kill()
+    assert code == 0, run.output
+    assert "fastrl-rollout-0 sent no heartbeat for 3 s (hung) and was killed; restarting it" in run.output
+    assert summary_of(tmp_path)["worker_restarts"] == 1
+    assert_nothing_left(run.kids, before)
+
+
+def test_restart_fences_off_the_dead_workers_data(tmp_path):
+    """Real rollout and policy processes; this test plays the learner. A rollout worker is
+    killed mid-run: no step of any env reaches the learner twice, no slot is handed out
+    while the learner holds it, and the new worker's data is complete."""
+    cfg = parse_config(base_args(tmp_path))
+    runner = ParallelRunner(cfg)
+    shared = runner.setup()
+    runner.restart_workers = True
+    per_worker = shared.per_worker_buffers
+    steps_by_env: dict[int, list[int]] = {}
+    held: set[int] = set()  # slots delivered and not yet freed
+    generations = [0] * cfg.num_workers
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    counts = {"trajectories": 0, "dropped": 0}
+
+    def fake_learner() -> None:
+        try:
+            while not stop.is_set():
+                for msg in _get_many(shared.learner_queue):
+                    if isinstance(msg, Fence):
+                        w = msg.worker_id
+                        generations[w] = msg.generation
+                        mine = {b for b in held if b // per_worker == w}
+                        held.difference_update(mine)
+                        shared.runner_queue.put(Fenced(w, msg.generation, len(mine)))
+                        continue
+                    assert isinstance(msg, TrajectoriesReady)
+                    assert msg.generation == generations[msg.worker_id]
+                    assert not held & set(msg.buffers), "a slot was refilled while the learner held it"
+                    data = shared.buffers.gather(list(msg.buffers))
+                    obs = data["obs"]["obs"]
+                    for b in range(obs.shape[0]):
+                        tag = int(obs[b, 0, 0])
+                        assert torch.all(obs[b, :, 0] == tag), "a trajectory mixes envs"
+                        steps_by_env.setdefault(tag, []).extend(obs[b, :cfg.rollout, 1].long().tolist())
+                    # (no learner publishes weights here: the policy acts with version -1)
+                    assert torch.all(data["policy_versions"] != FILL_INT), "unwritten policy output"
+                    counts["trajectories"] += len(msg.buffers)
+                    # Hold every other batch for a while, like a learner with a backlog.
+                    if counts["trajectories"] % 3:
+                        held.update(msg.buffers)
+                    else:
+                        shared.worker_queues[msg.worker_id].put(
+                            BuffersFreed(msg.buffers, generations[msg.worker_id]))
+                    for b in [b for b in held if b // per_worker != msg.worker_id][:4]:
+                        held.discard(b)
+                        shared.worker_queues[b // per_worker].put(BuffersFreed((b,), generations[b // per_worker]))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+            shared.runner_queue.put(Fenced(0, 1, 0))  # so that a waiting restart returns
+
+    learner = threading.Thread(target=fake_learner, daemon=True)
+    learner.start()
+    try:
+        runner.start_sampling()
+        wait_until(lambda: counts["trajectories"] >= 100 or errors, 60, "trajectories")
+        victim = runner.children["fastrl-rollout-0"].proc
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join(timeout=10)
+        runner._check_children()  # restarts it, through the fence
+        assert not errors, errors
+        assert runner.children["fastrl-rollout-0"].proc.pid != victim.pid
+        target = counts["trajectories"] + 200
+        deadline = time.time() + 60
+        while counts["trajectories"] < target and not errors and time.time() < deadline:
+            runner._check_children()
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        learner.join(timeout=5)
+        runner.shutdown()
+    assert not errors, errors
+    assert counts["trajectories"] >= target
+    assert shared.worker_gen[0] == 1
+    assert len(steps_by_env) == cfg.num_envs + cfg.num_envs_per_worker  # the new worker's envs too
+    for tag, steps in steps_by_env.items():
+        assert len(steps) == len(set(steps)), f"env {tag}: a step reached the learner twice"
+        # Every env's steps are gap-free from 0, except at the end for the dead worker's
+        # envs, whose last trajectories were in flight.
+        assert sorted(steps) == list(range(len(steps))), f"env {tag}: a step was lost mid-run"
+
+
+# --- learner faults and signals ------------------------------------------------------------
+
+
+def test_killed_learner_stops_the_run_and_the_command_resumes(tmp_path):
+    before = shm_files()
+    args = base_args(tmp_path, COUNTING, "--save_every_sec", "1")
+    run = Training(args)
+    ckpts = tmp_path / "x" / "checkpoints"
+    try:
+        wait_until(lambda: len(list(ckpts.glob("checkpoint_*.pt"))) >= 2, 60, "two checkpoints")
+        os.kill(run.pid("fastrl-learner"), signal.SIGKILL)
+        code = run.wait(60)
+    finally:
+        run.kill()
+    assert code == 1
+    assert "fastrl-learner died unexpectedly (signal SIGKILL)" in run.output
+    assert_nothing_left(run.kids, before)
+    from fastrl.experiment import load_latest_checkpoint
+
+    state, path = load_latest_checkpoint(str(tmp_path / "x"))
+    frames = state["counters"]["env_frames"]
+    assert frames > 0
+    again = run_train([*args, "--train_for_env_steps", str(frames + 2000)])
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"at {frames:,} frames" in again.stdout
+    assert summary_of(tmp_path)["env_frames"] >= frames + 2000
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_saves_and_exits_zero(tmp_path, signum):
+    before = shm_files()
+    run = Training(base_args(tmp_path, COUNTING))
+    try:
+        wait_for_training(tmp_path)
+        run.pid("fastrl-learner")  # note the children, to check they are gone afterwards
+        run.proc.send_signal(signum)
+        code = run.wait(30)
+    finally:
+        run.kill()
+    assert code == 0, run.output
+    assert "interrupted" in run.output and "saved" in run.output
+    assert list((tmp_path / "x" / "checkpoints").glob("checkpoint_*.pt"))
+    assert_nothing_left(run.kids, before)
+
+
+def test_second_interrupt_exits_at_once(tmp_path):
+    before = shm_files()
+    run = Training(base_args(tmp_path, COUNTING))
+    try:
+        wait_for_training(tmp_path)
+        # Stop the learner, so that the first Ctrl-C waits for a checkpoint that never comes.
+        os.kill(run.pid("fastrl-learner"), signal.SIGSTOP)
+        run.proc.send_signal(signal.SIGINT)
+        wait_until(lambda: "interrupted" in run.output, 10, "the first interrupt")
+        start = time.time()
+        run.proc.send_signal(signal.SIGINT)
+        code = run.wait(10)
+        took = time.time() - start
+    finally:
+        run.kill()
+    assert code == 130, run.output
+    assert took < 5
+    assert "again: killing every worker" in run.output
+    assert_nothing_left(run.kids, before)
