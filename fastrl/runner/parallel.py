@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import queue
 import signal
 import threading
 import time
@@ -42,7 +41,6 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.multiprocessing as tmp
-from faster_fifo import Queue
 
 from fastrl.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.cfg import Config
@@ -57,6 +55,7 @@ from fastrl.experiment import (
     print_final_summary,
     save_checkpoint,
 )
+from fastrl.mailbox import Mailbox
 from fastrl.messages import ActionsReady, EpisodeStats, TrajectoriesReady
 from fastrl.procs import kill_group, release_queue_locks
 from fastrl.runner.common import (
@@ -265,43 +264,16 @@ def _should_stop(shared: Shared) -> bool:
     return shared.stop.is_set() or os.getppid() != shared.parent_pid
 
 
-# Every queue operation below is non-blocking, with short sleeps while idle: no process ever
-# sleeps on a faster-fifo condition variable. A process killed while sleeping on one leaves
-# it poisoned (glibc's signal then waits forever for the dead sleeper), which would hang
-# every sender; a lock it held is released by the runner (fastrl.procs.release_queue_locks).
-IDLE_SLEEP = 0.0005
-PUT_TIMEOUT = 10.0
+def _get_many(box: Mailbox, max_messages: int = 1024, timeout: float = POLL) -> list:
+    return box.get_many(timeout, max_messages)
 
 
-def _get_many(q, max_messages: int = 1024, timeout: float = POLL) -> list:
-    deadline = None
-    while True:
-        try:
-            return q.get_many(block=False, max_messages_to_get=max_messages)
-        except queue.Empty:
-            pass
-        now = time.monotonic()
-        if deadline is None:
-            deadline = now + timeout
-        elif now >= deadline:
-            return []
-        time.sleep(IDLE_SLEEP)
+def _put_many(box: Mailbox, msgs: list, timeout: float = 10.0) -> None:
+    box.put_many(msgs, timeout)
 
 
-def _put_many(q, msgs: list, timeout: float = PUT_TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            q.put_many(msgs, block=False)
-            return
-        except queue.Full:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(IDLE_SLEEP)
-
-
-def _put(q, msg, timeout: float = PUT_TIMEOUT) -> None:
-    _put_many(q, [msg], timeout)
+def _put(box: Mailbox, msg, timeout: float = 10.0) -> None:
+    box.put(msg, timeout)
 
 
 # --- the children -----------------------------------------------------------------------
@@ -543,10 +515,11 @@ class ParallelRunner:
             buffers=TrajectoryBuffers(layout, shared=True),
             rnn_state=torch.zeros((cfg.num_envs, model.rnn_state_size)).share_memory_(),
             weights=SharedWeights(model, self.ctx),
-            policy_queue=Queue(QUEUE_BYTES),
-            worker_queues=[Queue(QUEUE_BYTES) for _ in range(cfg.num_workers)],
-            learner_queue=Queue(QUEUE_BYTES),
-            runner_queue=Queue(QUEUE_BYTES),
+            # Restartable workers' mailboxes get doorbells (see fastrl/mailbox.py).
+            policy_queue=Mailbox(QUEUE_BYTES, doorbell=True),
+            worker_queues=[Mailbox(QUEUE_BYTES, doorbell=True) for _ in range(cfg.num_workers)],
+            learner_queue=Mailbox(QUEUE_BYTES, doorbell=False),
+            runner_queue=Mailbox(QUEUE_BYTES, doorbell=False),
             stop=self.ctx.Event(),
             per_worker_buffers=cfg.num_envs_per_worker * per_env,
             parent_pid=os.getpid(),
@@ -644,7 +617,7 @@ class ParallelRunner:
 
     def _queues(self) -> list:
         sh = self.shared
-        return [sh.policy_queue, sh.learner_queue, sh.runner_queue, *sh.worker_queues]
+        return [box.q for box in (sh.policy_queue, sh.learner_queue, sh.runner_queue, *sh.worker_queues)]
 
     def _release_dead_locks(self) -> None:
         """A thread: when a child dies holding a queue's lock, release it. This must not wait
