@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -109,3 +110,39 @@ def test_overwrite_is_not_inherited_on_resume(tmp_path):
     save_config(saved, saved.experiment_dir)
     cfg = parse_config(["--train_dir", str(tmp_path), "--experiment", "e"])
     assert cfg.restart_behavior == "resume"
+
+
+# --- bad input that is only found when the run starts ----------------------------------------
+
+
+def test_unwritable_train_dir_is_one_line_and_exit_1(tmp_path):
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "train.py", "--env", "CartPole-v1", "--serial_mode",
+                           "--train_dir", "/proc/no_such_dir", "--experiment", "x"],
+                          cwd=repo, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--train_dir=/proc/no_such_dir" in lines[0], proc.stderr
+
+
+def test_too_little_shared_memory_is_refused_before_any_process_starts():
+    import torch
+
+    from fastrl.buffers import BufferLayout
+    from fastrl.experiment import ExperimentError
+    from fastrl.runner.parallel import _check_shm
+
+    huge = BufferLayout({"obs": (3, 1000, 1000)}, {"obs": torch.uint8}, 10**6, 32, 1, 0)
+    with pytest.raises(ExperimentError, match=r"need .* MiB of shared memory but /dev/shm has .* lower --num_envs_per_worker"):
+        _check_shm(huge)
+
+
+def test_checkpoint_of_another_model_is_refused_naming_the_difference():
+    from fastrl.experiment import ExperimentError
+    from fastrl.runner.common import check_checkpoint_compatible, env_info, make_env
+
+    info = env_info(make_env("CartPole-v1"))
+    saved = parse_config(["--env", "CartPole-v1", "--rnn_size", "64"])
+    state = {"env_info": info.describe(), "cfg": saved.to_dict()}
+    with pytest.raises(ExperimentError, match="rnn_size=64, not 512"):
+        check_checkpoint_compatible(state, parse_config(["--env", "CartPole-v1"]), info, "ckpt.pt")
