@@ -18,21 +18,42 @@ SHM_DIR = "/dev/shm"
 VIZDOOM_SHM_PREFIXES = ("ViZDoomSM", "ViZDoomMQCtr", "ViZDoomMQDoom")
 
 
+def _stat_fields() -> dict[int, list[str]]:
+    """For every process, the fields of /proc/<pid>/stat after the command name
+    (state, ppid, pgrp, ...)."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    out[int(entry)] = fh.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                pass
+    return out
+
+
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes whose process group is ``pgid``, read from /proc."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        # After the command name: state, ppid, pgrp, ...
-        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry))
-    return members
+    return [pid for pid, f in _stat_fields().items() if len(f) > 2 and f[0] != "Z" and int(f[2]) == pgid]
+
+
+def descendants(root: int) -> set[int]:
+    """Every process below ``root`` in the process tree (zombies included)."""
+    parents = {pid: int(f[1]) for pid, f in _stat_fields().items() if len(f) > 1}
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+def process_title(pid: int) -> str:
+    """The first word of a process's command line: its title once it set one (setproctitle)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().split(b"\0")[0].decode(errors="replace").strip()
+    except OSError:
+        return ""
 
 
 def vizdoom_instance_id(pid: int) -> str | None:

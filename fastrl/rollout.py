@@ -155,12 +155,7 @@ class RolloutWorker:
             first_obs = []
             for i, e in zip(split.local, split.env_ids):
                 seed = None if self.seed is None else self.seed + e
-                try:
-                    obs = self._timer.call(self.envs[i].reset, seed=seed)[0]
-                except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
-                    obs = self._replace_env(i, exc, out)
-                self._policy_rnn_np[e] = 0.0
-                first_obs.append(dict_obs(obs))
+                first_obs.append(dict_obs(self._new_episode(i, e, 0, out, seed=seed)))
             split.pending_obs = first_obs
             self._begin_trajectories(s, out)
         return out
@@ -206,11 +201,7 @@ class RolloutWorker:
                 self._rewards_np[b, t] = 0.0
                 self._dones_np[b, t] = True
                 out.steps_discarded += t + 1 - start
-                self._ep_return[i] = 0.0
-                self._ep_len[i] = 0
-                self._ep_start[i] = t + 1
-                self._policy_rnn_np[e] = 0.0
-                next_obs.append(dict_obs(self._replace_env(i, exc, out)))
+                next_obs.append(dict_obs(self._new_episode(i, e, t + 1, out, fault=exc)))
                 continue
             done = terminated or truncated
             r = float(reward)
@@ -225,14 +216,7 @@ class RolloutWorker:
                 else:
                     ret, length = float(self._ep_return[i]), int(self._ep_len[i])
                 out.episodes.append(EpisodeStats(e, ret, length))
-                self._ep_return[i] = 0.0
-                self._ep_len[i] = 0
-                self._ep_start[i] = t + 1
-                try:
-                    obs = self._timer.call(self.envs[i].reset)[0]
-                except Exception as exc:  # noqa: BLE001 - the finished episode stays valid
-                    obs = self._replace_env(i, exc, out)
-                self._policy_rnn_np[e] = 0.0
+                obs = self._new_episode(i, e, t + 1, out)
             next_obs.append(dict_obs(obs))
         out.agent_steps = len(bufs)
         split.t = t + 1
@@ -294,6 +278,22 @@ class RolloutWorker:
         split.request_epoch = self.epoch
         return InferenceRequest(self.worker_id, split_id, split.t, tuple(split.env_ids),
                                 tuple(split.buffers), self.generation, self.epoch)
+
+    def _new_episode(self, i: int, e: int, first_step: int, out: StepOutput, seed: int | None = None,
+                     fault: Exception | None = None):
+        """Env ``i`` (global id ``e``) begins an episode at step ``first_step`` of its current
+        trajectory: reset it (or, after ``fault``, replace it); return its first observation.
+        A reset that fails replaces the env too (a finished episode stays valid)."""
+        self._ep_return[i] = 0.0
+        self._ep_len[i] = 0
+        self._ep_start[i] = first_step
+        self._policy_rnn_np[e] = 0.0
+        if fault is None:
+            try:
+                return self._timer.call(self.envs[i].reset, seed=seed)[0]
+            except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
+                fault = exc
+        return self._replace_env(i, fault, out)
 
     def _replace_env(self, i: int, cause: Exception, out: StepOutput):
         """Close env ``i`` after ``cause``, make a new one and reset it; return its first

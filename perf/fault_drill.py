@@ -24,24 +24,14 @@ import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from fastrl.procs import descendants, process_title  # noqa: E402
 
 
-def descendants(root: int) -> dict[int, str]:
-    parents, titles = {}, {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    parents[int(entry)] = int(fh.read().rsplit(")", 1)[1].split()[1])
-                with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                    titles[int(entry)] = fh.read().split(b"\0")[0].decode(errors="replace").strip()
-            except (OSError, IndexError, ValueError):
-                pass
-    found, frontier = set(), {root}
-    while frontier:
-        frontier = {p for p, pp in parents.items() if pp in frontier} - found
-        found |= frontier
-    return {p: titles.get(p, "") for p in found}
+def titled_descendants(root: int) -> dict[int, str]:
+    """Processes below ``root``, with their titles."""
+    return {pid: process_title(pid) for pid in descendants(root)}
 
 
 def shm() -> set[str]:
@@ -84,16 +74,16 @@ def main() -> int:
     next_kill = start + args.first_kill
     while proc.poll() is None:
         time.sleep(2)
-        seen |= set(descendants(proc.pid))
+        seen |= descendants(proc.pid)
         try:
-            with open(os.path.join(REPO, summary_path)) as fh:
+            with open(summary_path) as fh:
                 s = json.load(fh)
             samples.append((time.time(), s["env_frames"], s["mean_episode_return"]))
         except (OSError, ValueError, KeyError):
             pass
         if time.time() >= next_kill and time.time() < start + seconds - 60:
             title = targets[len(kills) % len(targets)]
-            pids = [p for p, t in descendants(proc.pid).items() if t == title]
+            pids = [p for p, t in titled_descendants(proc.pid).items() if t == title]
             if pids:
                 os.kill(pids[0], signal.SIGKILL)
                 kills.append({"target": title, "pid": pids[0], "at": time.time(),

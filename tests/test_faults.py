@@ -18,7 +18,8 @@ import torch
 from fastrl.buffers import FILL_INT
 from fastrl.cfg import parse_config
 from fastrl.messages import TrajectoriesReady
-from fastrl.runner.parallel import BuffersFreed, Fence, Fenced, ParallelRunner, _get_many
+from fastrl.procs import process_title
+from fastrl.runner.parallel import POLL, BuffersFreed, Fence, Fenced, ParallelRunner
 from tests.test_parallel import (
     COUNTING,
     REPO,
@@ -38,14 +39,7 @@ BROKEN = "tests.counting_env:BrokenCountingEnv-v0"
 
 def pid_of(title: str, root: int) -> int | None:
     """The live descendant of ``root`` whose process title is ``title``."""
-    for pid in alive(children_of(root)):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if fh.read().split(b"\0")[0].decode(errors="replace").strip() == title:
-                    return pid
-        except OSError:
-            pass
-    return None
+    return next((pid for pid in alive(children_of(root)) if process_title(pid) == title), None)
 
 
 def summary_of(tmp_path) -> dict:
@@ -206,7 +200,7 @@ def test_restart_fences_off_the_dead_workers_data(tmp_path):
     def fake_learner() -> None:
         try:
             while not stop.is_set():
-                for msg in _get_many(shared.learner_queue):
+                for msg in shared.learner_queue.get_many(POLL):
                     if isinstance(msg, Fence):
                         w = msg.worker_id
                         generations[w] = msg.generation

@@ -14,8 +14,9 @@ import torch
 
 from fastrl.cfg import parse_config
 from fastrl.messages import TrajectoriesReady
+from fastrl.procs import descendants as children_of
 from fastrl.runner.common import buffers_per_env
-from fastrl.runner.parallel import BuffersFreed, ParallelRunner, _get_many
+from fastrl.runner.parallel import POLL, BuffersFreed, ParallelRunner
 
 pytestmark = pytest.mark.multiprocess
 
@@ -27,23 +28,6 @@ SHM_PATTERNS = ("torch_", "psm_", "sem.", "ViZDoom")
 
 def shm_files() -> set[str]:
     return {f for f in os.listdir("/dev/shm") if f.startswith(SHM_PATTERNS)}
-
-
-def children_of(pid: int) -> set[int]:
-    """Every live descendant of ``pid`` (read from /proc)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    parents[int(entry)] = int(fh.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {p for p, pp in parents.items() if pp in frontier} - found
-        found |= frontier
-    return found
 
 
 def alive(pids: set[int]) -> set[int]:
@@ -79,7 +63,7 @@ def test_every_step_lands_in_exactly_one_trajectory(tmp_path):
         # (one worker may start well before the other: go on until every env has delivered)
         while (trajectories < 200 or len(steps_by_env) < cfg.num_envs) and time.time() < deadline:
             runner._check_children()
-            for msg in _get_many(shared.learner_queue):
+            for msg in shared.learner_queue.get_many(POLL):
                 assert isinstance(msg, TrajectoriesReady)
                 data = shared.buffers.gather(list(msg.buffers))
                 obs = data["obs"]["obs"]  # [B, T+1, 3]

@@ -226,6 +226,13 @@ class Shared:
     def beat(self, slot: int) -> None:
         self.heartbeat[slot] = time.time()
 
+    def mailboxes(self) -> list[Mailbox]:
+        return [self.policy_queue, self.learner_queue, self.runner_queue, *self.worker_queues]
+
+    def policy_slot(self, policy_id: int) -> int:
+        """Heartbeat slot of a policy worker (rollout worker ``w`` has slot ``w``)."""
+        return self.cfg.num_workers + policy_id
+
 
 def _child_setup(name: str, threads: int) -> None:
     # Children ignore Ctrl-C: the runner stops them with a message and joins them, so that
@@ -253,8 +260,8 @@ def _run_child(name: str, threads: int, target, shared: Shared, *args) -> None:
         target(shared, *args)
     except BaseException as exc:  # noqa: BLE001 - report everything, then exit non-zero
         try:
-            _put(shared.runner_queue, ChildFailed(name, f"{type(exc).__name__}: {exc}",
-                                                  traceback.format_exc()), timeout=5)
+            shared.runner_queue.put(ChildFailed(name, f"{type(exc).__name__}: {exc}",
+                                                traceback.format_exc()), timeout=5)
         except Exception:  # noqa: BLE001
             pass
         raise SystemExit(1) from None
@@ -262,18 +269,6 @@ def _run_child(name: str, threads: int, target, shared: Shared, *args) -> None:
 
 def _should_stop(shared: Shared) -> bool:
     return shared.stop.is_set() or os.getppid() != shared.parent_pid
-
-
-def _get_many(box: Mailbox, max_messages: int = 1024, timeout: float = POLL) -> list:
-    return box.get_many(timeout, max_messages)
-
-
-def _put_many(box: Mailbox, msgs: list, timeout: float = 10.0) -> None:
-    box.put_many(msgs, timeout)
-
-
-def _put(box: Mailbox, msg, timeout: float = 10.0) -> None:
-    box.put(msg, timeout)
 
 
 # --- the children -----------------------------------------------------------------------
@@ -307,19 +302,19 @@ def rollout_worker_main(shared: Shared, worker_id: int) -> None:
         inbox = shared.worker_queues[worker_id]
         report = RolloutReport([], 0, 0)
         last_report = time.time()
-        faults_logged = [0]
+        faults_logged = 0
 
         def route(out: StepOutput) -> None:
-            nonlocal report
+            nonlocal report, faults_logged
             for line in out.faults:
-                faults_logged[0] += 1
-                n = faults_logged[0]
+                faults_logged += 1
+                n = faults_logged
                 if n <= 10 or n % 100 == 0:  # an env that fails all the time must not flood the log
                     log(f"fastrl-rollout-{worker_id}: {line}" + ("" if n <= 10 else f" (env fault {n} of this worker)"))
             if out.requests:
-                _put_many(shared.policy_queue, out.requests)
+                shared.policy_queue.put_many(out.requests)
             if out.trajectories:
-                _put_many(shared.learner_queue, out.trajectories)
+                shared.learner_queue.put_many(out.trajectories)
             if out.episodes or out.env_restarts:
                 report = RolloutReport(report.episodes + out.episodes,
                                        report.env_restarts + out.env_restarts,
@@ -329,7 +324,7 @@ def rollout_worker_main(shared: Shared, worker_id: int) -> None:
         route(worker.start())
         while not _should_stop(shared):
             shared.beat(worker_id)
-            for msg in _get_many(inbox):
+            for msg in inbox.get_many(POLL):
                 if isinstance(msg, ActionsReady):
                     if worker.accepts(msg):
                         route(worker.on_actions(msg.split_id))
@@ -344,7 +339,7 @@ def rollout_worker_main(shared: Shared, worker_id: int) -> None:
                 else:
                     raise TypeError(f"rollout worker {worker_id}: unexpected message {msg!r}")
             if (report.episodes or report.env_restarts) and time.time() - last_report > 0.5:
-                _put(shared.runner_queue, report)
+                shared.runner_queue.put(report)
                 report = RolloutReport([], 0, 0)
                 last_report = time.time()
     finally:
@@ -359,7 +354,7 @@ def policy_worker_main(shared: Shared, policy_id: int) -> None:
     from fastrl.inference import PolicyWorker
 
     cfg = shared.cfg
-    slot = cfg.num_workers + policy_id
+    slot = shared.policy_slot(policy_id)
     shared.beat(slot)
     device = resolve_device(cfg.device)
     model = build_model(cfg, shared.info, device)
@@ -374,7 +369,7 @@ def policy_worker_main(shared: Shared, policy_id: int) -> None:
         # a batch begun before a restart has then been written out.
         shared.policy_ticks[policy_id] += 1
         shared.beat(slot)
-        requests = _get_many(shared.policy_queue, max_messages=4096)
+        requests = shared.policy_queue.get_many(POLL, 4096)
         if requests:
             epoch = shared.policy_epoch.value
             gens = shared.worker_gen
@@ -385,11 +380,11 @@ def policy_worker_main(shared: Shared, policy_id: int) -> None:
             for ready in policy.infer(requests):
                 by_worker.setdefault(ready.worker_id, []).append(ready)
             for worker_id, msgs in by_worker.items():
-                _put_many(shared.worker_queues[worker_id], msgs)
+                shared.worker_queues[worker_id].put_many(msgs)
             busy += time.perf_counter() - start
             samples += sum(len(r.buffers) for r in requests)
         if time.time() - last_report > 1.0:
-            _put(shared.runner_queue, PolicyReport(policy_id, samples, busy))
+            shared.runner_queue.put(PolicyReport(policy_id, samples, busy))
             busy, samples, last_report = 0.0, 0, time.time()
 
 
@@ -403,7 +398,7 @@ def learner_main(shared: Shared) -> None:
     learner = Learner(cfg, model, shared.info.action_space, device)
     counters, path = restore_learner(learner, cfg, shared.info, device)
     shared.weights.publish(learner.model, learner.version)
-    _put(shared.runner_queue, LearnerReady(counters, path, learner.version))
+    shared.runner_queue.put(LearnerReady(counters, path, learner.version))
 
     per_worker = shared.per_worker_buffers
     n_batch = learner.trajectories_per_batch
@@ -419,10 +414,10 @@ def learner_main(shared: Shared) -> None:
         for b in indices:
             by_worker.setdefault(b // per_worker, []).append(b)
         for w, bufs in by_worker.items():
-            _put(shared.worker_queues[w], BuffersFreed(tuple(bufs), generations[w]))
+            shared.worker_queues[w].put(BuffersFreed(tuple(bufs), generations[w]))
 
     while not _should_stop(shared):
-        for msg in _get_many(shared.learner_queue):
+        for msg in shared.learner_queue.get_many(POLL):
             if isinstance(msg, TrajectoriesReady):
                 if msg.generation == generations[msg.worker_id]:
                     pending.extend(msg.buffers)
@@ -434,14 +429,14 @@ def learner_main(shared: Shared) -> None:
                 dropped = len(pending) - len(kept)  # one slot holds one trajectory
                 pending = kept
                 generations[w] = msg.generation
-                _put(shared.runner_queue, Fenced(w, msg.generation, dropped))
+                shared.runner_queue.put(Fenced(w, msg.generation, dropped))
             elif isinstance(msg, SaveCheckpoint):
                 if not cfg.sampling_only:
                     ckpt = checkpoint_state(cfg, shared.info, learner.state_dict(), msg.counters)
                     saved = save_checkpoint(cfg.experiment_dir, ckpt, cfg.keep_checkpoints)
-                    _put(shared.runner_queue, CheckpointSaved(saved, msg.final))
+                    shared.runner_queue.put(CheckpointSaved(saved, msg.final))
                 else:
-                    _put(shared.runner_queue, CheckpointSaved("", msg.final))
+                    shared.runner_queue.put(CheckpointSaved("", msg.final))
             else:
                 raise TypeError(f"learner: unexpected message {msg!r}")
         if cfg.sampling_only:
@@ -459,10 +454,10 @@ def learner_main(shared: Shared) -> None:
             shared.weights.publish(learner.model, learner.version)
             if not cfg.async_rl:
                 for w, q in enumerate(shared.worker_queues):
-                    _put(q, Resume(learner.version, generations[w]))
+                    q.put(Resume(learner.version, generations[w]))
             busy += time.perf_counter() - start
         if samples and time.time() - last_report > 0.5:
-            _put(shared.runner_queue, LearnerReport(stats, learner.version, samples, busy))
+            shared.runner_queue.put(LearnerReport(stats, learner.version, samples, busy))
             samples, busy = 0, 0.0
             last_report = time.time()
 
@@ -590,8 +585,6 @@ class ParallelRunner:
     def _install_signal_handlers(self) -> dict:
         """Ctrl-C and SIGTERM: the first stops the run (checkpoint, clean shutdown), a second
         kills every child and exits at once."""
-        import threading
-
         if threading.current_thread() is not threading.main_thread():
             return {}
         previous = {}
@@ -616,8 +609,7 @@ class ParallelRunner:
     # -- supervision --------------------------------------------------------------------
 
     def _queues(self) -> list:
-        sh = self.shared
-        return [box.q for box in (sh.policy_queue, sh.learner_queue, sh.runner_queue, *sh.worker_queues)]
+        return [box.q for box in self.shared.mailboxes()]
 
     def _release_dead_locks(self) -> None:
         """A thread: when a child dies holding a queue's lock, release it. This must not wait
@@ -632,7 +624,7 @@ class ParallelRunner:
                         log(f"released a queue lock that {child.name} held when it died")
 
     def _slot(self, child: Child) -> int:
-        return child.index if child.kind == "rollout" else self.cfg.num_workers + child.index
+        return child.index if child.kind == "rollout" else self.shared.policy_slot(child.index)
 
     def _start(self, child: Child) -> None:
         if child.kind != "learner":
@@ -648,14 +640,21 @@ class ParallelRunner:
         """Notice dead or hung children; restart workers or stop the run (raises ChildError)."""
         now = time.time()
         for child in list(self.children.values()):
-            code = child.proc.exitcode
-            if code is not None:
-                how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-                self._on_death(child, f"died unexpectedly ({how})")
-            elif child.kind != "learner" and now - self.shared.heartbeat[self._slot(child)] > self.cfg.worker_timeout:
+            if self._check_exit(child):
+                continue
+            if child.kind != "learner" and now - self.shared.heartbeat[self._slot(child)] > self.cfg.worker_timeout:
                 kill_group(child.proc.pid)
                 child.proc.join(timeout=5)
                 self._on_death(child, f"sent no heartbeat for {self.cfg.worker_timeout:.0f} s (hung) and was killed")
+
+    def _check_exit(self, child: Child) -> bool:
+        """If ``child`` has exited, handle its death (raises, or restarts it); say whether it had."""
+        code = child.proc.exitcode
+        if code is None:
+            return False
+        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        self._on_death(child, f"died unexpectedly ({how})")
+        return True
 
     def _on_death(self, child: Child, how: str) -> None:
         release_queue_locks(self._queues(), child.proc.pid)
@@ -688,7 +687,7 @@ class ParallelRunner:
         generation = shared.worker_gen[w] + 1
         shared.worker_gen[w] = generation  # from now on policy workers drop its old requests
         ticks = list(shared.policy_ticks)
-        _put(shared.learner_queue, Fence(w, generation))
+        shared.learner_queue.put(Fence(w, generation))
         self._pump_until(lambda: self._fenced.get(w) == generation, 120,
                          f"the learner to release {child.name}'s buffers")
         self._wait_policy_ticks(ticks)
@@ -701,7 +700,7 @@ class ParallelRunner:
         self._wait_policy_ticks(list(shared.policy_ticks), exclude=child.index)
         self._start(child)
         for q in shared.worker_queues:
-            _put(q, Reissue(epoch))
+            q.put(Reissue(epoch))
 
     def _wait_policy_ticks(self, ticks: list[int], exclude: int | None = None) -> None:
         """Wait until every live policy worker finished the batch it was in at ``ticks``."""
@@ -719,23 +718,23 @@ class ParallelRunner:
         while not done():
             if time.time() > deadline:
                 raise ChildError(f"timed out after {timeout:.0f} s waiting for {what}")
-            for msg in _get_many(self.shared.runner_queue):
+            for msg in self.shared.runner_queue.get_many(POLL):
                 self._handle(msg, self.stats)
-            if learner is not None and learner.proc.exitcode is not None:
-                self._on_death(learner, f"died unexpectedly (exit code {learner.proc.exitcode})")
+            if learner is not None:
+                self._check_exit(learner)
 
     def _take_failure(self, name: str) -> ChildFailed | None:
         """The failure report of ``name``, waiting a moment for it to arrive."""
         deadline = time.time() + 1.0
         while name not in self._failures and time.time() < deadline:
-            for msg in _get_many(self.shared.runner_queue):
+            for msg in self.shared.runner_queue.get_many(POLL):
                 self._handle(msg, self.stats)
         return self._failures.pop(name, None)
 
     def _wait_for(self, kind, timeout: float):
         deadline = time.time() + timeout
         while time.time() < deadline:
-            for msg in _get_many(self.shared.runner_queue):
+            for msg in self.shared.runner_queue.get_many(POLL):
                 if isinstance(msg, kind):
                     return msg
                 self._handle(msg, self.stats)
@@ -752,7 +751,7 @@ class ParallelRunner:
         self.restart_workers = cfg.max_worker_restarts > 0
         try:
             while stats.env_frames < cfg.train_for_env_steps and stats.run_seconds < cfg.train_for_seconds:
-                for msg in _get_many(self.shared.runner_queue):
+                for msg in self.shared.runner_queue.get_many(POLL):
                     self._handle(msg, stats)
                 self._check_children()
                 if not warm and stats.run_seconds >= self.warmup_seconds:
@@ -766,7 +765,7 @@ class ParallelRunner:
                         log(f"evaluation at {frames:,} frames: return {result.mean_return:.3f} "
                             f"+- {result.std_return:.3f} over {result.episodes} episodes")
                 if not cfg.sampling_only and time.time() - last_save >= cfg.save_every_sec:
-                    _put(self.shared.learner_queue, SaveCheckpoint(stats.counters(), False))
+                    self.shared.learner_queue.put(SaveCheckpoint(stats.counters(), False))
                     last_save = time.time()
         except KeyboardInterrupt:
             log("interrupted: saving a checkpoint and stopping (interrupt again to quit at once)")
@@ -803,17 +802,15 @@ class ParallelRunner:
                 log(f"saved {msg.path}")
 
     def _final_save(self, stats: TrainingStats) -> None:
-        _put(self.shared.learner_queue, SaveCheckpoint(stats.counters(), True))
+        self.shared.learner_queue.put(SaveCheckpoint(stats.counters(), True))
         deadline = time.time() + 60
         while time.time() < deadline:
-            for msg in _get_many(self.shared.runner_queue):
+            for msg in self.shared.runner_queue.get_many(POLL):
                 if isinstance(msg, CheckpointSaved) and msg.final:
                     log(f"saved {msg.path}")
                     return
                 self._handle(msg, stats)
-            learner = self.children["fastrl-learner"]
-            if learner.proc.exitcode is not None:
-                self._on_death(learner, f"died unexpectedly (exit code {learner.proc.exitcode})")
+            self._check_exit(self.children["fastrl-learner"])
         log("warning: the learner did not confirm the final checkpoint within 60 s")
 
     def shutdown(self) -> None:
@@ -826,19 +823,22 @@ class ParallelRunner:
         if self._watchdog is not None:
             self._watchdog.join(timeout=2)
             self._watchdog = None
-        if not self.children:
-            return
-        self.shared.stop.set()
-        deadline = time.time() + 10
-        procs = [(c.name, c.proc) for c in self.children.values()]
-        for _, proc in procs:
-            proc.join(timeout=max(0.1, deadline - time.time()))
-        for name, proc in procs:
-            if proc.is_alive():
-                log(f"{name} did not stop in time; killing it")
-            kill_group(proc.pid)
-            proc.join(timeout=3)
-        self.children = {}
+        if self.children:
+            self.shared.stop.set()
+            deadline = time.time() + 10
+            procs = [(c.name, c.proc) for c in self.children.values()]
+            for _, proc in procs:
+                proc.join(timeout=max(0.1, deadline - time.time()))
+            for name, proc in procs:
+                if proc.is_alive():
+                    log(f"{name} did not stop in time; killing it")
+                kill_group(proc.pid)
+                proc.join(timeout=3)
+            self.children = {}
+        shared = getattr(self, "shared", None)
+        if shared is not None:  # the doorbell pipes
+            for box in shared.mailboxes():
+                box.close()
 
 
 def _check_shm(layout: BufferLayout) -> None:
