@@ -72,6 +72,7 @@ class Config:
     use_rnn: bool = _f(True, "Add a GRU core between encoder and heads", "model")
     rnn_size: int = _f(512, "GRU hidden size", "model")
     nonlinearity: str = _f("elu", "Activation function", "model", choices=("elu", "relu", "tanh"))
+    normalize_input: bool = _f(True, "Whiten each pixel of image observations with a running mean and variance that the learner updates (False: the fixed x / 127.5 - 1)", "model")
 
     # --- algorithm --------------------------------------------------------------------
     batch_size: int = _f(1024, "Samples per SGD step (a multiple of --rollout)")
@@ -316,13 +317,25 @@ def load_saved_config(experiment_dir: str) -> tuple[dict[str, Any], list[str]]:
         return {}, [f"{path}: cannot read it ({exc}); fix or delete it, or use --restart_behavior=overwrite"]
     if not isinstance(saved, dict):
         return {}, [f"{path}: expected a JSON object"]
-    return _coerce_saved(saved, path)
+    out, errors = _coerce_saved(saved, path)
+    return with_added_later(out), errors
+
+
+def with_added_later(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved config (non-empty) with the settings it predates set to what it was trained with."""
+    if not saved:
+        return saved
+    return {**{k: v for k, v in ADDED_LATER.items() if k not in saved}, **saved}
 
 
 # Settings that define what a checkpoint contains: changing them on resume would load
 # weights into a different model, so they may not be overridden.
 MODEL_DEFINING = ("env", "encoder_fc_size", "encoder_mlp_layers", "use_rnn", "rnn_size",
-                  "nonlinearity", "env_measurements")
+                  "nonlinearity", "env_measurements", "normalize_input")
+
+# Settings added after experiments were first saved, with the value that reproduces what an
+# older config.json (which lacks them) was trained with.
+ADDED_LATER = {"normalize_input": False}
 
 
 def parse_config(argv: list[str] | None = None, prog: str | None = None) -> Config:

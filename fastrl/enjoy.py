@@ -35,6 +35,7 @@ from fastrl.cfg import (
     load_saved_config,
     str2bool,
     validate,
+    with_added_later,
 )
 from fastrl.evaluation import EvalResult, evaluate
 from fastrl.experiment import (
@@ -170,7 +171,7 @@ def merge_config(full: dict[str, Any], explicit: dict[str, Any], exp_dir: str, s
     if errors:
         raise ConfigError(errors)
     if not saved:
-        saved = {k: v for k, v in state.get("cfg", {}).items() if k in _CONFIG_KEYS}
+        saved = with_added_later({k: v for k, v in state.get("cfg", {}).items() if k in _CONFIG_KEYS})
     base = {k: v for k, v in saved.items() if k in _SAVED_KEYS}
     # The folder actually used (with --checkpoint alone: the checkpoint's experiment).
     where = {"train_dir": os.path.dirname(exp_dir) or ".", "experiment": os.path.basename(exp_dir)}

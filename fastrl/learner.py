@@ -9,7 +9,7 @@ import torch
 from fastrl.algo.appo import LossParams, appo_loss
 from fastrl.cfg import Config
 from fastrl.device import autocast, resolve_precision
-from fastrl.model import ActionDistribution, ActorCritic
+from fastrl.model import NORMALIZER_FRAMES, ActionDistribution, ActorCritic
 
 
 class Learner:
@@ -64,6 +64,8 @@ class Learner:
         if lag.numel():
             stats.update(policy_lag_min=lag.min().item(), policy_lag_mean=lag.mean().item(),
                          policy_lag_max=lag.max().item())
+        if cfg.normalize_input:
+            self.model.update_normalizers(_normalizer_frames(batch["obs"], batch["log_probs"].shape[1]))
         mb_size = self.trajectories_per_minibatch
         last: dict[str, torch.Tensor] = {}
         for _ in range(cfg.num_epochs):
@@ -125,6 +127,14 @@ class Learner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         self.samples_trained = int(state["samples_trained"])
+
+
+def _normalizer_frames(obs: dict, t: int) -> dict:
+    """About ``NORMALIZER_FRAMES`` acted frames of ``obs`` (dict of ``[B, T+1, ...]``), spread
+    evenly over time steps and taken from every trajectory, as dict of ``[N, ...]``."""
+    b = next(iter(obs.values())).shape[0]
+    step = max(1, min(t, b * t // NORMALIZER_FRAMES))
+    return {k: v[:, :t:step].reshape(-1, *v.shape[2:]) for k, v in obs.items()}
 
 
 def _select(batch: dict, idx: torch.Tensor) -> dict:

@@ -146,3 +146,17 @@ def test_checkpoint_of_another_model_is_refused_naming_the_difference():
     state = {"env_info": info.describe(), "cfg": saved.to_dict()}
     with pytest.raises(ExperimentError, match="rnn_size=64, not 512"):
         check_checkpoint_compatible(state, parse_config(["--env", "CartPole-v1"]), info, "ckpt.pt")
+
+
+def test_a_config_saved_before_normalize_input_resumes_without_it(tmp_path):
+    saved = Config(train_dir=str(tmp_path), experiment="e", env="CartPole-v1")
+    save_config(saved, saved.experiment_dir)
+    path = os.path.join(saved.experiment_dir, "config.json")
+    with open(path) as fh:
+        old = json.load(fh)
+    del old["normalize_input"]  # as written by the versions before the setting existed
+    with open(path, "w") as fh:
+        json.dump(old, fh)
+    assert parse_config(["--train_dir", str(tmp_path), "--experiment", "e"]).normalize_input is False
+    fresh = parse_config(["--train_dir", str(tmp_path), "--experiment", "new"])
+    assert fresh.normalize_input is True

@@ -240,7 +240,7 @@ class SpyModel(ActorCritic):
 
 def small_cfg(use_rnn: bool) -> SimpleNamespace:
     return SimpleNamespace(use_rnn=use_rnn, rnn_size=8, encoder_fc_size=16, encoder_mlp_layers=[16],
-                           nonlinearity="elu")
+                           nonlinearity="elu", normalize_input=False)
 
 
 def test_evaluate_carries_and_resets_the_rnn_state() -> None:

@@ -32,6 +32,7 @@ def make_cfg(**overrides) -> SimpleNamespace:
         encoder_fc_size=32,
         encoder_mlp_layers=[16, 16],
         nonlinearity="elu",
+        normalize_input=False,
     )
     cfg.update(overrides)
     return SimpleNamespace(**cfg)
@@ -339,3 +340,95 @@ def test_uniform_logits_entropy():
     dist = ActionDistribution(torch.zeros(1, 9), spaces.MultiDiscrete([3, 2, 4]))
     expected = math.log(3) + math.log(2) + math.log(4)
     assert abs(float(dist.entropy()) - expected) < 1e-6
+
+
+# ------------------------------------------------------------------ input normalisation
+
+
+def test_pixel_statistics_match_numpy_over_everything_seen():
+    model = ActorCritic(IMG, spaces.Discrete(4), make_cfg(use_rnn=False, normalize_input=True))
+    gen = np.random.default_rng(0)
+    # Batches of different sizes and different brightness, so that a wrong merge shows.
+    batches = [gen.integers(lo, hi, (n, *IMG.shape), dtype=np.uint8)
+               for n, lo, hi in ((5, 0, 256), (1, 100, 120), (17, 200, 256), (3, 0, 10))]
+    for batch in batches:
+        model.update_normalizers({"obs": torch.from_numpy(batch)})
+    seen = np.concatenate(batches).astype(np.float64) / 255.0
+    enc = model.encoders[0]
+    np.testing.assert_allclose(enc.pixel_mean[0].numpy(), seen.mean(axis=0), atol=1e-6)
+    np.testing.assert_allclose(enc.pixel_var[0].numpy(), seen.var(axis=0), atol=1e-6)
+    assert float(enc.pixel_count) == len(seen)
+
+
+def _conv_input(model: ActorCritic, obs: torch.Tensor) -> torch.Tensor:
+    seen = []
+    handle = model.encoders[0].convs.register_forward_pre_hook(lambda _m, args: seen.append(args[0].clone()))
+    with torch.no_grad():
+        model.forward_step({"obs": obs}, model.initial_rnn_state(obs.shape[0]))
+    handle.remove()
+    return seen[0]
+
+
+def test_before_any_update_normalisation_equals_the_fixed_one():
+    img = torch.from_numpy(np.random.default_rng(1).integers(0, 256, (4, *IMG.shape), dtype=np.uint8))
+    fixed = ActorCritic(IMG, spaces.Discrete(4), make_cfg(use_rnn=False))
+    running = ActorCritic(IMG, spaces.Discrete(4), make_cfg(use_rnn=False, normalize_input=True))
+    torch.testing.assert_close(_conv_input(running, img), _conv_input(fixed, img))
+    torch.testing.assert_close(_conv_input(fixed, img), img.float() / 127.5 - 1.0)
+
+
+def test_pixels_are_whitened_and_clipped_after_an_update():
+    model = ActorCritic(IMG, spaces.Discrete(4), make_cfg(use_rnn=False, normalize_input=True))
+    gen = np.random.default_rng(2)
+    seen = gen.integers(60, 70, (50, *IMG.shape), dtype=np.uint8)
+    model.update_normalizers({"obs": torch.from_numpy(seen)})
+    mean = seen.astype(np.float64).mean(axis=0) / 255.0
+    std = np.sqrt(seen.astype(np.float64).var(axis=0) / 255.0**2 + 1e-4)
+    probe = np.stack([seen[0], np.full(IMG.shape, 255, np.uint8)])
+    expected = np.clip((probe / 255.0 - mean) / std, -5.0, 5.0)
+    got = _conv_input(model, torch.from_numpy(probe)).numpy()
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+    assert got[1].min() == 5.0  # white is far outside what was seen: clipped
+
+
+def test_without_normalize_input_update_is_a_no_op_and_there_are_no_buffers():
+    model = ActorCritic(IMG, spaces.Discrete(4), make_cfg(use_rnn=False))
+    model.update_normalizers({"obs": torch.zeros(2, *IMG.shape, dtype=torch.uint8)})
+    assert not any("pixel" in name for name in model.state_dict())
+
+
+def test_learner_updates_the_statistics_and_shared_weights_carry_them():
+    import multiprocessing
+
+    from fastrl.cfg import Config
+    from fastrl.learner import Learner
+    from fastrl.runner.parallel import SharedWeights
+
+    b, t = 4, 8
+    cfg = Config(rollout=t, batch_size=b * t, use_rnn=False, encoder_fc_size=32, device="cpu",
+                 precision="fp32")
+    assert cfg.normalize_input  # the default
+    model = ActorCritic(IMG, spaces.Discrete(4), cfg)
+    learner = Learner(cfg, model, spaces.Discrete(4), torch.device("cpu"))
+    gen = torch.Generator().manual_seed(3)
+    batch = {
+        "obs": {"obs": torch.randint(0, 256, (b, t + 1, *IMG.shape), dtype=torch.uint8, generator=gen)},
+        "actions": torch.randint(0, 4, (b, t, 1), generator=gen),
+        "log_probs": torch.full((b, t), -math.log(4.0)),
+        "rewards": torch.randn(b, t, generator=gen),
+        "dones": torch.zeros(b, t, dtype=torch.bool),
+        "policy_versions": torch.zeros(b, t, dtype=torch.long),
+        "rnn_states": torch.zeros(b, 0),
+    }
+    learner.train(batch)
+    enc = model.encoders[0]
+    acted = batch["obs"]["obs"][:, :t].reshape(-1, *IMG.shape).double() / 255.0
+    assert float(enc.pixel_count) == b * t  # fewer frames than NORMALIZER_FRAMES: all of them
+    np.testing.assert_allclose(enc.pixel_mean[0].numpy(), acted.mean(0).numpy(), atol=1e-6)
+
+    shared = SharedWeights(model, multiprocessing.get_context("spawn"))
+    shared.publish(model, learner.version)
+    reader = ActorCritic(IMG, spaces.Discrete(4), cfg)
+    assert shared.load_into(reader) == learner.version
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(reader.state_dict()[key], value.to(reader.state_dict()[key].dtype))
