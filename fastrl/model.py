@@ -65,7 +65,8 @@ _CONVNET_MIN_HW = 36  # smallest H or W for which every conv layer has an output
 _PIXEL_VAR_EPS = 1e-4  # variance floor of the per-pixel whitening ([0, 1] units): std >= 0.01
 _PIXEL_CLIP = 5.0  # whitened pixels are clipped to [-5, 5]
 # Frames per learner batch that update the pixel statistics: enough for a per-pixel mean, and
-# cheap next to an SGD step (about 20 ms for 128 frames of 3x72x128 on one CPU thread).
+# cheap next to an SGD step (about 5 ms for 128 frames of 3x72x128 on one CPU thread, against
+# about 580 ms for the step).
 NORMALIZER_FRAMES = 128
 
 
@@ -181,8 +182,11 @@ class _ImageEncoder(nn.Module):
         ``[0, 255]``) into the running ones (Chan et al.'s parallel update)."""
         if not self.normalize or x.shape[0] == 0:
             return
+        # By hand: torch.var_mean over dim 0 measured 10x slower (22 ms against 2.3 ms for
+        # 128 frames of 3x72x128 on one CPU thread).
         frames = x.to(torch.float32).mul_(1.0 / 255.0)
-        batch_var, batch_mean = torch.var_mean(frames, dim=0, keepdim=True, correction=0)
+        batch_mean = frames.mean(dim=0, keepdim=True)
+        batch_var = frames.sub_(batch_mean).square_().mean(dim=0, keepdim=True)
         n = float(x.shape[0])
         old = float(self.pixel_count.item())
         total = old + n
