@@ -78,7 +78,7 @@ class Config:
     batch_size: int = _f(1024, "Samples per SGD step (a multiple of --rollout)")
     num_batches_per_epoch: int = _f(1, "SGD steps per pass over the collected data")
     num_epochs: int = _f(1, "Passes (PPO epochs) over each collected batch")
-    learning_rate: float = _f(5e-4, "Adam learning rate (5e-4 learned doom_basic to ~80 in 1.2M frames; 1e-4 had not learned by 1.3M)")
+    learning_rate: float = _f(5e-4, "Adam learning rate (on doom_basic, before --normalize_input existed, 5e-4 learned and 1e-4 had not by 1.3M frames)")
     adam_eps: float = _f(1e-6, "Adam epsilon")
     adam_beta1: float = _f(0.9, "Adam beta1")
     adam_beta2: float = _f(0.999, "Adam beta2")
