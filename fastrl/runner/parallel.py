@@ -56,6 +56,7 @@ from fastrl.experiment import (
     save_checkpoint,
 )
 from fastrl.mailbox import Mailbox
+from fastrl.malloc import keep_freed_memory
 from fastrl.messages import ActionsReady, EpisodeStats, TrajectoriesReady
 from fastrl.procs import kill_group, release_queue_locks
 from fastrl.runner.common import (
@@ -252,6 +253,7 @@ def _child_setup(name: str, threads: int) -> None:
     except ImportError:
         pass
     torch.set_num_threads(threads)
+    keep_freed_memory()
 
 
 def _run_child(name: str, threads: int, target, shared: Shared, *args) -> None:

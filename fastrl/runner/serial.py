@@ -23,6 +23,7 @@ from fastrl.experiment import (
 )
 from fastrl.inference import PolicyWorker
 from fastrl.learner import Learner
+from fastrl.malloc import keep_freed_memory
 from fastrl.rollout import RolloutWorker, StepOutput
 from fastrl.runner.common import (
     buffers_per_env,
@@ -43,6 +44,7 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
     device = resolve_device(cfg.device)
     exp_dir = prepare_experiment_dir(cfg)
     seed_everything(cfg.seed)
+    keep_freed_memory()
     n_envs = cfg.num_envs_per_worker
     envs = [create_env(cfg) for _ in range(n_envs)]
     worker = None
