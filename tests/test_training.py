@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -86,3 +89,23 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, caps
     out = capsys.readouterr().out
     assert "cannot be read" in out and "trying the previous one" in out
     assert resumed["env_frames"] >= good["counters"]["env_frames"]
+
+
+@pytest.mark.learning
+@pytest.mark.multiprocess
+def test_async_pipeline_learns_cartpole_to_450_within_300k_steps(tmp_path):
+    """The same settings through the parallel pipeline (2 rollout workers, 1 policy worker,
+    the learner; policy lag up to ~100 SGD steps here, corrected by V-trace). Seeds 1-4
+    ended at 477-500 in about 16 s on the 2-core development machine."""
+    args = [a for a in CARTPOLE if a != "--serial_mode"]
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, "train.py", *args, "--num_workers", "2", "--seed", "1",
+         "--train_for_env_steps", "300000", "--train_dir", str(tmp_path), "--experiment", "a"],
+        cwd=repo, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["env_frames"] >= 300_000
+    assert summary["policy_lag"]["max"] > 0  # it really ran asynchronously
+    assert summary["mean_episode_return"] >= 450, summary
