@@ -47,6 +47,12 @@ def descendants(root: int) -> set[int]:
     return found
 
 
+def alive(pids) -> set[int]:
+    """Those of ``pids`` that still run: zombies (exited, not yet reaped) do not count."""
+    states = _stat_fields()
+    return {pid for pid in pids if pid in states and states[pid] and states[pid][0] != "Z"}
+
+
 def process_title(pid: int) -> str:
     """The first word of a process's command line: its title once it set one (setproctitle)."""
     try:

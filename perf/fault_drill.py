@@ -26,7 +26,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from fastrl.procs import descendants, process_title  # noqa: E402
+from fastrl.procs import alive, descendants, process_title  # noqa: E402
 
 
 def titled_descendants(root: int) -> dict[int, str]:
@@ -110,7 +110,7 @@ def main() -> int:
                   if lt >= t and "restarted in" in line and k["target"] in line), None)
         k["runner_restart_s"] = float(m.group(1)) if m else None
         k["at"] = round(t - start, 1)
-    left = [p for p in seen if os.path.exists(f"/proc/{p}")]
+    left = sorted(alive(seen))
     report = {
         "command": " ".join(cmd),
         "exit_code": proc.returncode,

@@ -18,12 +18,11 @@ import torch
 from fastrl.buffers import FILL_INT
 from fastrl.cfg import parse_config
 from fastrl.messages import TrajectoriesReady
-from fastrl.procs import process_title
+from fastrl.procs import alive, process_title
 from fastrl.runner.parallel import POLL, BuffersFreed, Fence, Fenced, ParallelRunner
 from tests.test_parallel import (
     COUNTING,
     REPO,
-    alive,
     base_args,
     children_of,
     run_train,

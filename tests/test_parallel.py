@@ -14,6 +14,7 @@ import torch
 
 from fastrl.cfg import parse_config
 from fastrl.messages import TrajectoriesReady
+from fastrl.procs import alive
 from fastrl.procs import descendants as children_of
 from fastrl.runner.common import buffers_per_env
 from fastrl.runner.parallel import POLL, BuffersFreed, ParallelRunner
@@ -28,18 +29,6 @@ SHM_PATTERNS = ("torch_", "psm_", "sem.", "ViZDoom")
 
 def shm_files() -> set[str]:
     return {f for f in os.listdir("/dev/shm") if f.startswith(SHM_PATTERNS)}
-
-
-def alive(pids: set[int]) -> set[int]:
-    out = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                if fh.read().rsplit(")", 1)[1].split()[0] != "Z":
-                    out.add(pid)
-        except OSError:
-            pass
-    return out
 
 
 def base_args(tmp_path, env=COUNTING, *extra):

@@ -647,7 +647,8 @@ class ParallelRunner:
             if child.kind != "learner" and now - self.shared.heartbeat[self._slot(child)] > self.cfg.worker_timeout:
                 kill_group(child.proc.pid)
                 child.proc.join(timeout=5)
-                self._on_death(child, f"sent no heartbeat for {self.cfg.worker_timeout:.0f} s (hung) and was killed")
+                self._on_death(child, f"sent no heartbeat for {self.cfg.worker_timeout:.0f} s (hung) and was killed",
+                               reported=False)
 
     def _check_exit(self, child: Child) -> bool:
         """If ``child`` has exited, handle its death (raises, or restarts it); say whether it had."""
@@ -655,12 +656,13 @@ class ParallelRunner:
         if code is None:
             return False
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-        self._on_death(child, f"died unexpectedly ({how})")
+        # Only a child that exited by itself (code 1 after an exception) sends a report.
+        self._on_death(child, f"died unexpectedly ({how})", reported=code > 0)
         return True
 
-    def _on_death(self, child: Child, how: str) -> None:
+    def _on_death(self, child: Child, how: str, reported: bool) -> None:
         release_queue_locks(self._queues(), child.proc.pid)
-        failure = self._take_failure(child.name)
+        failure = self._take_failure(child.name, wait=1.0 if reported else 0.0)
         # What it left outside Python: env engines in its process group, their shared memory.
         kill_group(child.proc.pid)
         cause = f"failed: {failure.error}" if failure is not None else how
@@ -725,9 +727,9 @@ class ParallelRunner:
             if learner is not None:
                 self._check_exit(learner)
 
-    def _take_failure(self, name: str) -> ChildFailed | None:
-        """The failure report of ``name``, waiting a moment for it to arrive."""
-        deadline = time.time() + 1.0
+    def _take_failure(self, name: str, wait: float) -> ChildFailed | None:
+        """The failure report of ``name``, waiting up to ``wait`` seconds for it to arrive."""
+        deadline = time.time() + wait
         while name not in self._failures and time.time() < deadline:
             for msg in self.shared.runner_queue.get_many(POLL):
                 self._handle(msg, self.stats)
