@@ -17,8 +17,8 @@ Observations are ``dict[str, Tensor]``; a ``Box`` observation space is handled a
   each position) is whitened with a running mean and variance kept in buffers of the model:
   ``(x / 255 - mean) / sqrt(var + 1e-4)``, clipped to ``[-5, 5]``. The learner updates them from
   each batch it trains on (:meth:`ActorCritic.update_normalizers`) and they travel with the
-  weights; before the first update (mean 0.5, std 0.5) this equals the fixed
-  normalisation used without the flag: mean 0.5 and std 0.5, pixels in ``[-1, 1]``. A float
+  weights. Before the first update they give mean 0.5 and std 0.5, the fixed normalisation
+  used without the flag, which puts pixels in ``[-1, 1]``. A float
   tensor is accepted too and read the same way, as pixel values in ``[0, 255]`` (a uint8 image
   cast to float gives exactly the same output), never as values already scaled to ``[0, 1]``.
   Conv stack "convnet_simple": 8x8/4 (32 ch), 4x4/2 (64 ch),

@@ -18,23 +18,33 @@ SHM_DIR = "/dev/shm"
 VIZDOOM_SHM_PREFIXES = ("ViZDoomSM", "ViZDoomMQCtr", "ViZDoomMQDoom")
 
 
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state, ppid, pgrp, ...); None
+    when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def _stat_fields() -> dict[int, list[str]]:
-    """For every process, the fields of /proc/<pid>/stat after the command name
-    (state, ppid, pgrp, ...)."""
+    """:func:`_stat` of every process."""
     out = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    out[int(entry)] = fh.read().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                pass
+        if entry.isdigit() and (fields := _stat(int(entry))) is not None:
+            out[int(entry)] = fields
     return out
+
+
+def _running(fields: list[str] | None) -> bool:
+    """Whether a process with these stat fields still runs (zombies have exited)."""
+    return bool(fields) and fields[0] != "Z"
 
 
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes whose process group is ``pgid``, read from /proc."""
-    return [pid for pid, f in _stat_fields().items() if len(f) > 2 and f[0] != "Z" and int(f[2]) == pgid]
+    return [pid for pid, f in _stat_fields().items() if _running(f) and len(f) > 2 and int(f[2]) == pgid]
 
 
 def descendants(root: int) -> set[int]:
@@ -49,8 +59,7 @@ def descendants(root: int) -> set[int]:
 
 def alive(pids) -> set[int]:
     """Those of ``pids`` that still run: zombies (exited, not yet reaped) do not count."""
-    states = _stat_fields()
-    return {pid for pid in pids if pid in states and states[pid] and states[pid][0] != "Z"}
+    return {pid for pid in pids if _running(_stat(pid))}
 
 
 def process_title(pid: int) -> str:

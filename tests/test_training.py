@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,6 +10,7 @@ import torch
 from fastrl.cfg import parse_config
 from fastrl.experiment import list_checkpoints, load_checkpoint
 from fastrl.runner.serial import run_serial
+from tests.test_parallel import run_train
 
 # Settings under which CartPole-v1 learns quickly: small MLP, PPO-style epochs, rewards
 # scaled so that value targets stay near 1 (unscaled returns of ~100 swamp the shared
@@ -98,12 +96,8 @@ def test_async_pipeline_learns_cartpole_to_450_within_300k_steps(tmp_path):
     the learner; policy lag up to ~100 SGD steps here, corrected by V-trace). Seeds 1-4
     ended at 477-500 in about 16 s on the 2-core development machine."""
     args = [a for a in CARTPOLE if a != "--serial_mode"]
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run(
-        [sys.executable, "train.py", *args, "--num_workers", "2", "--seed", "1",
-         "--train_for_env_steps", "300000", "--train_dir", str(tmp_path), "--experiment", "a"],
-        cwd=repo, capture_output=True, text=True, timeout=300,
-    )
+    proc = run_train([*args, "--num_workers", "2", "--seed", "1", "--train_for_env_steps", "300000",
+                      "--train_dir", str(tmp_path), "--experiment", "a"], timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert summary["env_frames"] >= 300_000
