@@ -43,7 +43,8 @@ def _make_doom(
 def register_builtin_envs() -> None:
     """Register every scenario of the doom table (idempotent)."""
     for name in SCENARIOS:
-        register_env(name, functools.partial(_make_doom, name), overwrite=True)
+        register_env(name, functools.partial(_make_doom, name),
+                     recommended=dict(SCENARIOS[name].recommended), overwrite=True)
 
 
 register_builtin_envs()

@@ -59,6 +59,8 @@ class DoomScenario:
     """Default time limit in agent steps; None means "the cfg's episode_timeout"."""
     god_mode: bool = False
     """Make the player invulnerable (used for fixed-length throughput episodes)."""
+    recommended: tuple[tuple[str, object], ...] = (("reward_scale", 1.0),)
+    """Training settings for this scenario (fastrl `Config` fields); flags override them."""
 
 
 def _choice(label: str, *buttons: str | ButtonPress) -> ActionChoice:
@@ -91,6 +93,13 @@ DELTA_TURN = ActionHead(
 )
 
 HEALTH_LOSS = Shaping("HEALTH", loss=0.01)
+# Rewards in the hundreds (a kill in basic is +101, a death in deadly_corridor -100): 0.01
+# brings value targets near 1.
+HUNDREDS = (("reward_scale", 0.01),)
+# Health gathering: the native reward is +1 per tic alive (4 per agent step), so 0.01 makes it
+# 0.04 per step; the shaping adds 4 per health point picked up (+1 per medikit of 25 after
+# scaling), so that finding health pays long before dying for lack of it does.
+GATHERING = (("reward_scale", 0.01), ("env_reward_shaping", True))
 
 SCENARIOS: dict[str, DoomScenario] = {
     s.name: s
@@ -109,6 +118,7 @@ SCENARIOS: dict[str, DoomScenario] = {
                     ),
                 ),
             ),
+            recommended=HUNDREDS,
         ),
         DoomScenario(
             "doom_defend_the_center", "defend_the_center.cfg", (TURN, ATTACK), (HEALTH_LOSS,)
@@ -118,13 +128,15 @@ SCENARIOS: dict[str, DoomScenario] = {
             "doom_health_gathering",
             "health_gathering.cfg",
             (TURN, FORWARD),
-            (Shaping("HEALTH", gain=0.05),),
+            (Shaping("HEALTH", gain=4.0),),
+            recommended=GATHERING,
         ),
         DoomScenario(
             "doom_health_gathering_supreme",
             "health_gathering_supreme.cfg",
             (TURN, FORWARD),
-            (Shaping("HEALTH", gain=0.05),),
+            (Shaping("HEALTH", gain=4.0),),
+            recommended=GATHERING,
         ),
         DoomScenario("doom_my_way_home", "my_way_home.cfg", (TURN, FORWARD, STRAFE)),
         DoomScenario(
@@ -132,6 +144,7 @@ SCENARIOS: dict[str, DoomScenario] = {
             "deadly_corridor.cfg",
             (MOVE, STRAFE, TURN, ATTACK),
             (Shaping("HEALTH", loss=0.1), Shaping("KILLCOUNT", gain=5.0)),
+            recommended=HUNDREDS,
         ),
         DoomScenario("doom_predict_position", "predict_position.cfg", (TURN, ATTACK)),
         DoomScenario(

@@ -33,6 +33,10 @@ def action_dims(action_space: spaces.Space) -> int:
     )
 
 
+def _fill_value(dtype: torch.dtype) -> float | int:
+    return FILL_FLOAT if dtype.is_floating_point else (255 if dtype == torch.uint8 else FILL_INT)
+
+
 def _torch_dtype(np_dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.zeros(1, dtype=np_dtype)).dtype
 
@@ -63,9 +67,10 @@ class BufferLayout:
         n, t = self.num_buffers, self.rollout
         total = 0
         for key, shape in self.obs_shapes.items():
-            total += n * (t + 1) * int(np.prod(shape)) * torch.empty((), dtype=self.obs_dtypes[key]).element_size()
+            size = torch.empty((), dtype=self.obs_dtypes[key]).element_size()
+            total += n * (t + 2) * int(np.prod(shape)) * size  # T + 1 steps and a final obs
         total += n * t * (8 * self.action_dims + 4 + 4 + 4 + 1 + 8)
-        total += n * self.rnn_size * 4
+        total += n * (self.rnn_size * 4 + 8)
         return total
 
 
@@ -82,8 +87,7 @@ class TrajectoryBuffers:
         self.obs: dict[str, torch.Tensor] = {}
         for key, shape in layout.obs_shapes.items():
             dtype = layout.obs_dtypes[key]
-            fill = FILL_FLOAT if dtype.is_floating_point else (255 if dtype == torch.uint8 else FILL_INT)
-            self.obs[key] = torch.full((n, t + 1, *shape), fill, dtype=dtype)
+            self.obs[key] = torch.full((n, t + 1, *shape), _fill_value(dtype), dtype=dtype)
         self.actions = torch.full((n, t, layout.action_dims), FILL_INT, dtype=torch.int64)
         self.log_probs = torch.full((n, t), FILL_FLOAT, dtype=torch.float32)
         self.values = torch.full((n, t), FILL_FLOAT, dtype=torch.float32)
@@ -91,19 +95,28 @@ class TrajectoryBuffers:
         self.dones = torch.ones((n, t), dtype=torch.bool)
         self.policy_versions = torch.full((n, t), FILL_INT, dtype=torch.int64)
         self.rnn_states = torch.full((n, layout.rnn_size), FILL_FLOAT, dtype=torch.float32)
+        # The last observation of an episode cut by a time limit inside the trajectory (the
+        # reset observation takes its place in ``obs``), for the learner to bootstrap from;
+        # ``final_step`` is the step it follows, -1 for none. One per slot: a second time
+        # limit in the same trajectory is treated as a termination (see RolloutWorker).
+        self.final_obs = {key: torch.full_like(obs[:, 0], _fill_value(obs.dtype))
+                          for key, obs in self.obs.items()}
+        self.final_step = torch.full((n,), -1, dtype=torch.int64)
         if shared:
             for tensor in self.tensors():
                 tensor.share_memory_()
 
     def tensors(self) -> list[torch.Tensor]:
         return [*self.obs.values(), self.actions, self.log_probs, self.values, self.rewards,
-                self.dones, self.policy_versions, self.rnn_states]
+                self.dones, self.policy_versions, self.rnn_states, *self.final_obs.values(),
+                self.final_step]
 
     def gather(self, indices: list[int] | torch.Tensor, device: torch.device | str = "cpu") -> dict:
         """Copy the trajectories at ``indices`` out of the buffers (one indexed read per key).
 
         Returns a dict with ``obs`` (dict of ``[B, T+1, ...]``) and ``[B, T]`` tensors,
-        ``rnn_states`` ``[B, H]``; all on ``device``.
+        ``rnn_states`` ``[B, H]``, ``final_obs`` (dict of ``[B, ...]``) and ``final_step``
+        ``[B]``; all on ``device``.
         """
         idx = torch.as_tensor(indices, dtype=torch.int64)
         non_blocking = torch.device(device).type == "cuda"
@@ -123,4 +136,6 @@ class TrajectoryBuffers:
             "dones": take(self.dones),
             "policy_versions": take(self.policy_versions),
             "rnn_states": take(self.rnn_states),
+            "final_obs": {k: take(v) for k, v in self.final_obs.items()},
+            "final_step": take(self.final_step),
         }

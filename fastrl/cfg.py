@@ -51,6 +51,7 @@ class Config:
     max_policy_lag: int = _f(100, "Samples acted by weights more than this many versions old are masked out of the loss", "sampling")
     policy_threads: int = _f(1, "Torch threads of each policy worker process", "sampling")
     learner_threads: int = _f(1, "Torch threads of the learner process", "sampling")
+    decorrelate_envs_on_one_worker: bool = _f(True, "At start, env number e takes e x rollout random actions so that episodes do not end in lock-step", "sampling")
     sampling_only: bool = _f(False, "Act with the policy but never train (measures how fast the pipeline can feed a learner)", "sampling")
 
     # --- fault handling ---------------------------------------------------------------
@@ -63,7 +64,8 @@ class Config:
     env_frameskip: int | None = _f(None, "Frames per agent step inside the simulator (none: the env's default, 4 for VizDoom)", "environment")
     env_max_episode_steps: int | None = _f(None, "Per-episode time limit in agent steps (none: the env's own)", "environment")
     env_measurements: bool = _f(False, "VizDoom: add the scenario's game variables as a second, vector observation", "environment")
-    reward_scale: float | None = _f(None, "Multiply training rewards by this; none: 0.01 for VizDoom envs, 1.0 otherwise (returns are reported unscaled)", "environment")
+    reward_scale: float | None = _f(None, "Multiply training rewards by this; none: the env's recommended scale (e.g. 0.01 for doom_basic, whose rewards are in the hundreds), else 1.0 (returns are reported unscaled)", "environment")
+    env_reward_shaping: bool = _f(False, "VizDoom: add the scenario's reward shaping to the training reward (the reported return stays native); scenarios that need it recommend it", "environment")
     reward_clip: float = _f(1000.0, "Clip scaled training rewards to [-x, x]", "environment")
 
     # --- model ------------------------------------------------------------------------
@@ -73,6 +75,7 @@ class Config:
     rnn_size: int = _f(512, "GRU hidden size", "model")
     nonlinearity: str = _f("elu", "Activation function", "model", choices=("elu", "relu", "tanh"))
     normalize_input: bool = _f(True, "Whiten each pixel of image observations with a running mean and variance that the learner updates (False: the fixed x / 127.5 - 1)", "model")
+    normalize_returns: bool = _f(True, "The critic predicts value targets normalised by their running mean and std (kept in the model, saved in checkpoints)", "model")
 
     # --- algorithm --------------------------------------------------------------------
     batch_size: int = _f(1024, "Samples per SGD step (a multiple of --rollout)")
@@ -85,8 +88,12 @@ class Config:
     gamma: float = _f(0.99, "Discount factor")
     ppo_clip_ratio: float = _f(0.1, "PPO clip: the ratio is clipped to [1 - x, 1 + x]")
     value_loss_coeff: float = _f(0.5, "Weight of the value loss")
-    exploration_loss_coeff: float = _f(0.003, "Weight of the entropy bonus")
+    exploration_loss: str = _f("entropy", "Exploration term: entropy (maximise the policy's entropy) or symmetric_kl (minimise KL(uniform || pi) + KL(pi || uniform))", choices=("entropy", "symmetric_kl"))
+    exploration_loss_coeff: float = _f(0.003, "Weight of the exploration term")
     max_grad_norm: float = _f(4.0, "Clip the global gradient norm to this (0: no clipping)")
+    ppo_clip_value: float = _f(0.2, "Clip the new value to within this of the value the acting policy computed, taking the larger squared error (critic units, normalised with --normalize_returns; 0: off)")
+    ratio_clamp: float = _f(20.0, "Clamp the importance ratio to [1/x, x] in the PPO surrogate (0: off)")
+    value_bootstrap: bool = _f(True, "On an episode cut by a time limit, bootstrap from the critic's value of its last observation (False: treat the time limit like a death)")
     with_vtrace: bool = _f(True, "Correct advantages and value targets for policy lag with V-trace")
     vtrace_rho: float = _f(1.0, "V-trace rho-bar (importance weight clip for the value targets and advantages)")
     vtrace_c: float = _f(1.0, "V-trace c-bar (trace-cutting clip)")
@@ -229,7 +236,9 @@ def validate(cfg: Config) -> list[str]:
     for name in ("adam_beta1", "adam_beta2"):
         if not 0.0 <= getattr(cfg, name) < 1.0:
             errors.append(f"--{name}={getattr(cfg, name)}: must be in [0, 1)")
-    for name in ("value_loss_coeff", "exploration_loss_coeff", "max_grad_norm"):
+    if cfg.ratio_clamp != 0 and not cfg.ratio_clamp > 1:
+        errors.append(f"--ratio_clamp={cfg.ratio_clamp}: must be 0 (off) or > 1")
+    for name in ("value_loss_coeff", "exploration_loss_coeff", "max_grad_norm", "ppo_clip_value"):
         if getattr(cfg, name) < 0:
             errors.append(f"--{name}={getattr(cfg, name)}: must be >= 0")
     for name in ("reward_scale",):
@@ -325,17 +334,45 @@ def with_added_later(saved: dict[str, Any]) -> dict[str, Any]:
     """A saved config (non-empty) with the settings it predates set to what it was trained with."""
     if not saved:
         return saved
-    return {**{k: v for k, v in ADDED_LATER.items() if k not in saved}, **saved}
+    return _legacy_reward_scale({**{k: v for k, v in ADDED_LATER.items() if k not in saved}, **saved})
 
 
 # Settings that define what a checkpoint contains: changing them on resume would load
 # weights into a different model, so they may not be overridden.
 MODEL_DEFINING = ("env", "encoder_fc_size", "encoder_mlp_layers", "use_rnn", "rnn_size",
-                  "nonlinearity", "env_measurements", "normalize_input")
+                  "nonlinearity", "env_measurements", "normalize_input", "normalize_returns")
 
 # Settings added after experiments were first saved, with the value that reproduces what an
 # older config.json (which lacks them) was trained with.
-ADDED_LATER = {"normalize_input": False}
+ADDED_LATER = {"normalize_input": False, "normalize_returns": False, "exploration_loss": "entropy",
+               "ppo_clip_value": 0.0, "ratio_clamp": 0.0, "value_bootstrap": False,
+               "decorrelate_envs_on_one_worker": False, "env_reward_shaping": False}
+
+
+def _legacy_reward_scale(saved: dict[str, Any]) -> dict[str, Any]:
+    """A config.json written before env entries recommended a reward scale stored None for
+    "0.01 for any doom_* env, else 1.0": keep training it with that."""
+    if "reward_scale" in saved and saved["reward_scale"] is None:
+        return {**saved, "reward_scale": 0.01 if str(saved.get("env", "")).startswith("doom_") else 1.0}
+    return saved
+
+
+def apply_recommended(cfg: Config, keep: set[str]) -> list[str]:
+    """Set the env's recommended settings (see ``fastrl.env_registry.recommended_settings``)
+    on ``cfg``, except the fields in ``keep`` (given as flags, or saved by an earlier run);
+    then resolve ``reward_scale`` None to 1.0. Returns errors for unknown settings."""
+    from fastrl.env_registry import recommended_settings
+
+    known = {f.name for f in _fields()}
+    errors = []
+    for key, value in recommended_settings(cfg.env).items():
+        if key not in known:
+            errors.append(f"env {cfg.env!r} recommends unknown setting {key!r}")
+        elif key not in keep:
+            setattr(cfg, key, value)
+    if cfg.reward_scale is None:
+        cfg.reward_scale = 1.0
+    return errors
 
 
 def parse_config(argv: list[str] | None = None, prog: str | None = None) -> Config:
@@ -348,6 +385,7 @@ def parse_config(argv: list[str] | None = None, prog: str | None = None) -> Conf
     full = vars(build_parser(prog).parse_args(argv))
     cfg = Config(**full)
     errors: list[str] = []
+    saved: dict[str, Any] = {}
     if cfg.restart_behavior == "resume" and cfg.experiment and os.sep not in cfg.experiment:
         saved, load_errors = load_saved_config(cfg.experiment_dir)
         errors += load_errors
@@ -366,6 +404,7 @@ def parse_config(argv: list[str] | None = None, prog: str | None = None) -> Conf
             merged["experiment"] = cfg.experiment
             merged["restart_behavior"] = cfg.restart_behavior
             cfg = Config(**{**full, **merged})
+    errors += apply_recommended(cfg, set(explicit) | set(saved))
     errors += validate(cfg)
     if errors:
         raise ConfigError(errors)

@@ -5,9 +5,12 @@ from fastrl.env_registry import make_env, register_env
 
 env = make_env("doom_basic", frameskip=4)      # a built-in VizDoom scenario
 env = make_env("CartPole-v1")                  # any gymnasium id works too
-register_env("my_env", lambda **options: MyEnv(**options))
+register_env("my_env", lambda **options: MyEnv(**options), recommended={"reward_scale": 0.1})
 env = make_env("my_env")
 ```
+
+An entry may carry recommended training settings (``Config`` field names and values: reward
+scale, time limit, model...). ``train.py`` applies them unless the same flag is given.
 
 Built-in names are registered lazily by importing the `envs` package the first time the
 registry is used; that import does not import vizdoom (see `envs/__init__.py`).
@@ -32,6 +35,7 @@ from gymnasium.envs.registration import registry as gym_registry
 EnvFactory = Callable[..., gym.Env]
 
 _REGISTRY: dict[str, EnvFactory] = {}
+_RECOMMENDED: dict[str, dict[str, Any]] = {}
 _lock = threading.RLock()
 _builtins_loaded = False
 
@@ -53,8 +57,10 @@ def _ensure_builtins() -> None:
             raise
 
 
-def register_env(name: str, factory: EnvFactory, *, overwrite: bool = False) -> None:
-    """Register `factory(**options) -> gymnasium.Env` under `name`.
+def register_env(name: str, factory: EnvFactory, *, recommended: dict[str, Any] | None = None,
+                 overwrite: bool = False) -> None:
+    """Register `factory(**options) -> gymnasium.Env` under `name`, with the training
+    settings recommended for it (`recommended`, Config field names; flags override them).
 
     A name can be registered once; pass `overwrite=True` to replace an existing entry.
     With multiprocessing "spawn", register at import time of a module the worker
@@ -71,6 +77,29 @@ def register_env(name: str, factory: EnvFactory, *, overwrite: bool = False) -> 
                 f"env {name!r} is already registered; pass overwrite=True to replace it"
             )
         _REGISTRY[name] = factory
+        _RECOMMENDED[name] = dict(recommended or {})
+
+
+# Gymnasium ids with measured recommendations (perf/RESULTS.md, "Learning"). CartPole: a
+# small tanh MLP and PPO-style reuse of each batch (4 epochs of 4 minibatches); the pixel
+# defaults (one pass over 1024 samples) learn it too slowly to reach 450 in 300K steps.
+_GYM_RECOMMENDED: dict[str, dict[str, Any]] = {
+    "CartPole-v1": {
+        "num_envs_per_worker": 16, "rollout": 64, "batch_size": 256, "num_batches_per_epoch": 4,
+        "num_epochs": 4, "ppo_clip_ratio": 0.2, "encoder_mlp_layers": [64, 64],
+        "nonlinearity": "tanh", "exploration_loss_coeff": 0.0, "reward_scale": 0.1,
+        "learning_rate": 1e-3,
+    },
+}
+
+
+def recommended_settings(name: str) -> dict[str, Any]:
+    """The training settings recommended for env `name` (empty for an unknown name)."""
+    _ensure_builtins()
+    with _lock:
+        if name in _REGISTRY:
+            return dict(_RECOMMENDED.get(name, {}))
+    return dict(_GYM_RECOMMENDED.get(name, {}))
 
 
 def registered_envs() -> list[str]:

@@ -127,6 +127,7 @@ class TrainingStats:
         self.env_frames = 0  # frames the learner trained on (sampling only: collected)
         self.agent_steps_collected = 0
         self.episodes = 0
+        self.episodes_truncated = 0  # of ``episodes``, those ended by a time limit (this run)
         self.prior_seconds = 0.0  # wall seconds of earlier runs of this experiment
         self.start_time = time.time()
         self.returns: deque[float] = deque(maxlen=cfg.stats_avg)
@@ -181,8 +182,10 @@ class TrainingStats:
         samples0, busy0 = self._stages.get(name, (0, 0.0))
         self._stages[name] = (samples0 + samples, busy0 + busy_seconds)
 
-    def add_episode(self, episode_return: float, length: int) -> None:
+    def add_episode(self, episode_return: float, length: int, truncated: bool = False) -> None:
+        """A finished episode; ``truncated``: a time limit ended it, not the env."""
         self.episodes += 1
+        self.episodes_truncated += truncated
         self.returns.append(episode_return)
         self.lengths.append(length)
         self._episodes_since_summary.append((episode_return, length))
@@ -221,6 +224,7 @@ class TrainingStats:
             "run_seconds": round(self.run_seconds, 3),
             "fps": round(fps, 1),
             "episodes": self.episodes,
+            "episodes_truncated_this_run": self.episodes_truncated,
             "mean_episode_return": self.mean_return(),
             "mean_episode_length": float(np.mean(self.lengths)) if self.lengths else None,
             "episodes_averaged": len(self.returns),

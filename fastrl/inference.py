@@ -53,22 +53,34 @@ class PolicyWorker:
         self.deterministic = deterministic
         self.precision = precision
         self.action_space = action_space
-        self.policy_version = 0
+        # -1 until weights are loaded: with a weights source the model's own initial weights
+        # are never used to act (they are not the learner's, whatever their version says).
+        self.policy_version = -1
         self.samples = 0
         self._non_blocking = device.type == "cuda"
 
     def maybe_update_weights(self) -> None:
+        """Load the newest published weights if their version differs from the loaded ones
+        (a negative published version means nothing was published yet)."""
         if self.weights is not None:
-            if self.weights.version() != self.policy_version:
+            published = self.weights.version()
+            if published >= 0 and published != self.policy_version:
                 self.policy_version = self.weights.load_into(self.model)
         elif self.version_fn is not None:
             self.policy_version = self.version_fn()
+
+    @property
+    def has_weights(self) -> bool:
+        """Whether the model holds weights it may act with."""
+        return self.weights is None or self.policy_version >= 0
 
     def infer(self, requests: list[InferenceRequest]) -> list[ActionsReady]:
         """Act for every env in ``requests``; return who may step now."""
         if not requests:
             return []
         self.maybe_update_weights()
+        if not self.has_weights:
+            raise RuntimeError("policy worker asked to act before the learner published weights")
         env_ids: list[int] = []
         bufs: list[int] = []
         steps: list[int] = []

@@ -32,6 +32,7 @@ class Learner:
             gamma=cfg.gamma, ppo_clip_ratio=cfg.ppo_clip_ratio, value_loss_coeff=cfg.value_loss_coeff,
             exploration_loss_coeff=cfg.exploration_loss_coeff, vtrace_rho=cfg.vtrace_rho,
             vtrace_c=cfg.vtrace_c, with_vtrace=cfg.with_vtrace, gae_lambda=cfg.gae_lambda,
+            ppo_clip_value=cfg.ppo_clip_value, ratio_clamp=cfg.ratio_clamp,
         )
         self.precision = resolve_precision(cfg.precision, device)
         self.version = 0
@@ -50,9 +51,10 @@ class Learner:
         """Run ``num_epochs`` x ``num_batches_per_epoch`` SGD steps on ``batch``.
 
         ``batch`` holds ``obs`` (dict of ``[B, T+1, ...]``), ``actions`` ``[B, T, D]``,
-        ``log_probs``/``rewards``/``dones``/``policy_versions`` ``[B, T]`` and
-        ``rnn_states`` ``[B, H]``. Returns scalar statistics of the last step plus the
-        policy lag of the batch.
+        ``log_probs``/``values``/``rewards``/``dones``/``policy_versions`` ``[B, T]``,
+        ``rnn_states`` ``[B, H]``, and ``final_obs`` (dict of ``[B, ...]``) with
+        ``final_step`` ``[B]`` (see ``TrajectoryBuffers``). Returns scalar statistics of the
+        last step plus the policy lag of the batch.
         """
         start = time.perf_counter()
         cfg = self.cfg
@@ -90,16 +92,34 @@ class Learner:
         # The hidden state is zeroed before step t+1 when step t ended an episode.
         resets = torch.zeros((b, t + 1), device=self.device)
         resets[:, 1:] = dones.float()
+        normalizer = self.model.returns_normalizer
+        value_norm = None if normalizer is None else normalizer.mean_std()
+        rewards = mb["rewards"]
+        bootstrap = cfg.value_bootstrap and "final_step" in mb
         with autocast(self.precision, self.device):
-            logits, values = self.model.forward_sequence(mb["obs"], mb["rnn_states"], resets)
+            if bootstrap:
+                logits, values, final_values = self.model.forward_sequence(
+                    mb["obs"], mb["rnn_states"], resets, mb["final_obs"], mb["final_step"])
+            else:
+                logits, values = self.model.forward_sequence(mb["obs"], mb["rnn_states"], resets)
+        if bootstrap:
+            rewards = _add_time_limit_bootstrap(rewards, mb["final_step"], final_values.detach(),
+                                                cfg.gamma, value_norm)
         dist = ActionDistribution(logits[:, :t].reshape(b * t, -1), self.action_space)
         actions = mb["actions"].reshape(b * t, -1)
         target_log_probs = dist.log_prob(actions).reshape(b, t)
         entropy = dist.entropy().reshape(b, t)
+        exploration = None
+        if cfg.exploration_loss == "symmetric_kl":
+            exploration = dist.symmetric_kl_to_uniform().reshape(b, t)
         versions = mb["policy_versions"]
         valid = (versions >= 0) & ((self.version - versions) <= cfg.max_policy_lag)
-        loss, stats = appo_loss(target_log_probs, entropy, mb["log_probs"], values, mb["rewards"],
-                                dones, valid, self.params)
+        loss, stats, targets = appo_loss(
+            target_log_probs, entropy, mb["log_probs"], values, rewards, dones, valid, self.params,
+            exploration=exploration, behaviour_values=mb.get("values"), value_normalizer=value_norm,
+            return_targets=True)
+        if normalizer is not None:
+            normalizer.update(targets[valid])
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.max_grad_norm > 0:
@@ -127,6 +147,21 @@ class Learner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         self.samples_trained = int(state["samples_trained"])
+
+
+def _add_time_limit_bootstrap(rewards: torch.Tensor, final_step: torch.Tensor,
+                              final_values: torch.Tensor, gamma: float,
+                              value_norm: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """``rewards`` ``[B, T]`` plus ``gamma * V(final observation)`` at the step where a time
+    limit cut each trajectory's episode (``final_step`` ``[B]``, -1: none). The step stays a
+    done step, so the return is the same as if the episode had gone on with that value."""
+    has = final_step >= 0
+    if value_norm is not None:
+        final_values = final_values * value_norm[1] + value_norm[0]
+    bonus = torch.zeros_like(rewards)
+    rows = torch.nonzero(has).flatten()
+    bonus[rows, final_step[rows]] = gamma * final_values[rows].to(rewards.dtype)
+    return rewards + bonus
 
 
 def _normalizer_frames(obs: dict, t: int) -> dict:

@@ -47,8 +47,10 @@ class TrajectoriesReady(NamedTuple):
 
 
 class EpisodeStats(NamedTuple):
-    """One finished episode: the env's native return and its length in agent steps."""
+    """One finished episode: the env's native return, its length in agent steps, and whether
+    a time limit cut it (``truncated``) rather than the env ending it."""
 
     env_id: int
     episode_return: float
     length: int
+    truncated: bool

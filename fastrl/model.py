@@ -51,6 +51,7 @@ from torch.nn import functional as F
 __all__ = [
     "ActionDistribution",
     "ActorCritic",
+    "ReturnNormalizer",
     "as_dict_space",
     "obs_to_dict",
 ]
@@ -64,6 +65,8 @@ _CONVNET_SIMPLE: tuple[tuple[int, int, int], ...] = ((8, 4, 32), (4, 2, 64), (3,
 _CONVNET_MIN_HW = 36  # smallest H or W for which every conv layer has an output of size >= 1
 _PIXEL_VAR_EPS = 1e-4  # variance floor of the per-pixel whitening ([0, 1] units): std >= 0.01
 _PIXEL_CLIP = 5.0  # whitened pixels are clipped to [-5, 5]
+_VECTOR_VAR_EPS = 1e-8  # variance floor of the vector-observation whitening
+RETURN_VAR_EPS = 1e-4  # variance floor of the return normaliser: std >= 0.01 (return units)
 # Frames per learner batch that update the pixel statistics: enough for a per-pixel mean, and
 # cheap next to an SGD step (about 5 ms for 128 frames of 3x72x128 on one CPU thread, against
 # about 580 ms for the step).
@@ -88,6 +91,21 @@ def obs_to_dict(obs: Any) -> dict[str, Any]:
     if isinstance(obs, Mapping):
         return dict(obs)
     return {"obs": obs}
+
+
+@torch.no_grad()
+def _merge_moments(mean: Tensor, var: Tensor, count: Tensor, batch_mean: Tensor,
+                   batch_var: Tensor, n: int) -> None:
+    """Merge a batch's mean and (population) variance over ``n`` samples into running
+    statistics held in the buffers ``mean``, ``var`` and ``count``, in place (Chan et al.'s
+    parallel update, exact for any split of the data)."""
+    old = float(count.item())
+    total = old + float(n)
+    delta = batch_mean - mean
+    merged_m2 = var * old + batch_var * n + delta.square() * (old * n / total)
+    mean.add_(delta * (n / total))
+    var.copy_(merged_m2 / total)
+    count.fill_(total)
 
 
 def _make_nonlinearity(name: str) -> nn.Module:
@@ -187,21 +205,27 @@ class _ImageEncoder(nn.Module):
         frames = x.to(torch.float32).mul_(1.0 / 255.0)
         batch_mean = frames.mean(dim=0, keepdim=True)
         batch_var = frames.sub_(batch_mean).square_().mean(dim=0, keepdim=True)
-        n = float(x.shape[0])
-        old = float(self.pixel_count.item())
-        total = old + n
-        delta = batch_mean - self.pixel_mean
-        merged_m2 = self.pixel_var * old + batch_var * n + delta.square() * (old * n / total)
-        self.pixel_mean.add_(delta * (n / total))
-        self.pixel_var.copy_(merged_m2 / total)
-        self.pixel_count.fill_(total)
+        _merge_moments(self.pixel_mean, self.pixel_var, self.pixel_count, batch_mean, batch_var,
+                       x.shape[0])
 
 
 class _VectorEncoder(nn.Module):
-    """Vectors ``[B, N]`` -> features ``[B, layers[-1]]`` (``[B, N]`` for an empty MLP)."""
+    """Vectors ``[B, N]`` -> features ``[B, layers[-1]]`` (``[B, N]`` for an empty MLP).
 
-    def __init__(self, space: spaces.Box, layer_sizes: Sequence[int], nonlinearity: str) -> None:
+    With ``normalize``, each entry is whitened with a running mean and variance kept in
+    buffers (updated by the learner, like the pixel statistics) and clipped to ``[-5, 5]``;
+    before the first update they are mean 0, variance 1 (the identity).
+    """
+
+    def __init__(self, space: spaces.Box, layer_sizes: Sequence[int], nonlinearity: str,
+                 normalize: bool = False) -> None:
         super().__init__()
+        self.normalize = normalize
+        if normalize:
+            n = int(space.shape[0])
+            self.register_buffer("obs_mean", torch.zeros(n))
+            self.register_buffer("obs_var", torch.ones(n))
+            self.register_buffer("obs_count", torch.zeros(1, dtype=torch.float64))
         layers: list[nn.Module] = []
         in_size = int(space.shape[0])
         for size in layer_sizes:
@@ -215,7 +239,22 @@ class _VectorEncoder(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: ``[B, N]`` -> ``[B, out_size]``."""
-        return self.mlp(x.to(torch.float32))
+        x = x.to(torch.float32)
+        if self.normalize:
+            x = ((x - self.obs_mean) * torch.rsqrt(self.obs_var + _VECTOR_VAR_EPS)).clamp(
+                -_PIXEL_CLIP, _PIXEL_CLIP)
+        return self.mlp(x)
+
+    @torch.no_grad()
+    def update_statistics(self, x: Tensor) -> None:
+        """Merge the per-entry mean and variance of ``x`` (``[N, size]``) into the running ones."""
+        if not self.normalize or x.shape[0] == 0:
+            return
+        x = x.to(torch.float32)
+        batch_mean = x.mean(dim=0)
+        batch_var = (x - batch_mean).square().mean(dim=0)
+        _merge_moments(self.obs_mean, self.obs_var, self.obs_count, batch_mean, batch_var,
+                       x.shape[0])
 
 
 def _make_encoder(key: str, space: spaces.Space, cfg: Any) -> nn.Module:
@@ -224,11 +263,44 @@ def _make_encoder(key: str, space: spaces.Space, cfg: Any) -> nn.Module:
             return _ImageEncoder(key, space, int(cfg.encoder_fc_size), cfg.nonlinearity,
                                  bool(cfg.normalize_input))
         if len(space.shape) == 1 and np.issubdtype(space.dtype, np.number):
-            return _VectorEncoder(space, list(cfg.encoder_mlp_layers), cfg.nonlinearity)
+            return _VectorEncoder(space, list(cfg.encoder_mlp_layers), cfg.nonlinearity,
+                                  bool(cfg.normalize_input))
     raise ValueError(
         f"observation key {key!r}: unsupported space {space}; fastrl encodes a uint8 Box of shape "
         f"[C, H, W] (image) or a Box of shape [N] (vector)"
     )
+
+
+class ReturnNormalizer(nn.Module):
+    """Running mean and variance of the value targets (return units), kept as buffers so that
+    checkpoints carry them. With it the critic predicts ``(return - mean) / std``.
+
+    Starts at mean 0, std 1 (the identity); the first :meth:`update` replaces that. ``std`` is
+    floored at ``sqrt(RETURN_VAR_EPS)`` so that near-constant returns (a sparse-reward env
+    before its first success) do not blow the normalised targets up.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("var", torch.ones((), dtype=torch.float64))
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+
+    def mean_std(self) -> tuple[Tensor, Tensor]:
+        """0-d float32 ``(mean, std)``."""
+        std = torch.sqrt(torch.clamp(self.var, min=RETURN_VAR_EPS))
+        return self.mean.float(), std.float()
+
+    @torch.no_grad()
+    def update(self, x: Tensor) -> None:
+        """Merge the mean and variance of the values ``x`` (any shape) into the running ones
+        (Chan et al.'s parallel update)."""
+        if x.numel() == 0:
+            return
+        x = x.detach().double().reshape(-1)
+        batch_mean = x.mean()
+        batch_var = (x - batch_mean).square().mean()
+        _merge_moments(self.mean, self.var, self.count, batch_mean, batch_var, x.numel())
 
 
 class ActorCritic(nn.Module):
@@ -282,6 +354,11 @@ class ActorCritic(nn.Module):
 
         self.actor = _init_layer(nn.Linear(core_size, self.num_logits), _ACTOR_GAIN)
         self.critic = _init_layer(nn.Linear(core_size, 1), _CRITIC_GAIN)
+        # The critic's output is in normalised units when this is present (see
+        # ``ReturnNormalizer``); ``values`` returned by the forward methods are then normalised.
+        self.returns_normalizer: ReturnNormalizer | None = (
+            ReturnNormalizer() if getattr(cfg, "normalize_returns", False) else None
+        )
 
     def initial_rnn_state(
         self, batch_size: int, device: torch.device | str | None = None
@@ -293,12 +370,12 @@ class ActorCritic(nn.Module):
 
     @torch.no_grad()
     def update_normalizers(self, obs: Mapping[str, Tensor] | Tensor) -> None:
-        """Update the running input statistics (image keys, with ``normalize_input``) from
-        ``obs``: dict of ``[N, ...]`` observations. A no-op without ``normalize_input``."""
+        """Update the running input statistics (image and vector keys, with
+        ``normalize_input``) from ``obs``: dict of ``[N, ...]`` observations. A no-op without
+        ``normalize_input``."""
         obs = obs_to_dict(obs)
         for key, enc in zip(self._obs_keys, self.encoders, strict=True):
-            if isinstance(enc, _ImageEncoder):
-                enc.update_statistics(obs[key])
+            enc.update_statistics(obs[key])
 
     def _encode(self, obs: Mapping[str, Tensor]) -> Tensor:
         """obs: dict of ``[N, ...]`` -> features ``[N, encoded_size]``."""
@@ -333,8 +410,9 @@ class ActorCritic(nn.Module):
         return logits, values, new_state
 
     def forward_sequence(
-        self, obs: Mapping[str, Tensor] | Tensor, rnn_state0: Tensor, resets: Tensor
-    ) -> tuple[Tensor, Tensor]:
+        self, obs: Mapping[str, Tensor] | Tensor, rnn_state0: Tensor, resets: Tensor,
+        final_obs: Mapping[str, Tensor] | Tensor | None = None, final_step: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
         """A batch of trajectories, as the learner needs it.
 
         Equal (up to float rounding) to calling ``forward_step`` for t = 0..T-1 with the state
@@ -344,9 +422,14 @@ class ActorCritic(nn.Module):
             obs: dict of ``[B, T, ...]``.
             rnn_state0: ``[B, H]``, the state before step 0.
             resets: float ``[B, T]``; 1.0 where the hidden state is zeroed before step t.
+            final_obs, final_step: optional. ``final_obs`` (dict of ``[B, ...]``) is the last
+                observation of an episode cut by a time limit after step ``final_step[b]``
+                (int64 ``[B]``, -1 where a trajectory has none); its value is computed as
+                ``forward_step`` would after step ``final_step[b]``, before any reset.
 
         Returns:
-            logits ``[B, T, A]``, values ``[B, T]``.
+            logits ``[B, T, A]``, values ``[B, T]``; with ``final_step`` also the values of
+            the final observations ``[B]`` (0 where ``final_step`` is -1).
         """
         obs = obs_to_dict(obs)
         b, t = resets.shape
@@ -356,7 +439,20 @@ class ActorCritic(nn.Module):
         if self.gru is not None:
             x = self._unroll(x.view(b, t, -1), rnn_state0, resets).reshape(b * t, -1)
         logits, values = self._heads(x)
-        return logits.view(b, t, -1), values.view(b, t)
+        if final_step is None:
+            return logits.view(b, t, -1), values.view(b, t)
+        final_values = values.new_zeros(b)
+        rows = torch.nonzero(final_step >= 0).flatten()
+        if rows.numel():
+            final = obs_to_dict(final_obs)
+            feats = self._encode({key: final[key].index_select(0, rows) for key in self._obs_keys})
+            if self.gru is not None:
+                # A one-layer GRU's output at step t is its state after step t.
+                h = x.view(b, t, -1)[rows, final_step[rows]]
+                _, h = self.gru(feats.unsqueeze(1), h.unsqueeze(0).contiguous().to(feats.dtype))
+                feats = h.squeeze(0)
+            final_values = final_values.index_copy(0, rows, self._heads(feats)[1])
+        return logits.view(b, t, -1), values.view(b, t), final_values
 
     def _unroll(self, x: Tensor, h0: Tensor, resets: Tensor) -> Tensor:
         """GRU over time with resets. x: ``[B, T, F]``, h0: ``[B, H]``, resets: ``[B, T]`` ->
@@ -403,6 +499,7 @@ class ActionDistribution:
                 f"needs {sum(nvec)}"
             )
         self.batch_shape = logits.shape[:-1]
+        self.nvec = nvec
         self.num_dims = len(nvec)
         n_max = max(nvec)
         flat = logits.reshape(-1, logits.shape[-1]).float()
@@ -447,11 +544,28 @@ class ActionDistribution:
 
     def entropy(self) -> Tensor:
         """Entropy summed over dims, ``[*batch]``."""
-        log_probs = self._log_probs
-        if self._pad_mask is not None:
-            # Zero the -inf first: 0 * -inf would be NaN in the value and in the gradient.
-            log_probs = log_probs.masked_fill(self._pad_mask, 0.0)
-        return self._out(-(self.probs * log_probs).sum(dim=(-2, -1)))
+        # The padding slots' -inf is zeroed first: 0 * -inf would be NaN in the value and in
+        # the gradient.
+        return self._out(-(self.probs * self._log_probs_unpadded()).sum(dim=(-2, -1)))
+
+    def _log_probs_unpadded(self) -> Tensor:
+        """``[N, D, n_max]`` log-probabilities with 0 in the padding slots."""
+        if self._pad_mask is None:
+            return self._log_probs
+        return self._log_probs.masked_fill(self._pad_mask, 0.0)
+
+    def symmetric_kl_to_uniform(self) -> Tensor:
+        """``KL(u || p) + KL(p || u)`` summed over dims, ``[*batch]``, where ``u`` is uniform
+        over each dim's ``n`` choices: ``sum_i p_i log p_i - (1/n) sum_i log p_i``.
+
+        As an exploration penalty it is 0 for the uniform policy, like ``-entropy`` is at its
+        minimum there; unlike entropy it grows without bound as any probability goes to 0,
+        so it keeps every action possible.
+        """
+        log_probs = self._log_probs_unpadded()
+        n = torch.tensor(self.nvec, dtype=log_probs.dtype, device=log_probs.device)
+        per_dim = (self.probs * log_probs).sum(-1) - log_probs.sum(-1) / n
+        return self._out(per_dim.sum(-1))
 
 
 _PADDING_CACHE: dict[tuple[tuple[int, ...], torch.device], tuple[Tensor, Tensor]] = {}
@@ -464,12 +578,16 @@ def _padding_index(nvec: tuple[int, ...], device: torch.device) -> tuple[Tensor,
     key = (nvec, torch.device(device))
     cached = _PADDING_CACHE.get(key)
     if cached is None:
-        total, n_max = sum(nvec), max(nvec)
-        index = torch.full((len(nvec), n_max), total, dtype=torch.long)
-        offset = 0
-        for d, n in enumerate(nvec):
-            index[d, :n] = torch.arange(offset, offset + n)
-            offset += n
-        cached = (index.to(device), (index == total).to(device))
+        # Built outside inference mode even when the first caller is a policy worker under
+        # ``torch.inference_mode``: an inference tensor cannot take part in autograd, and the
+        # learner (in the same process in serial mode) indexes with these in its backward pass.
+        with torch.inference_mode(False):
+            total, n_max = sum(nvec), max(nvec)
+            index = torch.full((len(nvec), n_max), total, dtype=torch.long)
+            offset = 0
+            for d, n in enumerate(nvec):
+                index[d, :n] = torch.arange(offset, offset + n)
+                offset += n
+            cached = (index.to(device), (index == total).to(device))
         _PADDING_CACHE[key] = cached
     return cached

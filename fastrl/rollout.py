@@ -48,15 +48,6 @@ class StepOutput:
     steps_discarded: int = 0  # steps of the partial episodes those faults cut short
     faults: list[str] = field(default_factory=list)  # one line per env fault, for the log
 
-    def extend(self, other: StepOutput) -> None:
-        self.requests += other.requests
-        self.trajectories += other.trajectories
-        self.episodes += other.episodes
-        self.agent_steps += other.agent_steps
-        self.env_restarts += other.env_restarts
-        self.steps_discarded += other.steps_discarded
-        self.faults += other.faults
-
 
 @dataclass
 class _Split:
@@ -100,6 +91,15 @@ class RolloutWorker:
             so only in the main thread, and only for envs that return to Python (a call
             stuck in C code is caught by the runner's heartbeat check instead).
         generation, epoch: stamped on every request (see ``InferenceRequest``).
+        decorrelate: at :meth:`start`, env ``e`` (global id) first takes ``e * rollout``
+            random actions (episodes that end meanwhile are reset and not reported), so that
+            envs with fixed-length episodes do not end and reset in lock-step.
+
+    A time limit (``truncated`` without ``terminated``) ends the episode for the learner like
+    a termination (``dones``), but the episode's last observation is kept in the slot's
+    ``final_obs`` with ``final_step = t`` so that the learner can bootstrap from its value.
+    A slot keeps one: a second time limit within the same trajectory is left as a plain end
+    of episode and counted in ``truncations_not_bootstrapped``.
     """
 
     def __init__(self, worker_id: int, envs: list[gym.Env], buffers: TrajectoryBuffers,
@@ -107,7 +107,7 @@ class RolloutWorker:
                  reward_scale: float = 1.0, reward_clip: float = 1000.0,
                  trajectories_per_round: int | None = None, seed: int | None = None,
                  env_factory: Callable[[], gym.Env] | None = None, env_timeout: float = 0.0,
-                 generation: int = 0, epoch: int = 0):
+                 generation: int = 0, epoch: int = 0, decorrelate: bool = False):
         if len(envs) % num_splits:
             raise ValueError(f"{len(envs)} envs cannot be split into {num_splits} equal groups")
         self.worker_id = worker_id
@@ -121,6 +121,8 @@ class RolloutWorker:
         self.env_factory = env_factory
         self.generation = generation
         self.epoch = epoch
+        self.decorrelate = decorrelate
+        self.truncations_not_bootstrapped = 0
         self.free: deque[int] = deque(free_buffers)
         self._timer = _CallTimer(env_timeout)
         # numpy views share memory with the (possibly shared) tensors; numpy's small
@@ -131,6 +133,8 @@ class RolloutWorker:
         self._dones_np = buffers.dones.numpy()
         self._rnn_np = buffers.rnn_states.numpy()
         self._policy_rnn_np = rnn_state.numpy()
+        self._final_obs_np = {k: v.numpy() for k, v in buffers.final_obs.items()}
+        self._final_step_np = buffers.final_step.numpy()
         self._has_rnn = buffers.layout.rnn_size > 0
         first = worker_id * len(envs)
         per_split = len(envs) // num_splits
@@ -155,7 +159,10 @@ class RolloutWorker:
             first_obs = []
             for i, e in zip(split.local, split.env_ids):
                 seed = None if self.seed is None else self.seed + e
-                first_obs.append(dict_obs(self._new_episode(i, e, 0, out, seed=seed)))
+                obs = self._new_episode(i, e, 0, out, seed=seed)
+                if self.decorrelate:
+                    obs = self._random_steps(i, e * self.rollout, obs, seed, out)
+                first_obs.append(dict_obs(obs))
             split.pending_obs = first_obs
             self._begin_trajectories(s, out)
         return out
@@ -210,12 +217,15 @@ class RolloutWorker:
             self._ep_return[i] += r
             self._ep_len[i] += 1
             if done:
+                time_limit = bool(truncated and not terminated)
+                if time_limit:
+                    self._keep_final_obs(b, t, dict_obs(obs))
                 episode = info.get("episode")
                 if episode is not None:
                     ret, length = float(episode["r"]), int(episode["l"])
                 else:
                     ret, length = float(self._ep_return[i]), int(self._ep_len[i])
-                out.episodes.append(EpisodeStats(e, ret, length))
+                out.episodes.append(EpisodeStats(e, ret, length, time_limit))
                 obs = self._new_episode(i, e, t + 1, out)
             next_obs.append(dict_obs(obs))
         out.agent_steps = len(bufs)
@@ -264,14 +274,32 @@ class RolloutWorker:
     def all_paused(self) -> bool:
         return all(split.paused for split in self.splits)
 
-    def close(self) -> None:
-        for env in self.envs:
-            try:
-                env.close()
-            except Exception:  # noqa: BLE001 - closing must go on for the other envs
-                pass
-
     # -- internals ----------------------------------------------------------------------
+
+    def _keep_final_obs(self, b: int, t: int, obs: dict) -> None:
+        """Slot ``b``'s episode hit a time limit at step ``t``: keep its last observation."""
+        if self._final_step_np[b] >= 0:
+            self.truncations_not_bootstrapped += 1
+            return
+        for key, arr in self._final_obs_np.items():
+            arr[b] = obs[key]
+        self._final_step_np[b] = t
+
+    def _random_steps(self, i: int, steps: int, obs, seed: int | None, out: StepOutput):
+        """Env ``i`` takes ``steps`` random actions (resetting when an episode ends); return
+        the observation it is left at. Nothing is recorded or reported; an env fault ends
+        the random steps with a new env, as in training."""
+        env = self.envs[i]
+        if seed is not None:
+            env.action_space.seed(seed)
+        try:
+            for _ in range(steps):
+                obs, _, terminated, truncated, _ = self._timer.call(env.step, env.action_space.sample())
+                if terminated or truncated:
+                    obs = self._timer.call(env.reset)[0]
+        except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
+            return self._replace_env(i, exc, out)
+        return obs
 
     def _request(self, split_id: int) -> InferenceRequest:
         split = self.splits[split_id]
@@ -327,6 +355,7 @@ class RolloutWorker:
         split.buffers = [self.free.popleft() for _ in range(n)]
         split.t = 0
         self._ep_start[split.local] = 0
+        self._final_step_np[split.buffers] = -1
         for key, arr in self._obs_np.items():
             for j, b in enumerate(split.buffers):
                 arr[b, 0] = split.pending_obs[j][key]

@@ -23,14 +23,18 @@ class CountingEnv(gym.Env):
     instances = 0  # made in this process, for ``fail_after_instances``
 
     def __init__(self, env_tag: int | None = None, episode_len: int = 7, crash_at: int | None = None,
-                 hang_at: int | None = None, fail_after_instances: int | None = None):
+                 hang_at: int | None = None, fail_after_instances: int | None = None,
+                 nvec: tuple[int, ...] | None = None, truncate: bool = False):
         CountingEnv.instances += 1
         if fail_after_instances is not None and CountingEnv.instances > fail_after_instances:
             raise RuntimeError(f"CountingEnv refuses to be made more than {fail_after_instances} times")
         if env_tag is None:
             env_tag = int(np.random.default_rng().integers(1, 2**24))
         self.observation_space = spaces.Box(-1e9, 1e9, (3,), np.float32)
-        self.action_space = spaces.Discrete(3)
+        # ``nvec``: a MultiDiscrete action space (unequal sizes exercise the padded
+        # distribution); the default is Discrete(3).
+        self.action_space = spaces.Discrete(3) if nvec is None else spaces.MultiDiscrete(nvec)
+        self.truncate = truncate  # end episodes by time limit (truncated) instead of terminating
         self.env_tag = env_tag
         self.episode_len = episode_len
         self.crash_at = crash_at
@@ -52,16 +56,17 @@ class CountingEnv(gym.Env):
             raise RuntimeError(f"CountingEnv {self.env_tag} crashed on purpose at step {self.global_step}")
         if self.hang_at is not None and self.global_step >= self.hang_at:
             time.sleep(3600)
-        self.actions.append(int(action))
+        self.actions.append(int(action) if np.ndim(action) == 0 else tuple(int(a) for a in action))
         self.global_step += 1
         self.episode_step += 1
-        terminated = self.episode_step >= self.episode_len
-        return self._obs(), 1.0, terminated, False, {}
+        ended = self.episode_step >= self.episode_len
+        return self._obs(), 1.0, ended and not self.truncate, ended and self.truncate, {}
 
 
 # Registered with gymnasium so that spawned worker processes can build it from its id
 # ("tests.counting_env:CountingEnv-v0" imports this module first).
 gym.register("CountingEnv-v0", entry_point=CountingEnv)
+gym.register("MultiCountingEnv-v0", entry_point=CountingEnv, kwargs={"nvec": (3, 2)})
 gym.register("CrashingCountingEnv-v0", entry_point=CountingEnv, kwargs={"crash_at": 40})
 gym.register("HangingCountingEnv-v0", entry_point=CountingEnv, kwargs={"hang_at": 40})
 # Crashes, and every replacement fails: the rollout worker itself goes down.

@@ -25,6 +25,7 @@ from tests.test_parallel import (
     REPO,
     base_args,
     children_of,
+    publish_first_weights,
     run_train,
     shm_files,
 )
@@ -187,6 +188,7 @@ def test_restart_fences_off_the_dead_workers_data(tmp_path):
     cfg = parse_config(base_args(tmp_path))
     runner = ParallelRunner(cfg)
     shared = runner.setup()
+    publish_first_weights(shared)
     runner.restart_workers = True
     per_worker = shared.per_worker_buffers
     steps_by_env: dict[int, list[int]] = {}
@@ -216,7 +218,8 @@ def test_restart_fences_off_the_dead_workers_data(tmp_path):
                         tag = int(obs[b, 0, 0])
                         assert torch.all(obs[b, :, 0] == tag), "a trajectory mixes envs"
                         steps_by_env.setdefault(tag, []).extend(obs[b, :cfg.rollout, 1].long().tolist())
-                    # (no learner publishes weights here: the policy acts with version -1)
+                    # (this test published version 0 once: every step carries it)
+                    assert torch.all(data["policy_versions"] == 0)
                     assert torch.all(data["policy_versions"] != FILL_INT), "unwritten policy output"
                     counts["trajectories"] += len(msg.buffers)
                     # Hold every other batch for a while, like a learner with a backlog.

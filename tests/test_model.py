@@ -415,6 +415,7 @@ def test_learner_updates_the_statistics_and_shared_weights_carry_them():
         "obs": {"obs": torch.randint(0, 256, (b, t + 1, *IMG.shape), dtype=torch.uint8, generator=gen)},
         "actions": torch.randint(0, 4, (b, t, 1), generator=gen),
         "log_probs": torch.full((b, t), -math.log(4.0)),
+        "values": torch.zeros(b, t),
         "rewards": torch.randn(b, t, generator=gen),
         "dones": torch.zeros(b, t, dtype=torch.bool),
         "policy_versions": torch.zeros(b, t, dtype=torch.long),

@@ -16,7 +16,7 @@ from fastrl.cfg import parse_config
 from fastrl.messages import TrajectoriesReady
 from fastrl.procs import alive
 from fastrl.procs import descendants as children_of
-from fastrl.runner.common import buffers_per_env
+from fastrl.runner.common import buffers_per_env, build_model
 from fastrl.runner.parallel import POLL, BuffersFreed, ParallelRunner
 
 pytestmark = pytest.mark.multiprocess
@@ -32,11 +32,18 @@ def shm_files() -> set[str]:
 
 
 def base_args(tmp_path, env=COUNTING, *extra):
+    # No start-up decorrelation: every env's first recorded step is then its step 0, and the
+    # tests below can check that no step is missing from the very first one.
     return ["--env", env, "--train_dir", str(tmp_path), "--experiment", "x", "--device", "cpu",
             "--use_rnn", "False", "--num_workers", "2", "--num_envs_per_worker", "4",
             "--worker_num_splits", "2", "--rollout", "8", "--batch_size", "32",
             "--encoder_mlp_layers", "16", "--log_every_sec", "1", "--summaries_every_sec", "1",
-            *extra]
+            "--decorrelate_envs_on_one_worker", "False", *extra]
+
+
+def publish_first_weights(shared) -> None:
+    """Do the learner's first act: policy workers wait for published weights before acting."""
+    shared.weights.publish(build_model(shared.cfg, shared.info, torch.device("cpu")), 0)
 
 
 def test_every_step_lands_in_exactly_one_trajectory(tmp_path):
@@ -44,6 +51,7 @@ def test_every_step_lands_in_exactly_one_trajectory(tmp_path):
     cfg = parse_config(base_args(tmp_path))
     runner = ParallelRunner(cfg)
     shared = runner.setup()
+    publish_first_weights(shared)
     steps_by_env: dict[int, list[int]] = {}
     trajectories = 0
     try:

@@ -25,6 +25,10 @@ class LossParams:
     policy-gradient advantages; ``vtrace_c`` clips the trace coefficients. With
     ``with_vtrace=False`` the targets are plain discounted returns (all ratios taken as 1).
     ``gae_lambda`` decays the traces (lambda-returns; 1.0 is plain V-trace).
+    ``ppo_clip_value`` > 0 clips the new value to ``behaviour_values +- ppo_clip_value`` and
+    takes the larger of the clipped and unclipped squared errors (needs ``behaviour_values``).
+    ``ratio_clamp`` > 0 clamps the importance ratio to ``[1 / x, x]`` in the surrogate, so that
+    one sample with a vanishing behaviour probability cannot dominate the loss.
     """
 
     gamma: float
@@ -35,6 +39,8 @@ class LossParams:
     vtrace_c: float = 1.0
     with_vtrace: bool = True
     gae_lambda: float = 1.0
+    ppo_clip_value: float = 0.0
+    ratio_clamp: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.gamma <= 1.0:
@@ -43,6 +49,10 @@ class LossParams:
             raise ValueError(f"ppo_clip_ratio must be positive, got {self.ppo_clip_ratio}")
         if not 0.0 <= self.gae_lambda <= 1.0:
             raise ValueError(f"gae_lambda must be in [0, 1], got {self.gae_lambda}")
+        if self.ppo_clip_value < 0.0:
+            raise ValueError(f"ppo_clip_value must be >= 0, got {self.ppo_clip_value}")
+        if self.ratio_clamp != 0.0 and not self.ratio_clamp > 1.0:
+            raise ValueError(f"ratio_clamp must be 0 (off) or > 1, got {self.ratio_clamp}")
         if not (self.vtrace_rho > 0.0 and self.vtrace_c > 0.0):
             raise ValueError(
                 f"vtrace_rho and vtrace_c must be positive, got {self.vtrace_rho}, {self.vtrace_c}"
@@ -91,7 +101,12 @@ def appo_loss(
     dones: Tensor,
     valid: Tensor,
     params: LossParams,
-) -> tuple[Tensor, dict[str, Tensor]]:
+    *,
+    exploration: Tensor | None = None,
+    behaviour_values: Tensor | None = None,
+    value_normalizer: tuple[Tensor, Tensor] | None = None,
+    return_targets: bool = False,
+) -> tuple[Tensor, dict[str, Tensor]] | tuple[Tensor, dict[str, Tensor], Tensor]:
     """APPO loss over a batch of ``B`` trajectories of ``T`` steps.
 
     Args:
@@ -106,6 +121,16 @@ def appo_loss(
         dones: ``[B, T]`` bool, step ``t`` ended an episode.
         valid: ``[B, T]`` bool, the samples that take part in the loss.
         params: hyperparameters.
+        exploration: ``[B, T]`` per-sample exploration penalty to minimise (carries gradient),
+            e.g. the symmetric KL divergence to the uniform policy; ``None``: ``-entropy``.
+        behaviour_values: ``[B, T]`` values the acting policy computed (critic units), for
+            value clipping (``params.ppo_clip_value``); no gradient is taken through them.
+        value_normalizer: ``(mean, std)`` (0-d tensors) of the returns: ``values`` and
+            ``behaviour_values`` are then in normalised units, ``std * v + mean`` is the value
+            V-trace uses, and the value loss compares ``values`` with the normalised targets
+            ``(vs - mean) / std``.
+        return_targets: also return the V-trace targets ``vs`` ``[B, T]`` in return units
+            (detached), e.g. to update a return normaliser.
 
     Returns:
         ``(loss, stats)``: the scalar loss
@@ -144,6 +169,14 @@ def appo_loss(
     def masked_mean(x: Tensor) -> Tensor:
         return torch.where(valid, x, 0.0).sum() / denom
 
+    if value_normalizer is None:
+        critic_values = step_values.detach()
+        critic_bootstrap = bootstrap.detach()
+    else:
+        ret_mean, ret_std = value_normalizer
+        critic_values = torch.where(valid, step_values.detach() * ret_std + ret_mean, 0.0)
+        critic_bootstrap = torch.where(valid[:, -1], bootstrap.detach() * ret_std + ret_mean, 0.0)
+
     log_ratio = target_lp - behaviour_lp
     discounts = params.gamma * (~done).to(target_lp.dtype)
     if params.with_vtrace:
@@ -155,8 +188,8 @@ def appo_loss(
         log_rhos.t(),
         discounts.t(),
         rew.t(),
-        step_values.detach().t(),
-        bootstrap.detach(),
+        critic_values.t(),
+        critic_bootstrap,
         clip_rho_threshold=rho_clip,
         clip_pg_rho_threshold=rho_clip,
         clip_c_threshold=c_clip,
@@ -169,12 +202,26 @@ def appo_loss(
     adv = (pg_adv - adv_mean) / (adv_std + ADV_STD_EPS)
 
     ratio = torch.exp(log_ratio)
+    if params.ratio_clamp:
+        ratio = torch.clamp(ratio, 1.0 / params.ratio_clamp, params.ratio_clamp)
     clip = params.ppo_clip_ratio
     surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1.0 - clip, 1.0 + clip) * adv)
     policy_loss = -masked_mean(surrogate)
-    value_loss = params.value_loss_coeff * 0.5 * masked_mean((vs - step_values) ** 2)
+
+    targets = vs if value_normalizer is None else (vs - value_normalizer[0]) / value_normalizer[1]
+    value_error = (targets - step_values) ** 2
+    if params.ppo_clip_value:
+        if behaviour_values is None:
+            raise ValueError("appo_loss: ppo_clip_value needs behaviour_values")
+        old = torch.where(valid, behaviour_values, 0.0).detach()
+        clipped = old + torch.clamp(step_values - old, -params.ppo_clip_value, params.ppo_clip_value)
+        value_error = torch.max(value_error, (targets - clipped) ** 2)
+    value_loss = params.value_loss_coeff * 0.5 * masked_mean(value_error)
     mean_entropy = masked_mean(ent)
-    entropy_loss = -params.exploration_loss_coeff * mean_entropy
+    if exploration is None:
+        entropy_loss = -params.exploration_loss_coeff * mean_entropy
+    else:
+        entropy_loss = params.exploration_loss_coeff * masked_mean(torch.where(valid, exploration, 0.0))
     loss = policy_loss + value_loss + entropy_loss
 
     with torch.no_grad():
@@ -191,4 +238,7 @@ def appo_loss(
             "value_target_mean": masked_mean(vs),
             "num_valid": num_valid.to(target_lp.dtype),
         }
-    return loss, {k: v.detach() for k, v in stats.items()}
+    stats = {k: v.detach() for k, v in stats.items()}
+    if return_targets:
+        return loss, stats, vs.detach()
+    return loss, stats

@@ -13,17 +13,17 @@ from gymnasium import spaces
 
 from fastrl.cfg import Config
 from fastrl.device import resolve_device  # noqa: F401 - re-exported for the runners
-from fastrl.env_registry import make_env
+from fastrl.env_registry import make_env, recommended_settings
 from fastrl.experiment import ExperimentError, load_latest_checkpoint, rng_state, set_rng_state
 from fastrl.model import ActorCritic, as_dict_space
 
 
 def reward_scale(cfg: Config) -> float:
-    """``--reward_scale``, or its per-env default: VizDoom's native rewards are in the
-    hundreds, so 0.01 keeps value targets near 1; other envs get 1.0."""
+    """``--reward_scale``; when it is None (a Config not made by ``parse_config``), the env's
+    recommended scale, else 1.0."""
     if cfg.reward_scale is not None:
         return cfg.reward_scale
-    return 0.01 if cfg.env.startswith("doom_") else 1.0
+    return float(recommended_settings(cfg.env).get("reward_scale", 1.0))
 
 
 def env_options(cfg: Config) -> dict:
@@ -35,6 +35,8 @@ def env_options(cfg: Config) -> dict:
         options["max_episode_steps"] = cfg.env_max_episode_steps
     if cfg.env_measurements:
         options["measurements"] = True
+    if cfg.env_reward_shaping:
+        options["reward_shaping"] = True
     return options
 
 

@@ -299,6 +299,7 @@ def rollout_worker_main(shared: Shared, worker_id: int) -> None:
                                cfg.worker_num_splits, reward_scale(cfg), cfg.reward_clip,
                                trajectories_per_round=per_round, seed=seed,
                                env_factory=lambda: create_env(cfg), env_timeout=cfg.env_timeout,
+                               decorrelate=cfg.decorrelate_envs_on_one_worker,
                                generation=generation, epoch=int(shared.policy_epoch.value))
         envs = worker.envs  # the worker replaces faulty envs in this list; close what it holds
         inbox = shared.worker_queues[worker_id]
@@ -364,7 +365,14 @@ def policy_worker_main(shared: Shared, policy_id: int) -> None:
     policy = PolicyWorker(model, shared.info.action_space, shared.buffers, shared.rnn_state,
                           device, weights=shared.weights,
                           precision=resolve_precision(cfg.precision, device))
-    policy.maybe_update_weights()
+    # Act only with the learner's weights (its checkpoint's, when resuming): wait for the
+    # first publication instead of acting with this process's own random initialisation.
+    while not _should_stop(shared):
+        shared.beat(slot)
+        policy.maybe_update_weights()
+        if policy.has_weights:
+            break
+        time.sleep(0.01)
     busy, samples, last_report = 0.0, 0, time.time()
     while not _should_stop(shared):
         # The runner waits for this counter to move before it reuses a dead worker's slots:
@@ -790,7 +798,7 @@ class ParallelRunner:
             return
         elif isinstance(msg, RolloutReport):
             for ep in msg.episodes:
-                stats.add_episode(ep.episode_return, ep.length)
+                stats.add_episode(ep.episode_return, ep.length, ep.truncated)
             stats.env_restarts += msg.env_restarts
             stats.steps_discarded += msg.steps_discarded
         elif isinstance(msg, LearnerReport):

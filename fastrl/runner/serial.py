@@ -70,7 +70,8 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
         worker = RolloutWorker(0, envs, buffers, rnn_state, list(range(layout.num_buffers)),
                                cfg.worker_num_splits, reward_scale(cfg), cfg.reward_clip,
                                trajectories_per_round=per_round, seed=cfg.seed,
-                               env_factory=lambda: create_env(cfg), env_timeout=cfg.env_timeout)
+                               env_factory=lambda: create_env(cfg), env_timeout=cfg.env_timeout,
+                               decorrelate=cfg.decorrelate_envs_on_one_worker)
         policy = PolicyWorker(model, info.action_space, buffers, rnn_state, device,
                               version_fn=lambda: learner.version, precision=learner.precision)
         reporter = Reporter(cfg, exp_dir, stats)
@@ -110,7 +111,7 @@ def _loop(cfg, worker, policy, learner, buffers, stats, reporter, exp_dir, info,
         for traj in out.trajectories:
             ready.extend(traj.buffers)
         for ep in out.episodes:
-            stats.add_episode(ep.episode_return, ep.length)
+            stats.add_episode(ep.episode_return, ep.length, ep.truncated)
         stats.agent_steps_collected += out.agent_steps
         stats.env_restarts += out.env_restarts
         stats.steps_discarded += out.steps_discarded
