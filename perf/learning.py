@@ -1,0 +1,251 @@
+#!/usr/bin/env python
+"""Learning benchmark: train a scenario once per seed, one run after the other, and record the
+mean episode return against env frames and wall time, next to Sample Factory's figures.
+
+    python perf/learning.py --env doom_basic --seeds 1 2 3 --frames 550000 --target 75
+    python perf/learning.py --env CartPole-v1 --seeds 1 2 3 --seconds 120 --use_rnn False
+
+Any flag this script does not know goes to train.py unchanged. Each run's curve is its
+TensorBoard scalar ``episode/mean_return`` (written every 5 s, step = env frames). Writes
+``learning.json`` and ``learning.png`` (needs matplotlib: ``pip install -e .[perf]``) into
+``--out``, each run's log into ``<out>/runs/``; the last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+from learning_curves import (
+    SF_LABEL,
+    aggregate,
+    curve_arrays,
+    first_crossing,
+    mean_or_none,
+    read_curve,
+    references,
+    value_at,
+)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TAIL_LINES = 20
+
+
+def host_info() -> dict[str, Any]:
+    """CPU model, the CPU flags that decide bf16 speed, torch version, date."""
+    import torch
+
+    model, flags = platform.processor() or "unknown", set()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            lines = fh.read().splitlines()
+        models = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")]
+        flag_lines = [ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")]
+        model = models[0] if models else model
+        flags = set(flag_lines[0]) if flag_lines else flags
+    except OSError:
+        pass
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "cpu_flags": {f: f in flags for f in ("avx512f", "avx512_bf16", "amx_bf16")},
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def log_tail(path: str, lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log file ('' if it cannot be read)."""
+    try:
+        with open(path, errors="replace") as fh:
+            return "".join(fh.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def train_command(args: argparse.Namespace, seed: int, extra: list[str]) -> list[str]:
+    """The train.py command line of one seed."""
+    cmd = [sys.executable, os.path.join(REPO, "train.py"), "--env", args.env,
+           "--seed", str(seed), "--train_dir", os.path.join(args.out, "runs"),
+           "--experiment", f"{args.env}_seed{seed}", "--summaries_every_sec", "5"]
+    if args.frames:
+        cmd += ["--train_for_env_steps", str(int(args.frames))]
+    if args.seconds:
+        cmd += ["--train_for_seconds", str(args.seconds)]
+    return cmd + extra
+
+
+def run_seed(args: argparse.Namespace, seed: int, extra: list[str]) -> dict[str, Any]:
+    """Train one seed from scratch (its log in ``<out>/runs``); return its curve and figures."""
+    runs = os.path.join(args.out, "runs")
+    experiment = f"{args.env}_seed{seed}"
+    shutil.rmtree(os.path.join(runs, experiment), ignore_errors=True)  # never resume
+    os.makedirs(runs, exist_ok=True)
+    log_path = os.path.join(runs, f"{experiment}.log")
+    cmd = train_command(args, seed, extra)
+    start = time.time()
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt:  # the trainer got the same Ctrl-C: let it save and stop
+            code = proc.wait()
+            args.interrupted = True
+    run_minutes = (time.time() - start) / 60.0
+    frames, minutes, values = curve_arrays(read_curve(os.path.join(runs, experiment, "tb")), start)
+    result: dict[str, Any] = {
+        "seed": seed,
+        "exit_code": code,
+        "log": log_path,
+        "run_minutes": round(run_minutes, 3),
+        "final_return": float(values[-1]) if len(values) else None,
+        "final_frames": int(frames[-1]) if len(frames) else 0,
+        "frames_to_target": None,
+        "minutes_to_target": None,
+        "return_at_reference_frames": {
+            str(ref.frames): value_at(frames, values, ref.frames)
+            for ref in references(args.env) if ref.frames is not None
+        },
+        "curve": {"frames": frames.tolist(), "minutes": minutes.tolist(),
+                  "return": values.tolist()},
+    }
+    if args.target is not None:
+        result["frames_to_target"] = first_crossing(frames, values, args.target)
+        result["minutes_to_target"] = first_crossing(minutes, values, args.target)
+    if code != 0:
+        result["log_tail"] = log_tail(log_path)
+    return result
+
+
+def plot(path: str, env: str, runs: list[dict], agg: dict[str, dict], target: float | None) -> bool:
+    """Two panels (return vs frames, vs minutes); False when matplotlib is missing."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed, so no learning.png (pip install -e .[perf])",
+              file=sys.stderr)
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, key, xlabel in ((axes[0], "frames", "env frames"), (axes[1], "minutes", "wall minutes")):
+        for r in runs:
+            ax.plot(r["curve"][key], r["curve"]["return"], lw=0.8, alpha=0.7,
+                    label=f"seed {r['seed']}")
+        a = agg[f"by_{key}"]
+        if a["grid"] and len(runs) > 1:
+            ax.fill_between(a["grid"], a["min"], a["max"], color="black", alpha=0.1)
+            ax.plot(a["grid"], a["mean"], lw=2.2, color="black", label="fastrl, mean of seeds")
+        refs = [(ref.frames if key == "frames" else ref.minutes, ref.ret)
+                for ref in references(env)]
+        refs = [(x, y) for x, y in refs if x is not None]
+        if refs:
+            ax.plot(*zip(*refs), ls="", marker="*", ms=15, color="tab:red", label=SF_LABEL)
+        if target is not None:
+            ax.axhline(target, ls="--", lw=1, color="gray", label=f"target {target:g}")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("mean episode return (native units)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{env}, seeds {', '.join(str(r['seed']) for r in runs)}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace,
+                                                 list[str]]:
+    """This script's flags, and the rest (for train.py)."""
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", default="doom_basic")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--frames", type=float, help="env frames per seed (frameskip counted)")
+    parser.add_argument("--seconds", type=float, help="wall seconds of training per seed")
+    parser.add_argument("--target", type=float, help="return whose first crossing is reported")
+    parser.add_argument("--out", help="output folder (default train_dir/learning/ENV-TIME)")
+    args, extra = parser.parse_known_args(argv)
+    return parser, args, [a for a in extra if a != "--"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, args, extra = parse_args(argv)
+    if not args.frames and not args.seconds:
+        parser.exit(2, f"{parser.prog}: error: give --frames and/or --seconds (budget per seed)\n")
+    if args.out is None:
+        args.out = os.path.join(REPO, "train_dir", "learning",
+                                f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}")
+    args.out = os.path.abspath(args.out)
+    args.interrupted = False
+    os.makedirs(args.out, exist_ok=True)
+    runs: list[dict[str, Any]] = []
+    for seed in args.seeds:
+        print(f"seed {seed}: training, log {os.path.join(args.out, 'runs')}/"
+              f"{args.env}_seed{seed}.log", flush=True)
+        r = run_seed(args, seed, extra)
+        runs.append(r)
+        hit = "" if args.target is None else f", target {args.target:g} " + (
+            "never reached" if r["frames_to_target"] is None else
+            f"at {r['frames_to_target']:,.0f} frames / {r['minutes_to_target']:.2f} min")
+        final = "n/a" if r["final_return"] is None else f"{r['final_return']:.3f}"
+        print(f"seed {seed}: exit {r['exit_code']}, {r['final_frames']:,} frames in "
+              f"{r['run_minutes']:.1f} min, final mean return {final}{hit}", flush=True)
+        if r["exit_code"] != 0:
+            print(f"seed {seed}: train.py exited with code {r['exit_code']}; last lines of "
+                  f"{r['log']}:\n{r['log_tail']}", file=sys.stderr, flush=True)
+        if args.interrupted:
+            print("interrupted: no further seeds", file=sys.stderr)
+            break
+
+    curves = [(np.array(r["curve"]["frames"]), np.array(r["curve"]["return"])) for r in runs]
+    by_minutes = [(np.array(r["curve"]["minutes"]), np.array(r["curve"]["return"])) for r in runs]
+    agg = {"by_frames": aggregate(curves), "by_minutes": aggregate(by_minutes)}
+    ref_frames = [str(ref.frames) for ref in references(args.env) if ref.frames is not None]
+    mean = {
+        "final_return": mean_or_none([r["final_return"] for r in runs]),
+        "frames_to_target": mean_or_none([r["frames_to_target"] for r in runs]),
+        "minutes_to_target": mean_or_none([r["minutes_to_target"] for r in runs]),
+        "return_at_reference_frames": {
+            f: mean_or_none([r["return_at_reference_frames"][f] for r in runs]) for f in ref_frames
+        },
+    }
+    report = {
+        "env": args.env, "seeds": [r["seed"] for r in runs], "frames": args.frames,
+        "seconds": args.seconds, "target": args.target, "train_flags": extra,
+        "train_command": train_command(args, runs[0]["seed"], extra) if runs else None,
+        "reference": {"source": SF_LABEL,
+                      "points": [ref._asdict() for ref in references(args.env)]},
+        "host": host_info(), "mean_over_seeds": mean, "aggregate": agg, "runs": runs,
+    }
+    json_path = os.path.join(args.out, "learning.json")
+    with open(json_path, "w") as fh:
+        json.dump(report, fh, indent=1)
+    png_path: str | None = os.path.join(args.out, "learning.png")
+    if not plot(png_path, args.env, runs, agg, args.target):
+        png_path = None
+    by_seed = {key: {str(r["seed"]): r[key] for r in runs} for key in (
+        "exit_code", "final_return", "frames_to_target", "minutes_to_target",
+        "return_at_reference_frames")}
+    print(json.dumps({"env": args.env, "seeds": report["seeds"], **by_seed,
+                      "mean_over_seeds": mean, "json": json_path, "png": png_path}), flush=True)
+    if args.interrupted:
+        return 130
+    return 0 if all(r["exit_code"] == 0 for r in runs) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

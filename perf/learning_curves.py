@@ -1,0 +1,106 @@
+"""Pure parts of perf/learning.py: the reference table, reading a return curve from TensorBoard
+events, interpolation, first crossing of a target and aggregation over seeds."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+import numpy as np
+
+TAG = "episode/mean_return"
+SF_LABEL = "Sample Factory 2.1.1"
+
+
+class Reference(NamedTuple):
+    """A published point: mean return (fastrl's native units) at env frames and wall minutes."""
+
+    ret: float
+    frames: int | None  # None: not reported, drawn on the time axis only
+    minutes: float
+
+
+# Sample Factory 2.1.1 on a 2-core CPU machine like ours, converted to fastrl's native (VizDoom)
+# return units:
+# - doom_basic: SF reports 0.79 with its reward scale 0.01, i.e. 0.79 / 0.01 = 79 native.
+# - doom_health_gathering: SF's "true objective" 6.8 comes from its own cfg's living reward of
+#   0.01 per tic; VizDoom's cfg pays 1 per tic, so 6.8 / 0.01 = 680 native.
+# - doom_defend_the_center (1 per kill, -1 for dying) is in the same units in both.
+# - CartPole-v1: 500 after about a minute; SF gave no frame count.
+SF_REFERENCE: dict[str, list[Reference]] = {
+    "doom_basic": [Reference(79.0, 550_000, 4.0)],
+    "doom_defend_the_center": [Reference(3.7, 730_000, 5.0)],
+    "doom_health_gathering": [Reference(680.0, 740_000, 5.0)],
+    "CartPole-v1": [Reference(500.0, None, 1.0)],
+}
+
+
+def references(env: str) -> list[Reference]:
+    """The reference points of ``env`` (none for scenarios without a published figure)."""
+    return list(SF_REFERENCE.get(env, []))
+
+
+def read_curve(event_dir: str, tag: str = TAG) -> list[tuple[int, float, float]]:
+    """``(env_frames, wall_time, value)`` of every ``tag`` scalar in ``event_dir``, by frames.
+
+    Empty when the folder or the tag does not exist (a run that died before its first
+    summary)."""
+    if not os.path.isdir(event_dir):
+        return []
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(event_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    if tag not in acc.Tags().get("scalars", []):
+        return []
+    points = [(int(e.step), float(e.wall_time), float(e.value)) for e in acc.Scalars(tag)]
+    return sorted(points, key=lambda p: (p[0], p[1]))
+
+
+def curve_arrays(
+    points: list[tuple[int, float, float]], start: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Frames, minutes since ``start`` (a Unix time) and values of ``read_curve`` points."""
+    arr = np.array(points, dtype=np.float64).reshape(-1, 3)
+    return arr[:, 0], (arr[:, 1] - start) / 60.0, arr[:, 2]
+
+
+def value_at(xs: np.ndarray, values: np.ndarray, at: float) -> float | None:
+    """The curve linearly interpolated at ``at``; None before its first or after its last x."""
+    if len(xs) == 0 or at < xs[0] or at > xs[-1]:
+        return None
+    return float(np.interp(at, xs, values))
+
+
+def first_crossing(xs: np.ndarray, values: np.ndarray, target: float) -> float | None:
+    """The x of the first point whose value is at least ``target``; None if none is."""
+    hits = np.flatnonzero(np.asarray(values) >= target)
+    return float(xs[hits[0]]) if len(hits) else None
+
+
+def aggregate(curves: list[tuple[np.ndarray, np.ndarray]], points: int = 50) -> dict[str, list]:
+    """Mean, min and max over ``(xs, values)`` curves on a common grid of ``points`` xs.
+
+    The grid runs from the latest first x to the earliest last x, so every curve is
+    interpolated, never extrapolated. Curves with fewer than two points are left out."""
+    curves = [(np.asarray(x), np.asarray(v)) for x, v in curves if len(x) >= 2]
+    if not curves:
+        return {"grid": [], "mean": [], "min": [], "max": [], "curves": 0}
+    start = max(float(x[0]) for x, _ in curves)
+    end = min(float(x[-1]) for x, _ in curves)
+    grid = np.linspace(start, end, points) if end > start else np.array([end])
+    stacked = np.stack([np.interp(grid, x, v) for x, v in curves])
+    return {
+        "grid": grid.tolist(),
+        "mean": stacked.mean(0).tolist(),
+        "min": stacked.min(0).tolist(),
+        "max": stacked.max(0).tolist(),
+        "curves": len(curves),
+    }
+
+
+def mean_or_none(values: list[Any]) -> float | None:
+    """Mean of ``values``; None when any is None (a seed that never got there) or none given."""
+    if not values or any(v is None for v in values):
+        return None
+    return float(np.mean(values))

@@ -1,0 +1,108 @@
+"""perf/learning.py: its pure parts against hand-computed values, and one tiny real run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "perf"))
+import learning_curves as lc  # noqa: E402
+
+SCRIPT = os.path.join(REPO, "perf", "learning.py")
+
+
+def test_interpolation():
+    frames = np.array([0.0, 100.0, 200.0])
+    values = np.array([-10.0, 10.0, 30.0])
+    assert lc.value_at(frames, values, 150) == pytest.approx(20.0)
+    assert lc.value_at(frames, values, 100) == pytest.approx(10.0)
+    assert lc.value_at(frames, values, 200) == pytest.approx(30.0)
+    assert lc.value_at(frames, values, 250) is None  # beyond the curve's end
+    assert lc.value_at(np.array([]), np.array([]), 0) is None
+
+
+def test_first_crossing():
+    xs = np.array([0.0, 100.0, 200.0, 300.0])
+    values = np.array([-10.0, 10.0, 5.0, 30.0])
+    assert lc.first_crossing(xs, values, 5.0) == 100.0  # the first, not the later dip
+    assert lc.first_crossing(xs, values, 10.0) == 100.0  # reaching it counts
+    assert lc.first_crossing(xs, values, 20.0) == 300.0
+    assert lc.first_crossing(xs, values, 31.0) is None
+
+
+def test_aggregate_on_a_common_grid():
+    a = (np.array([0.0, 10.0]), np.array([0.0, 10.0]))
+    b = (np.array([0.0, 20.0]), np.array([10.0, 10.0]))
+    agg = lc.aggregate([a, b, (np.array([5.0]), np.array([1.0]))], points=3)
+    assert agg["grid"] == [0.0, 5.0, 10.0]  # up to the shorter curve; 1-point curve left out
+    assert agg["mean"] == [5.0, 7.5, 10.0]
+    assert agg["min"] == [0.0, 5.0, 10.0] and agg["max"] == [10.0, 10.0, 10.0]
+    assert agg["curves"] == 2
+    assert lc.aggregate([])["grid"] == []
+    assert lc.mean_or_none([1.0, 3.0]) == 2.0
+    assert lc.mean_or_none([1.0, None]) is None and lc.mean_or_none([]) is None
+
+
+def test_reference_table():
+    (basic,) = lc.references("doom_basic")
+    assert (basic.ret, basic.frames, basic.minutes) == (79.0, 550_000, 4.0)
+    assert lc.references("doom_health_gathering")[0].ret == 680.0
+    assert lc.references("doom_defend_the_center")[0].ret == 3.7
+    assert lc.references("CartPole-v1")[0].frames is None
+    assert lc.references("doom_my_way_home") == []
+    assert lc.references("doom_health_gathering_supreme") == []
+
+
+def test_read_curve_from_tensorboard(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(log_dir=str(tmp_path))
+    for step, value in ((100, 1.0), (200, 2.5), (300, 4.0)):
+        writer.add_scalar("episode/mean_return", value, step)
+        writer.add_scalar("perf/fps", 7.0, step)
+    writer.close()
+    curve = lc.read_curve(str(tmp_path))
+    assert [(f, v) for f, _, v in curve] == [(100, 1.0), (200, 2.5), (300, 4.0)]
+    start = curve[0][1] - 60.0
+    frames, minutes, values = lc.curve_arrays(curve, start)
+    assert frames.tolist() == [100, 200, 300] and values.tolist() == [1.0, 2.5, 4.0]
+    assert minutes[0] == pytest.approx(1.0) and all(np.diff(minutes) >= 0)
+    assert lc.read_curve(str(tmp_path / "missing")) == []
+    assert lc.curve_arrays([], 0.0)[0].shape == (0,)
+
+
+def test_no_budget_is_a_one_line_error():
+    proc = subprocess.run([sys.executable, SCRIPT, "--env", "CartPole-v1"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() and "\n" not in proc.stderr.strip()
+    assert "--frames" in proc.stderr and "--seconds" in proc.stderr
+
+
+@pytest.mark.multiprocess
+def test_tiny_cartpole_run_writes_json_and_plot(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--env", "CartPole-v1", "--seeds", "1", "--frames", "3000",
+         "--target", "10", "--out", str(tmp_path), "--serial_mode", "--use_rnn", "False",
+         "--device", "cpu"],
+        cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    last = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert last["env"] == "CartPole-v1" and last["seeds"] == [1]
+    assert last["json"] == str(tmp_path / "learning.json")
+    assert last["png"] == str(tmp_path / "learning.png")
+    assert (tmp_path / "runs" / "CartPole-v1_seed1.log").exists()
+    report = json.loads((tmp_path / "learning.json").read_text())
+    run = report["runs"][0]
+    assert run["exit_code"] == 0 and run["final_frames"] >= 3000
+    assert run["curve"]["return"] and run["final_return"] == last["final_return"]["1"]
+    assert run["frames_to_target"] is not None  # random CartPole episodes last 10+ steps
+    assert report["host"]["cpu_flags"].keys() == {"avx512f", "avx512_bf16", "amx_bf16"}
+    assert report["reference"]["points"][0]["ret"] == 500.0
+    assert (tmp_path / "learning.png").stat().st_size > 10_000
