@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Watch and evaluate a trained agent: `python enjoy.py --env doom_basic --experiment NAME` (see --help)."""
+"""Watch and evaluate a trained agent: `python enjoy.py --env doom_basic --experiment NAME`
+(see --help)."""
 
 import sys
 

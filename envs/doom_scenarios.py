@@ -192,3 +192,14 @@ SCENARIOS: dict[str, DoomScenario] = {
         ),
     )
 }
+
+
+# --- the registry's view of this table -------------------------------------------------------
+
+
+def builtin_envs() -> dict[str, tuple[str, tuple, dict]]:
+    """name -> (factory as "module:attribute", its leading arguments, recommended settings)
+    for every scenario: the rows ``fastrl.env_registry`` reads. The factory is imported (and
+    with it vizdoom) only when an env is made."""
+    return {name: ("envs.doom:DoomEnv", (name,), dict(s.recommended))
+            for name, s in SCENARIOS.items()}

@@ -2,18 +2,20 @@
 
 Every field of :class:`Config` is a command-line flag with the same name; its help line is
 the field's ``help`` metadata. Flag names follow Sample Factory's where the concept is the
-same. :func:`parse_config` turns ``argv`` into a validated ``Config``; on resume, the
-experiment's ``config.json`` is the base and only flags given explicitly override it.
+same. This module holds the dataclass, the flag parser (:func:`build_parser`), validation
+(:func:`validate`) and which settings define a model (:data:`MODEL_DEFINING`). Saving,
+loading and resuming configs live in :mod:`fastrl.cfg_io`: its :func:`parse_config` turns
+``argv`` into a validated ``Config``; on resume, the experiment's ``config.json`` is the base
+and only flags given explicitly override it.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
-import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
@@ -30,83 +32,136 @@ def _f(default: Any, help: str, group: str = "training", choices: tuple | None =
 @dataclass
 class Config:
     # --- experiment -------------------------------------------------------------------
-    env: str = _f("doom_basic", "Environment: a fastrl name (see `fastrl.registered_envs()`) or any gymnasium id", "experiment")
-    experiment: str = _f("default_experiment", "Experiment name: a folder inside --train_dir; training it again resumes it", "experiment")
+    env: str = _f("doom_basic", "Environment: a fastrl name (see `fastrl.registered_envs()`) or "
+                  "any gymnasium id", "experiment")
+    experiment: str = _f("default_experiment", "Experiment name: a folder inside --train_dir; "
+                         "training it again resumes it", "experiment")
     train_dir: str = _f("train_dir", "Root folder for experiments", "experiment")
-    restart_behavior: str = _f("resume", "What to do when the experiment folder exists: resume it, or overwrite it", "experiment", choices=("resume", "overwrite"))
-    seed: int | None = _f(None, "Seed for torch, numpy and the envs (none: random); a seeded serial run is reproducible", "experiment")
-    device: str = _f("auto", "Torch device for inference and learning: auto (cuda if available), cpu, cuda, cuda:N", "experiment")
-    precision: str = _f("auto", "Autocast precision of the model's forward passes (weights, optimizer and loss stay fp32): bf16, fp32, or auto = bf16 where the device computes it natively (CUDA with bf16, CPU with AVX512-BF16 or AMX), else fp32", "experiment", choices=("auto", "fp32", "bf16"))
-    train_for_env_steps: int = _f(10_000_000_000, "Stop after this many environment frames (counting frameskip)", "experiment")
-    train_for_seconds: float = _f(10_000_000_000.0, "Stop after this many seconds of training in this run", "experiment")
+    restart_behavior: str = _f("resume", "What to do when the experiment folder exists: resume "
+                               "it, or overwrite it", "experiment", choices=("resume", "overwrite"))
+    seed: int | None = _f(None, "Seed for torch, numpy and the envs (none: random); a seeded "
+                          "serial run is reproducible", "experiment")
+    device: str = _f("auto", "Torch device for inference and learning: auto (cuda if available), "
+                     "cpu, cuda, cuda:N", "experiment")
+    precision: str = _f("auto", "Autocast precision of the model's forward passes (weights, "
+                        "optimizer and loss stay fp32): bf16, fp32, or auto = bf16 where the "
+                        "device computes it natively (CUDA with bf16, CPU with AVX512-BF16 or "
+                        "AMX), else fp32", "experiment", choices=("auto", "fp32", "bf16"))
+    train_for_env_steps: int = _f(10_000_000_000, "Stop after this many environment frames "
+                                  "(counting frameskip)", "experiment")
+    train_for_seconds: float = _f(10_000_000_000.0, "Stop after this many seconds of training in "
+                                  "this run", "experiment")
 
     # --- sampling ---------------------------------------------------------------------
-    serial_mode: bool = _f(False, "Run rollout, inference and learning in one process (debugging, profiling)", "sampling")
-    async_rl: bool = _f(True, "Collect while training (policy lag > 0, corrected by V-trace); False: collect a batch, train on it, repeat", "sampling")
-    num_workers: int = _f(2, "Rollout worker processes (each steps --num_envs_per_worker envs)", "sampling")
+    serial_mode: bool = _f(False, "Run rollout, inference and learning in one process (debugging, "
+                           "profiling)", "sampling")
+    async_rl: bool = _f(True, "Collect while training (policy lag > 0, corrected by V-trace); "
+                        "False: collect a batch, train on it, repeat", "sampling")
+    num_workers: int = _f(2, "Rollout worker processes (each steps --num_envs_per_worker envs)",
+                          "sampling")
     num_envs_per_worker: int = _f(8, "Envs per rollout worker", "sampling")
-    worker_num_splits: int = _f(2, "Groups each worker splits its envs into; 2 = double-buffered sampling", "sampling")
+    worker_num_splits: int = _f(2, "Groups each worker splits its envs into; 2 = double-buffered "
+                                "sampling", "sampling")
     num_policy_workers: int = _f(1, "Policy (inference) worker processes", "sampling")
     rollout: int = _f(32, "Trajectory length in agent steps", "sampling")
-    max_policy_lag: int = _f(100, "Samples acted by weights more than this many versions old are masked out of the loss", "sampling")
+    max_policy_lag: int = _f(100, "Samples acted by weights more than this many versions old are "
+                             "masked out of the loss", "sampling")
     policy_threads: int = _f(1, "Torch threads of each policy worker process", "sampling")
     learner_threads: int = _f(1, "Torch threads of the learner process", "sampling")
-    decorrelate_envs_on_one_worker: bool = _f(True, "At start, env number e takes e x rollout random actions so that episodes do not end in lock-step", "sampling")
-    sampling_only: bool = _f(False, "Act with the policy but never train (measures how fast the pipeline can feed a learner)", "sampling")
+    decorrelate_envs_on_one_worker: bool = _f(True, "At start, env number e takes e x rollout "
+                                              "random actions so that episodes do not end in "
+                                              "lock-step", "sampling")
+    sampling_only: bool = _f(False, "Act with the policy but never train (measures how fast the "
+                             "pipeline can feed a learner)", "sampling")
 
     # --- fault handling ---------------------------------------------------------------
-    env_timeout: float = _f(30.0, "Seconds one env step or reset may take before the env is treated as hung, closed and recreated (0: no limit)", "faults")
-    worker_timeout: float = _f(60.0, "Seconds a rollout or policy worker may go without a heartbeat before the runner kills and restarts it", "faults")
-    max_worker_restarts: int = _f(3, "Restarts of one worker allowed within --restart_window seconds; one more stops the run with the cause (0: never restart)", "faults")
-    restart_window: float = _f(300.0, "Seconds over which --max_worker_restarts is counted", "faults")
+    env_timeout: float = _f(30.0, "Seconds one env step or reset may take before the env is "
+                            "treated as hung, closed and recreated (0: no limit)", "faults")
+    worker_timeout: float = _f(60.0, "Seconds a rollout or policy worker may go without a "
+                               "heartbeat before the runner kills and restarts it", "faults")
+    max_worker_restarts: int = _f(3, "Restarts of one worker allowed within --restart_window "
+                                  "seconds; one more stops the run with the cause (0: never "
+                                  "restart)", "faults")
+    restart_window: float = _f(300.0, "Seconds over which --max_worker_restarts is counted",
+                               "faults")
 
     # --- environment ------------------------------------------------------------------
-    env_frameskip: int | None = _f(None, "Frames per agent step inside the simulator (none: the env's default, 4 for VizDoom)", "environment")
-    env_max_episode_steps: int | None = _f(None, "Per-episode time limit in agent steps (none: the env's own)", "environment")
-    env_measurements: bool = _f(False, "VizDoom: add the scenario's game variables as a second, vector observation", "environment")
-    reward_scale: float | None = _f(None, "Multiply training rewards by this; none: the env's recommended scale (e.g. 0.01 for doom_basic, whose rewards are in the hundreds), else 1.0 (returns are reported unscaled)", "environment")
-    env_reward_shaping: bool = _f(False, "VizDoom: add the scenario's reward shaping to the training reward (the reported return stays native); scenarios that need it recommend it", "environment")
+    env_frameskip: int | None = _f(None, "Frames per agent step inside the simulator (none: the "
+                                   "env's default, 4 for VizDoom)", "environment")
+    env_max_episode_steps: int | None = _f(None, "Per-episode time limit in agent steps (none: "
+                                           "the env's own)", "environment")
+    env_measurements: bool = _f(False, "VizDoom: add the scenario's game variables as a second, "
+                                "vector observation", "environment")
+    reward_scale: float | None = _f(None, "Multiply training rewards by this; none: the env's "
+                                    "recommended scale (e.g. 0.01 for doom_basic, whose rewards "
+                                    "are in the hundreds), else 1.0 (returns are reported "
+                                    "unscaled)", "environment")
+    env_reward_shaping: bool = _f(False, "VizDoom: add the scenario's reward shaping to the "
+                                  "training reward (the reported return stays native); scenarios "
+                                  "that need it recommend it", "environment")
     reward_clip: float = _f(1000.0, "Clip scaled training rewards to [-x, x]", "environment")
 
     # --- model ------------------------------------------------------------------------
-    encoder_fc_size: int = _f(512, "Width of the fully connected layer after the conv encoder", "model")
-    encoder_mlp_layers: list[int] = _f([256, 256], "Hidden sizes of the MLP encoder for vector observations", "model")
+    encoder_fc_size: int = _f(512, "Width of the fully connected layer after the conv encoder",
+                              "model")
+    encoder_mlp_layers: list[int] = _f([256, 256], "Hidden sizes of the MLP encoder for vector "
+                                       "observations", "model")
     use_rnn: bool = _f(True, "Add a GRU core between encoder and heads", "model")
     rnn_size: int = _f(512, "GRU hidden size", "model")
     nonlinearity: str = _f("elu", "Activation function", "model", choices=("elu", "relu", "tanh"))
-    normalize_input: bool = _f(True, "Whiten each pixel of image observations with a running mean and variance that the learner updates (False: the fixed x / 127.5 - 1)", "model")
-    normalize_returns: bool = _f(True, "The critic predicts value targets normalised by their running mean and std (kept in the model, saved in checkpoints)", "model")
+    normalize_input: bool = _f(True, "Whiten each pixel of image observations with a running mean "
+                               "and variance that the learner updates "
+                               "(False: the fixed x / 127.5 - 1)", "model")
+    normalize_returns: bool = _f(True, "The critic predicts value targets normalised by their "
+                                 "running mean and std (kept in the model, saved in checkpoints)",
+                                 "model")
 
     # --- algorithm --------------------------------------------------------------------
     batch_size: int = _f(1024, "Samples per SGD step (a multiple of --rollout)")
     num_batches_per_epoch: int = _f(1, "SGD steps per pass over the collected data")
     num_epochs: int = _f(1, "Passes (PPO epochs) over each collected batch")
-    learning_rate: float = _f(5e-4, "Adam learning rate (on doom_basic, before --normalize_input existed, 5e-4 learned and 1e-4 had not by 1.3M frames)")
+    learning_rate: float = _f(5e-4, "Adam learning rate (on doom_basic, before --normalize_input "
+                              "existed, 5e-4 learned and 1e-4 had not by 1.3M frames)")
     adam_eps: float = _f(1e-6, "Adam epsilon")
     adam_beta1: float = _f(0.9, "Adam beta1")
     adam_beta2: float = _f(0.999, "Adam beta2")
     gamma: float = _f(0.99, "Discount factor")
     ppo_clip_ratio: float = _f(0.1, "PPO clip: the ratio is clipped to [1 - x, 1 + x]")
     value_loss_coeff: float = _f(0.5, "Weight of the value loss")
-    exploration_loss: str = _f("entropy", "Exploration term: entropy (maximise the policy's entropy) or symmetric_kl (minimise KL(uniform || pi) + KL(pi || uniform))", choices=("entropy", "symmetric_kl"))
+    exploration_loss: str = _f("entropy", "Exploration term: entropy (maximise the policy's "
+                               "entropy) or symmetric_kl "
+                               "(minimise KL(uniform || pi) + KL(pi || uniform))",
+                               choices=("entropy", "symmetric_kl"))
     exploration_loss_coeff: float = _f(0.003, "Weight of the exploration term")
     max_grad_norm: float = _f(4.0, "Clip the global gradient norm to this (0: no clipping)")
-    ppo_clip_value: float = _f(0.2, "Clip the new value to within this of the value the acting policy computed, taking the larger squared error (critic units, normalised with --normalize_returns; 0: off)")
-    ratio_clamp: float = _f(20.0, "Clamp the importance ratio to [1/x, x] in the PPO surrogate (0: off)")
-    value_bootstrap: bool = _f(True, "On an episode cut by a time limit, bootstrap from the critic's value of its last observation (False: treat the time limit like a death)")
+    ppo_clip_value: float = _f(0.2, "Clip the new value to within this of the value the acting "
+                               "policy computed, taking the larger squared error (critic units, "
+                               "normalised with --normalize_returns; 0: off)")
+    ratio_clamp: float = _f(20.0, "Clamp the importance ratio to [1/x, x] in the PPO surrogate "
+                            "(0: off)")
+    value_bootstrap: bool = _f(True, "On an episode cut by a time limit, bootstrap from the "
+                               "critic's value of its last observation (False: treat the time "
+                               "limit like a death)")
     with_vtrace: bool = _f(True, "Correct advantages and value targets for policy lag with V-trace")
-    vtrace_rho: float = _f(1.0, "V-trace rho-bar (importance weight clip for the value targets and advantages)")
+    vtrace_rho: float = _f(1.0, "V-trace rho-bar (importance weight clip for the value targets "
+                           "and advantages)")
     vtrace_c: float = _f(1.0, "V-trace c-bar (trace-cutting clip)")
-    gae_lambda: float = _f(0.95, "Trace decay of the value targets and advantages (lambda-returns inside V-trace); 1.0 = plain V-trace")
+    gae_lambda: float = _f(0.95, "Trace decay of the value targets and advantages (lambda-returns "
+                           "inside V-trace); 1.0 = plain V-trace")
 
     # --- logging and checkpoints ------------------------------------------------------
-    save_every_sec: float = _f(120.0, "Seconds between checkpoints (one is also written at exit)", "logging")
+    save_every_sec: float = _f(120.0, "Seconds between checkpoints (one is also written at exit)",
+                               "logging")
     keep_checkpoints: int = _f(3, "How many newest checkpoints to keep", "logging")
     log_every_sec: float = _f(5.0, "Seconds between console progress lines", "logging")
-    summaries_every_sec: float = _f(10.0, "Seconds between TensorBoard and summary.json writes", "logging")
-    eval_every_env_frames: int = _f(0, "Every this many env frames, play --eval_episodes in a separate env and log eval/ returns to TensorBoard (0: never)", "logging")
+    summaries_every_sec: float = _f(10.0, "Seconds between TensorBoard and summary.json writes",
+                                    "logging")
+    eval_every_env_frames: int = _f(0, "Every this many env frames, play --eval_episodes in a "
+                                    "separate env and log eval/ returns to TensorBoard (0: never)",
+                                    "logging")
     eval_episodes: int = _f(10, "Episodes per evaluation during training", "logging")
-    eval_deterministic: bool = _f(False, "Evaluate with the most likely action instead of sampling", "logging")
+    eval_deterministic: bool = _f(False, "Evaluate with the most likely action instead of sampling",
+                                  "logging")
     stats_avg: int = _f(100, "Episodes averaged for the reported mean return", "logging")
 
     # --- derived ----------------------------------------------------------------------
@@ -170,7 +225,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def build_parser(prog: str | None = None, suppress_defaults: bool = False) -> argparse.ArgumentParser:
+def build_parser(
+    prog: str | None = None, suppress_defaults: bool = False
+) -> argparse.ArgumentParser:
     """The argparse parser for every Config field (``suppress_defaults`` leaves unset flags out)."""
     parser = _Parser(
         prog=prog,
@@ -218,10 +275,12 @@ def validate(cfg: Config) -> list[str]:
             errors.append(f"--{name}={value}: must be > 0")
 
     for name in ("num_workers", "num_envs_per_worker", "worker_num_splits", "num_policy_workers",
-                 "rollout", "batch_size", "policy_threads", "learner_threads", "num_batches_per_epoch", "num_epochs", "learning_rate",
+                 "rollout", "batch_size", "policy_threads", "learner_threads",
+                 "num_batches_per_epoch", "num_epochs", "learning_rate",
                  "rnn_size", "encoder_fc_size", "keep_checkpoints", "stats_avg",
                  "train_for_env_steps", "train_for_seconds", "log_every_sec",
-                 "summaries_every_sec", "save_every_sec", "eval_episodes", "adam_eps", "vtrace_rho", "vtrace_c",
+                 "summaries_every_sec", "save_every_sec", "eval_episodes", "adam_eps",
+                 "vtrace_rho", "vtrace_c",
                  "reward_clip", "worker_timeout", "restart_window"):
         positive(name)
     for name in ("max_policy_lag", "eval_every_env_frames", "env_timeout", "max_worker_restarts"):
@@ -246,18 +305,22 @@ def validate(cfg: Config) -> list[str]:
         if v is not None and not math.isfinite(v):
             errors.append(f"--{name}={v}: must be a finite number")
     if cfg.env_frameskip is not None and cfg.env_frameskip < 1:
-        errors.append(f"--env_frameskip={cfg.env_frameskip}: must be >= 1 (or None for the env's default)")
+        errors.append(f"--env_frameskip={cfg.env_frameskip}: "
+                      "must be >= 1 (or None for the env's default)")
     if cfg.env_max_episode_steps is not None and cfg.env_max_episode_steps < 1:
-        errors.append(f"--env_max_episode_steps={cfg.env_max_episode_steps}: must be >= 1 (or None)")
+        errors.append(f"--env_max_episode_steps={cfg.env_max_episode_steps}: "
+                      "must be >= 1 (or None)")
     if any(n <= 0 for n in cfg.encoder_mlp_layers):
         errors.append(f"--encoder_mlp_layers={cfg.encoder_mlp_layers}: every size must be > 0")
-    if cfg.worker_num_splits > 0 and cfg.num_envs_per_worker > 0 and cfg.num_envs_per_worker % cfg.worker_num_splits:
+    if (cfg.worker_num_splits > 0 and cfg.num_envs_per_worker > 0
+            and cfg.num_envs_per_worker % cfg.worker_num_splits):
         errors.append(
             f"--num_envs_per_worker={cfg.num_envs_per_worker}: must be a multiple of "
             f"--worker_num_splits={cfg.worker_num_splits}"
         )
     if cfg.rollout > 0 and cfg.batch_size > 0 and cfg.batch_size % cfg.rollout:
-        errors.append(f"--batch_size={cfg.batch_size}: must be a multiple of --rollout={cfg.rollout}")
+        errors.append(f"--batch_size={cfg.batch_size}: "
+                      f"must be a multiple of --rollout={cfg.rollout}")
     if (not cfg.async_rl and cfg.rollout > 0 and cfg.batch_size > 0 and cfg.num_workers > 0
             and cfg.num_envs_per_worker > 0):
         per_round = cfg.rollout * cfg.num_envs
@@ -275,148 +338,22 @@ def validate(cfg: Config) -> list[str]:
     return errors
 
 
-def _coerce_saved(saved: dict[str, Any], source: str) -> tuple[dict[str, Any], list[str]]:
-    """Keep the known keys of a saved config, checking their types; unknown keys are errors."""
-    known = {f.name for f in _fields()}
-    hints = _hints()
-    out: dict[str, Any] = {}
-    errors: list[str] = []
-    for key, value in saved.items():
-        if key not in known:
-            errors.append(f"{source}: unknown setting {key!r} (written by another fastrl version?)")
-            continue
-        hint = hints[key]
-        ok = (
-            (hint is bool and isinstance(value, bool))
-            or (hint is int and isinstance(value, int) and not isinstance(value, bool))
-            or (hint is float and isinstance(value, (int, float)) and not isinstance(value, bool))
-            or (hint is str and isinstance(value, str))
-            or (hint == list[int] and isinstance(value, list) and all(isinstance(v, int) for v in value))
-            or (hint == (int | None) and (value is None or (isinstance(value, int) and not isinstance(value, bool))))
-            or (hint == (float | None) and (value is None or isinstance(value, (int, float))))
-        )
-        if not ok:
-            errors.append(f"{source}: {key}={value!r} has the wrong type (expected {hint})")
-            continue
-        out[key] = float(value) if hint is float else value
-    return out, errors
-
-
-def config_path(experiment_dir: str) -> str:
-    return os.path.join(experiment_dir, "config.json")
-
-
-def save_config(cfg: Config, experiment_dir: str) -> None:
-    os.makedirs(experiment_dir, exist_ok=True)
-    path = config_path(experiment_dir)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(cfg.to_dict(), fh, indent=2, sort_keys=True)
-    os.replace(tmp, path)
-
-
-def load_saved_config(experiment_dir: str) -> tuple[dict[str, Any], list[str]]:
-    path = config_path(experiment_dir)
-    if not os.path.exists(path):
-        return {}, []
-    try:
-        with open(path) as fh:
-            saved = json.load(fh)
-    except (OSError, json.JSONDecodeError) as exc:
-        return {}, [f"{path}: cannot read it ({exc}); fix or delete it, or use --restart_behavior=overwrite"]
-    if not isinstance(saved, dict):
-        return {}, [f"{path}: expected a JSON object"]
-    out, errors = _coerce_saved(saved, path)
-    return with_added_later(out), errors
-
-
-def with_added_later(saved: dict[str, Any]) -> dict[str, Any]:
-    """A saved config (non-empty) with the settings it predates set to what it was trained with."""
-    if not saved:
-        return saved
-    return _legacy_reward_scale({**{k: v for k, v in ADDED_LATER.items() if k not in saved}, **saved})
-
-
 # Settings that define what a checkpoint contains: changing them on resume would load
 # weights into a different model, so they may not be overridden.
 MODEL_DEFINING = ("env", "encoder_fc_size", "encoder_mlp_layers", "use_rnn", "rnn_size",
                   "nonlinearity", "env_measurements", "normalize_input", "normalize_returns")
+
+
+def changed_model_settings(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """The settings of ``MODEL_DEFINING`` that ``saved`` and ``current`` both hold with
+    different values, in ``MODEL_DEFINING`` order. For a :class:`Config`, pass ``vars(cfg)``.
+    The one check behind resuming, loading a checkpoint and enjoy."""
+    return [key for key in MODEL_DEFINING
+            if key in saved and key in current and saved[key] != current[key]]
+
 
 # Settings added after experiments were first saved, with the value that reproduces what an
 # older config.json (which lacks them) was trained with.
 ADDED_LATER = {"normalize_input": False, "normalize_returns": False, "exploration_loss": "entropy",
                "ppo_clip_value": 0.0, "ratio_clamp": 0.0, "value_bootstrap": False,
                "decorrelate_envs_on_one_worker": False, "env_reward_shaping": False}
-
-
-def _legacy_reward_scale(saved: dict[str, Any]) -> dict[str, Any]:
-    """A config.json written before env entries recommended a reward scale stored None for
-    "0.01 for any doom_* env, else 1.0": keep training it with that."""
-    if "reward_scale" in saved and saved["reward_scale"] is None:
-        return {**saved, "reward_scale": 0.01 if str(saved.get("env", "")).startswith("doom_") else 1.0}
-    return saved
-
-
-def apply_recommended(cfg: Config, keep: set[str]) -> list[str]:
-    """Set the env's recommended settings (see ``fastrl.env_registry.recommended_settings``)
-    on ``cfg``, except the fields in ``keep`` (given as flags, or saved by an earlier run);
-    then resolve ``reward_scale`` None to 1.0. Returns errors for unknown settings."""
-    from fastrl.env_registry import recommended_settings
-
-    known = {f.name for f in _fields()}
-    errors = []
-    for key, value in recommended_settings(cfg.env).items():
-        if key not in known:
-            errors.append(f"env {cfg.env!r} recommends unknown setting {key!r}")
-        elif key not in keep:
-            setattr(cfg, key, value)
-    if cfg.reward_scale is None:
-        cfg.reward_scale = 1.0
-    return errors
-
-
-def parse_config(argv: list[str] | None = None, prog: str | None = None) -> Config:
-    """Parse flags, merge them over a saved ``config.json`` when resuming, validate.
-
-    Raises :class:`ConfigError` listing every problem.
-    """
-    argv = list(sys.argv[1:] if argv is None else argv)
-    explicit = vars(build_parser(prog, suppress_defaults=True).parse_args(argv))
-    full = vars(build_parser(prog).parse_args(argv))
-    cfg = Config(**full)
-    errors: list[str] = []
-    saved: dict[str, Any] = {}
-    if cfg.restart_behavior == "resume" and cfg.experiment and os.sep not in cfg.experiment:
-        saved, load_errors = load_saved_config(cfg.experiment_dir)
-        errors += load_errors
-        if saved:
-            for key in MODEL_DEFINING:
-                if key in explicit and key in saved and explicit[key] != saved[key]:
-                    errors.append(
-                        f"--{key}={explicit[key]!r}: experiment {cfg.experiment!r} was trained with "
-                        f"{key}={saved[key]!r}; use another --experiment or --restart_behavior=overwrite"
-                    )
-            merged = {**saved, **explicit}
-            # The folder is where it is now; do not follow a stale saved train_dir. What to
-            # do with an existing folder is this invocation's choice, never a saved one (a
-            # run started with --restart_behavior=overwrite must resume when run again).
-            merged["train_dir"] = cfg.train_dir
-            merged["experiment"] = cfg.experiment
-            merged["restart_behavior"] = cfg.restart_behavior
-            cfg = Config(**{**full, **merged})
-    errors += apply_recommended(cfg, set(explicit) | set(saved))
-    errors += validate(cfg)
-    if errors:
-        raise ConfigError(errors)
-    return cfg
-
-
-def parse_or_exit(argv: list[str] | None = None, prog: str | None = None) -> Config:
-    """``parse_config`` for scripts: prints one line per error and exits with status 2."""
-    try:
-        return parse_config(argv, prog)
-    except ConfigError as exc:
-        name = prog or os.path.basename(sys.argv[0])
-        for line in exc.errors:
-            print(f"{name}: error: {line}", file=sys.stderr)
-        sys.exit(2)

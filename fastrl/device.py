@@ -12,7 +12,9 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ExperimentError(f"--device={name}: CUDA is not available on this machine (use cpu or auto)")
+        raise ExperimentError(
+            f"--device={name}: CUDA is not available on this machine (use cpu or auto)"
+        )
     return device
 
 

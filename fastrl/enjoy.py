@@ -15,38 +15,33 @@ checkpoint whose env or model differs from the result is refused.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import os
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 
 from fastrl.cfg import (
-    MODEL_DEFINING,
     Config,
     ConfigError,
     build_parser,
-    load_saved_config,
     str2bool,
     validate,
-    with_added_later,
 )
-from fastrl.evaluation import EvalResult, evaluate
-from fastrl.experiment import (
-    ExperimentError,
+from fastrl.cfg_io import load_saved_config, with_added_later
+from fastrl.checkpoint import (
     checkpoint_dir,
     list_checkpoints,
     load_checkpoint,
     load_latest_checkpoint,
-    log,
-    write_json_atomic,
+    refuse_changed_model_settings,
 )
+from fastrl.evaluation import EvalResult, evaluate
+from fastrl.experiment import ExperimentError, log, write_json_atomic
+from fastrl.video import FrameSinks, VideoRecorder, WindowViewer, has_display, headless_sdl
 
 PROG = "enjoy.py"
 EVAL_FILE = "eval.json"
@@ -89,8 +84,8 @@ def add_enjoy_arguments(parser: argparse.ArgumentParser, suppress_defaults: bool
         metavar="PATH")
     add("max_num_episodes", 10, "Episodes to play", type=int)
     add("deterministic", False, "Take the most likely action instead of sampling", **flag)
-    add("save_video", False, "Write an mp4 of the episodes (plus *_full.mp4 with the full-resolution "
-        "screen when the env can render it)", **flag)
+    add("save_video", False, "Write an mp4 of the episodes (plus *_full.mp4 with the "
+        "full-resolution screen when the env can render it)", **flag)
     add("video_frames", 1000, "Write at most this many frames to the video (agent steps)", type=int)
     add("video_path", None, f"Video file (none: <train_dir>/<experiment>/{VIDEO_FILE})",
         metavar="PATH")
@@ -139,15 +134,18 @@ def _checkpoint_experiment_dir(path: str) -> str:
     return folder
 
 
-def locate(full: dict[str, Any], explicit: dict[str, Any], options: EnjoyOptions) -> tuple[str, dict, str]:
+def locate(full: dict[str, Any], explicit: dict[str, Any],
+           options: EnjoyOptions) -> tuple[str, dict, str]:
     """The experiment folder, the loaded checkpoint and its path; ``ExperimentError`` naming
     the path when one is missing or unreadable."""
     if options.checkpoint is None:
         exp_dir = os.path.join(full["train_dir"], full["experiment"])
         if not os.path.isdir(exp_dir):
-            raise ExperimentError(f"experiment folder {exp_dir} does not exist (check --train_dir and --experiment)")
+            raise ExperimentError(f"experiment folder {exp_dir} does not exist "
+                                  "(check --train_dir and --experiment)")
         if not list_checkpoints(exp_dir):
-            raise ExperimentError(f"no checkpoint in {checkpoint_dir(exp_dir)} (train the experiment first)")
+            raise ExperimentError(f"no checkpoint in {checkpoint_dir(exp_dir)} "
+                                  "(train the experiment first)")
         state, path = load_latest_checkpoint(exp_dir)
         if state is None or path is None:
             raise ExperimentError(f"no readable checkpoint in {checkpoint_dir(exp_dir)}")
@@ -171,7 +169,8 @@ def merge_config(full: dict[str, Any], explicit: dict[str, Any], exp_dir: str, s
     if errors:
         raise ConfigError(errors)
     if not saved:
-        saved = with_added_later({k: v for k, v in state.get("cfg", {}).items() if k in _CONFIG_KEYS})
+        saved = with_added_later(
+            {k: v for k, v in state.get("cfg", {}).items() if k in _CONFIG_KEYS})
     base = {k: v for k, v in saved.items() if k in _SAVED_KEYS}
     # The folder actually used (with --checkpoint alone: the checkpoint's experiment).
     where = {"train_dir": os.path.dirname(exp_dir) or ".", "experiment": os.path.basename(exp_dir)}
@@ -193,182 +192,12 @@ def check_checkpoint_matches(state: dict, cfg: Config, path: str, env_explicit: 
         raise ExperimentError(
             f"checkpoint {path} was trained on env {saved_env!r}, but {how} asks for {cfg.env!r}"
         )
-    for key in MODEL_DEFINING:
-        if key in saved_cfg and saved_cfg[key] != getattr(cfg, key):
-            raise ExperimentError(
-                f"checkpoint {path} was trained with {key}={saved_cfg[key]!r}, but this run asks "
-                f"for {key}={getattr(cfg, key)!r}"
-            )
-
-
-# --- frames: agent view, full screen, window -------------------------------------------
-
-
-def agent_view(obs: dict[str, np.ndarray]) -> np.ndarray | None:
-    """The image the policy sees, as ``uint8 [H, W, 3]``, or ``None`` for a vector env.
-
-    Uses the ``"obs"`` key when it is an image, else the first image key."""
-    keys = ["obs"] + [k for k in obs if k != "obs"]
-    for key in keys:
-        value = obs.get(key)
-        if isinstance(value, np.ndarray) and value.dtype == np.uint8 and value.ndim == 3:
-            hwc = np.transpose(value, (1, 2, 0))
-            if hwc.shape[2] == 1:
-                hwc = np.repeat(hwc, 3, axis=2)
-            return np.ascontiguousarray(hwc[:, :, :3])
-    return None
-
-
-def screen(env: gym.Env) -> np.ndarray | None:
-    """The env's full-resolution screen ``uint8 [H, W, 3]`` when it renders to arrays."""
-    if getattr(env, "render_mode", None) != "rgb_array":
-        return None
-    frame = env.render()
-    if frame is None:
-        return None
-    frame = np.asarray(frame)
-    if frame.ndim != 3 or frame.shape[2] < 3:
-        return None
-    return np.ascontiguousarray(frame[:, :, :3].astype(np.uint8, copy=False))
-
-
-def pad_even(frame: np.ndarray) -> np.ndarray:
-    """Pad ``[H, W, 3]`` with black to even H and W (yuv420p needs both even)."""
-    h, w = frame.shape[:2]
-    if h % 2 == 0 and w % 2 == 0:
-        return frame
-    return np.pad(frame, ((0, h % 2), (0, w % 2), (0, 0)))
-
-
-class _Mp4Writer:
-    """One mp4 file (libx264, yuv420p), opened on the first frame."""
-
-    def __init__(self, path: str, fps: float):
-        self.path = path
-        self.fps = fps
-        self.frames = 0
-        self._writer: Any = None
-
-    def write(self, frame: np.ndarray) -> None:
-        if self._writer is None:
-            import imageio.v2 as imageio
-
-            folder = os.path.dirname(os.path.abspath(self.path))
-            os.makedirs(folder, exist_ok=True)
-            # macro_block_size=1: keep the exact size (the default 16 would rescale 72x128);
-            # pad_even makes it acceptable to yuv420p.
-            self._writer = imageio.get_writer(
-                self.path, format="FFMPEG", mode="I", fps=self.fps, codec="libx264",
-                pixelformat="yuv420p", macro_block_size=1, quality=8, ffmpeg_log_level="error",
-            )
-        self._writer.append_data(pad_even(frame))
-        self.frames += 1
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-
-
-def full_video_path(path: str) -> str:
-    stem, ext = os.path.splitext(path)
-    return f"{stem}_full{ext or '.mp4'}"
-
-
-class VideoRecorder:
-    """Frame sink that writes the agent's view to ``path`` and the env's full-resolution
-    screen to ``*_full.mp4``; an env without image observations (CartPole) has its screen
-    written to ``path`` instead. At most ``max_frames`` frames per file."""
-
-    def __init__(self, path: str, fps: float, max_frames: int):
-        self.max_frames = max_frames
-        self.main = _Mp4Writer(path, fps)
-        self.full = _Mp4Writer(full_video_path(path), fps)
-        self._mode: str | None = None  # "agent", "agent+full" or "screen", fixed on frame 1
-
-    def __call__(self, obs: dict[str, np.ndarray], env: gym.Env) -> None:
-        if self.main.frames >= self.max_frames or self._mode == "none":
-            return
-        view = agent_view(obs) if self._mode != "screen" else None
-        full = screen(env)
-        if self._mode is None:
-            self._mode = ("agent+full" if full is not None else "agent") if view is not None else (
-                "screen" if full is not None else "none")
-        if self._mode == "screen" and full is not None:
-            self.main.write(full)
-        elif view is not None:
-            self.main.write(view)
-            if self._mode == "agent+full" and full is not None:
-                self.full.write(full)
-
-    @property
-    def frames(self) -> int:
-        return self.main.frames
-
-    def close(self) -> list[str]:
-        """Finish the files; return the paths written."""
-        self.main.close()
-        self.full.close()
-        return [w.path for w in (self.main, self.full) if w.frames]
-
-
-def has_display() -> bool:
-    """Whether a window can be opened (an X11/Wayland display, a desktop OS, or an SDL
-    driver chosen explicitly, such as ``SDL_VIDEODRIVER=dummy``)."""
-    if sys.platform in ("darwin", "win32"):
-        return True
-    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
-                or os.environ.get("SDL_VIDEODRIVER"))
-
-
-class WindowViewer:
-    """Frame sink that shows the full screen (or the agent's view, scaled up) in a pygame
-    window at ``fps``. Closing the window stops playing (as Ctrl+C does)."""
-
-    def __init__(self, fps: float, title: str):
-        os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
-        try:
-            import pygame
-        except ImportError as exc:
-            raise ExperimentError("--render needs pygame (pip install pygame-ce)") from exc
-        self._pg = pygame
-        pygame.display.init()
-        pygame.display.set_caption(title)
-        self._clock = pygame.time.Clock()
-        self._fps = fps
-        self._surface: Any = None
-
-    def __call__(self, obs: dict[str, np.ndarray], env: gym.Env) -> None:
-        pg = self._pg
-        frame = screen(env)
-        if frame is None:
-            view = agent_view(obs)
-            if view is None:
-                return
-            frame = np.kron(view, np.ones((4, 4, 1), dtype=np.uint8))  # 4x nearest upscale
-        size = (frame.shape[1], frame.shape[0])
-        if self._surface is None or self._surface.get_size() != size:
-            self._surface = pg.display.set_mode(size)
-        pg.surfarray.blit_array(self._surface, np.transpose(frame, (1, 0, 2)))
-        pg.display.flip()
-        for event in pg.event.get():
-            if event.type == pg.QUIT:
-                raise KeyboardInterrupt
-        self._clock.tick(self._fps)
-
-    def close(self) -> None:
-        self._pg.display.quit()
-
-
-class _Sinks:
-    """Several frame sinks as one."""
-
-    def __init__(self, sinks: list[Any]):
-        self.sinks = sinks
-
-    def __call__(self, obs: dict[str, np.ndarray], env: gym.Env) -> None:
-        for sink in self.sinks:
-            sink(obs, env)
+    refuse_changed_model_settings(
+        saved_cfg, cfg,
+        lambda key, saved_value, value: (
+            f"checkpoint {path} was trained with {key}={saved_value!r}, but this run asks "
+            f"for {key}={value!r}"),
+    )
 
 
 # --- the run -----------------------------------------------------------------------------
@@ -399,30 +228,10 @@ def _one_line(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-@contextlib.contextmanager
-def _headless_sdl(enabled: bool) -> Iterator[None]:
-    """Without a display, point SDL (pygame, which gymnasium's classic envs use to render
-    rgb arrays) at its dummy driver, instead of letting it probe X11/Wayland and print
-    errors about them; the environment is restored on exit."""
-    if not enabled or "SDL_VIDEODRIVER" in os.environ or has_display():
-        yield
-        return
-    os.environ["SDL_VIDEODRIVER"] = "dummy"
-    try:
-        yield
-    finally:
-        os.environ.pop("SDL_VIDEODRIVER", None)
-
-
 def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOptions) -> dict:
     """Play, print and write ``eval.json``; return what was written."""
-    from fastrl.runner.common import (
-        build_model,
-        check_checkpoint_compatible,
-        env_info,
-        resolve_device,
-        seed_everything,
-    )
+    from fastrl.checkpoint import check_checkpoint_compatible
+    from fastrl.runner.common import build_model, env_info, resolve_device, seed_everything
 
     device = resolve_device(cfg.device)
     seed_everything(cfg.seed)
@@ -439,10 +248,13 @@ def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOp
         try:
             model.load_state_dict(state["learner"]["model"])
         except (KeyError, TypeError) as exc:
-            raise ExperimentError(f"checkpoint {ckpt_path} holds no model weights ({_one_line(exc)})") from exc
+            raise ExperimentError(
+                f"checkpoint {ckpt_path} holds no model weights ({_one_line(exc)})"
+            ) from exc
         except RuntimeError as exc:
             raise ExperimentError(
-                f"checkpoint {ckpt_path} does not fit the model built for --env={cfg.env}: {_one_line(exc)}"
+                f"checkpoint {ckpt_path} does not fit the model built for --env={cfg.env}: "
+                f"{_one_line(exc)}"
             ) from exc
         fps = options.fps or real_time_fps(env)
         video_path = options.video_path or os.path.join(exp_dir, VIDEO_FILE)
@@ -452,7 +264,8 @@ def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOp
         if options.render:
             sinks.append(WindowViewer(fps, f"fastrl: {cfg.env} ({cfg.experiment})"))
         trained = state.get("counters", {}).get("env_frames")
-        trained_txt = f"{trained:,} training frames" if isinstance(trained, int) else "training frames unknown"
+        trained_txt = (f"{trained:,} training frames" if isinstance(trained, int)
+                       else "training frames unknown")
         log(f"playing {options.max_num_episodes} episodes of {cfg.env} with {ckpt_path} "
             f"({trained_txt}), {'deterministic' if options.deterministic else 'sampled'} actions, "
             f"device {device}")
@@ -464,7 +277,7 @@ def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOp
 
         try:
             evaluate(model, env, info.action_space, options.max_num_episodes, options.deterministic,
-                     device, frame_sink=_Sinks(sinks) if sinks else None, seed=cfg.seed,
+                     device, frame_sink=FrameSinks(sinks) if sinks else None, seed=cfg.seed,
                      on_episode=on_episode)
         except KeyboardInterrupt:
             interrupted = True
@@ -492,7 +305,8 @@ def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOp
     }
     if result.episodes:
         log(f"return {result.mean_return:.3f} +- {result.std_return:.3f} (mean +- std over "
-            f"{result.episodes} episodes), length {result.mean_length:.1f} +- {result.std_length:.1f}")
+            f"{result.episodes} episodes), length {result.mean_length:.1f} +- "
+            f"{result.std_length:.1f}")
     for path in videos:
         log(f"video: {path} ({report['video_frames']} frames at {fps:g} fps)")
     os.makedirs(exp_dir, exist_ok=True)
@@ -514,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                                   "set); use --save_video to record the episodes instead")
         exp_dir, state, ckpt_path = locate(full, explicit, options)
         cfg = merge_config(full, explicit, exp_dir, state, ckpt_path)
-        with _headless_sdl(enabled=not options.render):
+        with headless_sdl(enabled=not options.render):
             report = run(cfg, exp_dir, state, ckpt_path, options)
     except ConfigError as exc:
         for line in exc.errors:

@@ -12,8 +12,10 @@ env = make_env("my_env")
 An entry may carry recommended training settings (``Config`` field names and values: reward
 scale, time limit, model...). ``train.py`` applies them unless the same flag is given.
 
-Built-in names are registered lazily by importing the `envs` package the first time the
-registry is used; that import does not import vizdoom (see `envs/__init__.py`).
+Built-in names come from a static table of env families (``BUILTIN_FAMILIES``): each is a
+plain-data module of `envs` whose ``builtin_envs()`` gives name -> (factory, recommended
+settings). It is read the first time a name is looked up; reading it imports no simulator
+(vizdoom loads when a doom env is made) and nothing of fastrl, so there is no import circle.
 
 Options are passed to the factory as keyword arguments. When the factory's signature
 does not accept an option, an option left at None is dropped and any other value is a
@@ -24,8 +26,8 @@ from __future__ import annotations
 
 import difflib
 import functools
+import importlib
 import inspect
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -34,27 +36,46 @@ from gymnasium.envs.registration import registry as gym_registry
 
 EnvFactory = Callable[..., gym.Env]
 
-_REGISTRY: dict[str, EnvFactory] = {}
-_RECOMMENDED: dict[str, dict[str, Any]] = {}
-_lock = threading.RLock()
-_builtins_loaded = False
+# Modules of env families built into fastrl, each with ``builtin_envs()``: name -> (factory as
+# "module:attribute", leading arguments, recommended settings).
+BUILTIN_FAMILIES = ("envs.doom_scenarios",)
+
+
+class _LazyFactory:
+    """A factory named by ``"module:attribute"``, imported when it is first needed."""
+
+    def __init__(self, target: str, args: tuple):
+        self.target = target
+        self.args = args
+
+    def resolve(self) -> EnvFactory:
+        module, attribute = self.target.split(":")
+        return functools.partial(getattr(importlib.import_module(module), attribute), *self.args)
+
+    def __call__(self, **options: Any) -> gym.Env:
+        return self.resolve()(**options)
+
+
+# Names registered with register_env: name -> (factory, recommended settings).
+_REGISTRY: dict[str, tuple[EnvFactory, dict[str, Any]]] = {}
 
 
 class UnknownEnvError(ValueError):
     """`make_env` got a name that is neither registered nor a gymnasium id."""
 
 
-def _ensure_builtins() -> None:
-    global _builtins_loaded
-    with _lock:
-        if _builtins_loaded:
-            return
-        _builtins_loaded = True  # set first: importing envs calls register_env
-        try:
-            import envs  # noqa: F401  (registers the built-in names)
-        except BaseException:
-            _builtins_loaded = False
-            raise
+@functools.cache
+def _builtins() -> dict[str, tuple[EnvFactory, dict[str, Any]]]:
+    table: dict[str, tuple[EnvFactory, dict[str, Any]]] = {}
+    for module in BUILTIN_FAMILIES:
+        rows = importlib.import_module(module).builtin_envs()
+        for name, (target, args, recommended) in rows.items():
+            table[name] = (_LazyFactory(target, args), recommended)
+    return table
+
+
+def _entry(name: str) -> tuple[EnvFactory, dict[str, Any]] | None:
+    return _REGISTRY.get(name) or _builtins().get(name)
 
 
 def register_env(name: str, factory: EnvFactory, *, recommended: dict[str, Any] | None = None,
@@ -62,22 +83,18 @@ def register_env(name: str, factory: EnvFactory, *, recommended: dict[str, Any] 
     """Register `factory(**options) -> gymnasium.Env` under `name`, with the training
     settings recommended for it (`recommended`, Config field names; flags override them).
 
-    A name can be registered once; pass `overwrite=True` to replace an existing entry.
-    With multiprocessing "spawn", register at import time of a module the worker
-    processes also import (not under `if __name__ == "__main__":`).
+    A name can be registered once (built-in names included); pass `overwrite=True` to
+    replace an existing entry. With multiprocessing "spawn", register at import time of a
+    module the worker processes also import (not under `if __name__ == "__main__":`).
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"env name must be a non-empty string, got {name!r}")
     if not callable(factory):
         raise TypeError(f"factory for {name!r} must be callable, got {factory!r}")
-    _ensure_builtins()
-    with _lock:
-        if name in _REGISTRY and not overwrite and _REGISTRY[name] is not factory:
-            raise ValueError(
-                f"env {name!r} is already registered; pass overwrite=True to replace it"
-            )
-        _REGISTRY[name] = factory
-        _RECOMMENDED[name] = dict(recommended or {})
+    existing = _entry(name)
+    if existing is not None and not overwrite and existing[0] is not factory:
+        raise ValueError(f"env {name!r} is already registered; pass overwrite=True to replace it")
+    _REGISTRY[name] = (factory, dict(recommended or {}))
 
 
 # Gymnasium ids with measured recommendations (perf/RESULTS.md, "Learning"). CartPole: a
@@ -95,18 +112,15 @@ _GYM_RECOMMENDED: dict[str, dict[str, Any]] = {
 
 def recommended_settings(name: str) -> dict[str, Any]:
     """The training settings recommended for env `name` (empty for an unknown name)."""
-    _ensure_builtins()
-    with _lock:
-        if name in _REGISTRY:
-            return dict(_RECOMMENDED.get(name, {}))
+    entry = _entry(name)
+    if entry is not None:
+        return dict(entry[1])
     return dict(_GYM_RECOMMENDED.get(name, {}))
 
 
 def registered_envs() -> list[str]:
     """Sorted names registered with fastrl (built-ins included; gymnasium ids not listed)."""
-    _ensure_builtins()
-    with _lock:
-        return sorted(_REGISTRY)
+    return sorted({*_builtins(), *_REGISTRY})
 
 
 def _gym_ids() -> list[str]:
@@ -120,7 +134,7 @@ def _is_gym_id(name: str) -> bool:
 
 def _unknown_env_error(name: str) -> UnknownEnvError:
     fastrl_names = registered_envs()
-    candidates = fastrl_names + [i for i in _gym_ids() if i not in _REGISTRY]
+    candidates = fastrl_names + [i for i in _gym_ids() if i not in fastrl_names]
     by_lower: dict[str, str] = {}
     for c in candidates:
         by_lower.setdefault(c.lower(), c)
@@ -150,6 +164,8 @@ def _accepted_options(factory: EnvFactory) -> tuple[list[str], bool]:
 
 
 def _filter_options(name: str, factory: EnvFactory, options: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(factory, _LazyFactory):
+        factory = factory.resolve()
     accepted, takes_any = _accepted_options(factory)
     if takes_any:
         return options
@@ -174,9 +190,8 @@ def make_env(name: str, **options: Any) -> gym.Env:
     Raises `UnknownEnvError` (a `ValueError`) listing close matches when `name` is
     unknown, and `ValueError` for an option the factory does not support.
     """
-    _ensure_builtins()
-    with _lock:
-        factory = _REGISTRY.get(name)
+    entry = _entry(name) if isinstance(name, str) else None
+    factory = entry[0] if entry is not None else None
     if factory is None:
         if not isinstance(name, str) or not _is_gym_id(name):
             raise _unknown_env_error(str(name))

@@ -25,13 +25,15 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from fastrl.model import ActionDistribution, ActorCritic, obs_to_dict
+from fastrl.distributions import ActionDistribution
+from fastrl.model import ActorCritic
+from fastrl.obs import obs_to_dict
+from fastrl.weights import WeightsSource
 
 __all__ = [
     "EvalResult",
     "FrameSink",
     "PeriodicEvaluator",
-    "WeightsSource",
     "evaluate",
     "obs_to_tensors",
     "to_env_action",
@@ -180,10 +182,12 @@ def evaluate(
                 obs_dict = obs_to_dict(obs)
                 if frame_sink is not None:
                     frame_sink(obs_dict, env)
-                logits, _, rnn_state = model.forward_step(obs_to_tensors(obs_dict, device), rnn_state)
+                tensors = obs_to_tensors(obs_dict, device)
+                logits, _, rnn_state = model.forward_step(tensors, rnn_state)
                 dist = ActionDistribution(logits, action_space)
                 actions = dist.mode() if deterministic else dist.sample()
-                obs, reward, terminated, truncated, info = env.step(to_env_action(actions, action_space))
+                action = to_env_action(actions, action_space)
+                obs, reward, terminated, truncated, info = env.step(action)
                 ep_return += float(reward)
                 ep_len += 1
                 if terminated or truncated:
@@ -204,13 +208,6 @@ def evaluate(
     finally:
         model.train(was_training)
     return result
-
-
-class WeightsSource(Protocol):
-    """Anything that can copy a policy's newest weights into a model (the parallel runner's
-    ``SharedWeights``, as in ``fastrl.inference``)."""
-
-    def load_into(self, model: torch.nn.Module) -> int: ...
 
 
 class _Cancelled(Exception):
@@ -294,7 +291,8 @@ class PeriodicEvaluator:
                                     seed=self.seed)
         return self.last_result
 
-    def maybe_evaluate(self, env_frames: int, source: torch.nn.Module | WeightsSource) -> EvalResult | None:
+    def maybe_evaluate(self, env_frames: int,
+                       source: torch.nn.Module | WeightsSource) -> EvalResult | None:
         """Blocking: if ``env_frames`` reached the next multiple of ``every_env_frames``, copy
         the weights of ``source`` and evaluate. Returns the result, else ``None``."""
         if not self.due(env_frames) or self.running:

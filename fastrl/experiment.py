@@ -1,23 +1,20 @@
-"""The experiment folder: config, checkpoints, ``summary.json``, TensorBoard, progress."""
+"""The experiment folder: config, ``summary.json``, TensorBoard, progress (checkpoints:
+``fastrl.checkpoint``)."""
 
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
-import random
 import shutil
 import sys
 import time
 from collections import deque
 
 import numpy as np
-import torch
 
-from fastrl.cfg import Config, save_config
-
-CHECKPOINT_FORMAT = 1
+from fastrl.cfg import Config
+from fastrl.cfg_io import save_config
 
 
 class ExperimentError(RuntimeError):
@@ -40,79 +37,12 @@ def prepare_experiment_dir(cfg: Config) -> str:
             fh.write("ok")
         os.remove(probe)
     except OSError as exc:
-        raise ExperimentError(f"--train_dir={cfg.train_dir}: cannot write the experiment folder {path} ({exc.strerror})") from exc
+        raise ExperimentError(
+            f"--train_dir={cfg.train_dir}: cannot write the experiment folder {path} "
+            f"({exc.strerror})"
+        ) from exc
     save_config(cfg, path)
     return path
-
-
-# --- checkpoints ----------------------------------------------------------------------
-
-
-def checkpoint_dir(experiment_dir: str) -> str:
-    return os.path.join(experiment_dir, "checkpoints")
-
-
-def list_checkpoints(experiment_dir: str) -> list[str]:
-    """Checkpoint paths, oldest first (names sort by learner version, then frames)."""
-    return sorted(glob.glob(os.path.join(checkpoint_dir(experiment_dir), "checkpoint_*.pt")))
-
-
-def rng_state() -> dict:
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def save_checkpoint(experiment_dir: str, state: dict, keep: int) -> str:
-    """Write ``state`` atomically (temporary file, fsync, rename); keep the newest ``keep``."""
-    name = f"checkpoint_{state['learner']['version']:09d}_{state['counters']['env_frames']:013d}.pt"
-    folder = checkpoint_dir(experiment_dir)
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, name)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as fh:
-        torch.save({"format": CHECKPOINT_FORMAT, **state}, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    for old in list_checkpoints(experiment_dir)[:-keep]:
-        try:
-            os.remove(old)
-        except OSError:
-            pass
-    return path
-
-
-def load_checkpoint(path: str, map_location="cpu") -> dict:
-    """Load one checkpoint; raises ``ExperimentError`` naming the path if it is unusable."""
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - torch raises many types for a bad file
-        raise ExperimentError(f"checkpoint {path} cannot be read ({type(exc).__name__}: {exc})") from exc
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise ExperimentError(f"checkpoint {path} is not a fastrl checkpoint of format {CHECKPOINT_FORMAT}")
-    return state
-
-
-def load_latest_checkpoint(experiment_dir: str, map_location="cpu") -> tuple[dict | None, str | None]:
-    """The newest readable checkpoint; a corrupt newer one is reported and skipped."""
-    for path in reversed(list_checkpoints(experiment_dir)):
-        try:
-            return load_checkpoint(path, map_location), path
-        except ExperimentError as exc:
-            log(f"warning: {exc}; trying the previous one")
-    return None, None
 
 
 # --- statistics, summaries, progress --------------------------------------------------
@@ -125,7 +55,6 @@ class TrainingStats:
         self.cfg = cfg
         self.frameskip = frameskip
         self.env_frames = 0  # frames the learner trained on (sampling only: collected)
-        self.agent_steps_collected = 0
         self.episodes = 0
         self.episodes_truncated = 0  # of ``episodes``, those ended by a time limit (this run)
         self.prior_seconds = 0.0  # wall seconds of earlier runs of this experiment
@@ -145,6 +74,11 @@ class TrainingStats:
         self.worker_restarts = 0  # rollout/policy worker processes restarted
         self.trajectories_discarded = 0  # complete trajectories of dead workers left untrained
         self._episodes_since_summary: list[tuple[float, int]] = []
+        # The measured window of the perf scripts: (time, env_frames) at its start and end,
+        # and per pipeline stage (samples, busy seconds) within it.
+        self._warmup: tuple[float, int] | None = None
+        self._measure_end: tuple[float, int] | None = None
+        self._stages: dict[str, tuple[int, float]] = {}
 
     @property
     def run_seconds(self) -> float:
@@ -164,10 +98,10 @@ class TrainingStats:
         self._measure_end = (time.time(), self.env_frames)
 
     def measured(self) -> dict | None:
-        if getattr(self, "_warmup", None) is None:
+        if self._warmup is None:
             return None
         t0, f0 = self._warmup
-        t1, f1 = getattr(self, "_measure_end", None) or (time.time(), self.env_frames)
+        t1, f1 = self._measure_end or (time.time(), self.env_frames)
         seconds = max(t1 - t0, 1e-9)
         out = {"fps": (f1 - f0) / seconds, "env_frames": f1 - f0, "seconds": seconds}
         for name, (samples, busy) in self._stages.items():
@@ -177,7 +111,7 @@ class TrainingStats:
 
     def add_stage_time(self, name: str, samples: int, busy_seconds: float) -> None:
         """A pipeline stage (learner, policy worker) processed ``samples`` in ``busy_seconds``."""
-        if getattr(self, "_warmup", None) is None:
+        if self._warmup is None:
             return
         samples0, busy0 = self._stages.get(name, (0, 0.0))
         self._stages[name] = (samples0 + samples, busy0 + busy_seconds)
@@ -214,7 +148,8 @@ class TrainingStats:
     def summary(self, fps: float) -> dict:
         lag = None
         if self.lag_batches:
-            lag = {"min": self.lag_min, "mean": self.lag_sum / self.lag_batches, "max": self.lag_max}
+            lag = {"min": self.lag_min, "mean": self.lag_sum / self.lag_batches,
+                   "max": self.lag_max}
         return {
             "env": self.cfg.env,
             "experiment": self.cfg.experiment,
@@ -280,7 +215,8 @@ class Reporter:
         w.add_scalar("faults/worker_restarts", s.worker_restarts, step)
         w.add_scalar("faults/trajectories_discarded", s.trajectories_discarded, step)
         names = {"policy_loss": "train/policy_loss", "value_loss": "train/value_loss",
-                 "entropy": "train/entropy", "kl": "train/kl", "clip_fraction": "train/clip_fraction",
+                 "entropy": "train/entropy", "kl": "train/kl",
+                 "clip_fraction": "train/clip_fraction",
                  "learning_rate": "train/learning_rate", "grad_norm": "train/grad_norm",
                  "policy_lag_min": "policy_lag/min", "policy_lag_mean": "policy_lag/mean",
                  "policy_lag_max": "policy_lag/max"}
@@ -297,7 +233,8 @@ class Reporter:
         ret = s.mean_return()
         ret_txt = "n/a" if ret is None else f"{ret:.3f} (last {len(s.returns)})"
         lag = s.learner
-        lag_txt = (f"{lag['policy_lag_min']:.0f}/{lag['policy_lag_mean']:.1f}/{lag['policy_lag_max']:.0f}"
+        lag_txt = (f"{lag['policy_lag_min']:.0f}/{lag['policy_lag_mean']:.1f}/"
+                   f"{lag['policy_lag_max']:.0f}"
                    if "policy_lag_mean" in lag else "n/a")
         log(f"frames {s.env_frames:,} | fps {s.fps():,.0f} | return {ret_txt} | "
             f"lag min/mean/max {lag_txt} | learner steps {s.learner_steps:,}")
@@ -321,12 +258,15 @@ def print_final_summary(summary: dict) -> None:
     lines = [
         "training finished",
         f"  env frames      {summary['env_frames']:,}",
-        f"  wall time       {summary['run_seconds']:.0f} s this run ({summary['wall_seconds']:.0f} s in total)",
-        f"  mean return     {'n/a' if ret is None else f'{ret:.3f}'} over the last {summary['episodes_averaged']} episodes",
+        f"  wall time       {summary['run_seconds']:.0f} s this run "
+        f"({summary['wall_seconds']:.0f} s in total)",
+        f"  mean return     {'n/a' if ret is None else f'{ret:.3f}'} over the last "
+        f"{summary['episodes_averaged']} episodes",
         f"  learner steps   {summary['learner_steps']:,}",
     ]
     if lag:
-        lines.append(f"  policy lag      min {lag['min']:.0f}, mean {lag['mean']:.2f}, max {lag['max']:.0f}")
+        lines.append(f"  policy lag      min {lag['min']:.0f}, mean {lag['mean']:.2f}, "
+                     f"max {lag['max']:.0f}")
     if summary.get("env_restarts") or summary.get("worker_restarts"):
         lines.append(f"  faults          {summary['env_restarts']} env restarts, "
                      f"{summary['worker_restarts']} worker restarts, "

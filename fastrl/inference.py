@@ -8,24 +8,14 @@ positions with one indexed write each.
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
 
 from fastrl.buffers import TrajectoryBuffers
 from fastrl.device import autocast
+from fastrl.distributions import ActionDistribution
 from fastrl.messages import ActionsReady, InferenceRequest
-from fastrl.model import ActionDistribution, ActorCritic
-
-
-class WeightsSource(Protocol):
-    """Where a policy worker gets new weights from."""
-
-    def version(self) -> int: ...
-
-    def load_into(self, model: torch.nn.Module) -> int:
-        """Copy the newest weights into ``model``; return their version."""
-        ...
+from fastrl.model import ActorCritic
+from fastrl.weights import WeightsSource
 
 
 class PolicyWorker:
@@ -35,44 +25,38 @@ class PolicyWorker:
         model: the actor-critic, already on ``device``.
         buffers: trajectory buffers (CPU, possibly shared).
         rnn_state: ``[num_envs_total, H]`` recurrent state per env (CPU, possibly shared).
-        weights: source of new weights; ``None`` means ``model`` is trained in place
-            (serial mode) and ``version_fn`` gives its version.
+        weights: where the learner's weights come from (in serial mode, the learner's
+            model itself: see :class:`fastrl.weights.LocalWeights`).
         deterministic: take the most likely action instead of sampling.
     """
 
     def __init__(self, model: ActorCritic, action_space, buffers: TrajectoryBuffers,
                  rnn_state: torch.Tensor, device: torch.device,
-                 weights: WeightsSource | None = None,
-                 version_fn=None, deterministic: bool = False, precision: str = "fp32"):
+                 weights: WeightsSource, deterministic: bool = False, precision: str = "fp32"):
         self.model = model
         self.buffers = buffers
         self.rnn_state = rnn_state
         self.device = device
         self.weights = weights
-        self.version_fn = version_fn
         self.deterministic = deterministic
         self.precision = precision
         self.action_space = action_space
-        # -1 until weights are loaded: with a weights source the model's own initial weights
-        # are never used to act (they are not the learner's, whatever their version says).
+        # -1 until weights are loaded: the model's own initial weights are never used to act
+        # (they are not the learner's, whatever their version says).
         self.policy_version = -1
-        self.samples = 0
         self._non_blocking = device.type == "cuda"
 
     def maybe_update_weights(self) -> None:
         """Load the newest published weights if their version differs from the loaded ones
         (a negative published version means nothing was published yet)."""
-        if self.weights is not None:
-            published = self.weights.version()
-            if published >= 0 and published != self.policy_version:
-                self.policy_version = self.weights.load_into(self.model)
-        elif self.version_fn is not None:
-            self.policy_version = self.version_fn()
+        published = self.weights.version()
+        if published >= 0 and published != self.policy_version:
+            self.policy_version = self.weights.load_into(self.model)
 
     @property
     def has_weights(self) -> bool:
         """Whether the model holds weights it may act with."""
-        return self.weights is None or self.policy_version >= 0
+        return self.policy_version >= 0
 
     def infer(self, requests: list[InferenceRequest]) -> list[ActionsReady]:
         """Act for every env in ``requests``; return who may step now."""
@@ -104,8 +88,8 @@ class PolicyWorker:
         self.buffers.policy_versions[b_idx, t_idx] = self.policy_version
         if new_h.shape[-1]:
             self.rnn_state[e_idx] = new_h.float().cpu()
-        self.samples += len(bufs)
-        return [ActionsReady(req.worker_id, req.split_id, req.t, req.generation, req.epoch) for req in requests]
+        return [ActionsReady(req.worker_id, req.split_id, req.t, req.generation, req.epoch)
+                for req in requests]
 
     def _to_device(self, x: torch.Tensor) -> torch.Tensor:
         if self._non_blocking:

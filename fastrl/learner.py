@@ -9,7 +9,8 @@ import torch
 from fastrl.algo.appo import LossParams, appo_loss
 from fastrl.cfg import Config
 from fastrl.device import autocast, resolve_precision
-from fastrl.model import NORMALIZER_FRAMES, ActionDistribution, ActorCritic
+from fastrl.distributions import ActionDistribution
+from fastrl.model import NORMALIZER_FRAMES, ActorCritic
 
 
 class Learner:
@@ -29,7 +30,8 @@ class Learner:
             eps=cfg.adam_eps,
         )
         self.params = LossParams(
-            gamma=cfg.gamma, ppo_clip_ratio=cfg.ppo_clip_ratio, value_loss_coeff=cfg.value_loss_coeff,
+            gamma=cfg.gamma, ppo_clip_ratio=cfg.ppo_clip_ratio,
+            value_loss_coeff=cfg.value_loss_coeff,
             exploration_loss_coeff=cfg.exploration_loss_coeff, vtrace_rho=cfg.vtrace_rho,
             vtrace_c=cfg.vtrace_c, with_vtrace=cfg.with_vtrace, gae_lambda=cfg.gae_lambda,
             ppo_clip_value=cfg.ppo_clip_value, ratio_clamp=cfg.ratio_clamp,
@@ -67,7 +69,8 @@ class Learner:
             stats.update(policy_lag_min=lag.min().item(), policy_lag_mean=lag.mean().item(),
                          policy_lag_max=lag.max().item())
         if cfg.normalize_input:
-            self.model.update_normalizers(_normalizer_frames(batch["obs"], batch["log_probs"].shape[1]))
+            frames = _normalizer_frames(batch["obs"], batch["log_probs"].shape[1])
+            self.model.update_normalizers(frames)
         mb_size = self.trajectories_per_minibatch
         last: dict[str, torch.Tensor] = {}
         for _ in range(cfg.num_epochs):

@@ -73,7 +73,8 @@ class Mailbox:
         """Messages waiting now, or the first to arrive within ``timeout`` seconds; [] if none."""
         if self._r is None:
             try:
-                return self.q.get_many(block=True, timeout=timeout, max_messages_to_get=max_messages)
+                return self.q.get_many(block=True, timeout=timeout,
+                                       max_messages_to_get=max_messages)
             except queue.Empty:
                 return []
         deadline = time.monotonic() + timeout

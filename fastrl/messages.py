@@ -1,19 +1,24 @@
-"""The small messages that travel between components (tensors stay in the buffers)."""
+"""Every message that travels between the components (tensors stay in the buffers).
+
+The same messages flow in serial and in parallel mode; ``fastrl/runner/wiring.py`` says who
+sends which to whom. Stamps that fence off a restarted worker's stale data (``generation``:
+restarts of one rollout worker; ``epoch``: restarts of any policy worker) have no default
+value: a message built without them fails at once instead of being silently accepted.
+"""
 
 from __future__ import annotations
 
 from typing import NamedTuple
+
+# --- the data path ------------------------------------------------------------------------
 
 
 class InferenceRequest(NamedTuple):
     """Rollout worker -> policy worker: observations of one split are ready.
 
     The observation of env ``env_ids[i]`` is in buffer slot ``buffers[i]`` at step ``t``; the
-    policy writes the action (and log-prob, value, version) to the same place.
-
-    ``generation`` counts restarts of the rollout worker and ``epoch`` restarts of any policy
-    worker; a policy worker drops a request whose numbers are out of date (see
-    ``fastrl/runner/parallel.py``: that is how a restarted worker's stale requests are fenced).
+    policy writes the action (and log-prob, value, version) to the same place. A policy
+    worker drops a request whose ``generation`` or ``epoch`` is out of date.
     """
 
     worker_id: int
@@ -21,8 +26,8 @@ class InferenceRequest(NamedTuple):
     t: int
     env_ids: tuple[int, ...]
     buffers: tuple[int, ...]
-    generation: int = 0
-    epoch: int = 0
+    generation: int
+    epoch: int
 
 
 class ActionsReady(NamedTuple):
@@ -33,9 +38,9 @@ class ActionsReady(NamedTuple):
 
     worker_id: int
     split_id: int
-    t: int = 0
-    generation: int = 0
-    epoch: int = 0
+    t: int
+    generation: int
+    epoch: int
 
 
 class TrajectoriesReady(NamedTuple):
@@ -43,7 +48,21 @@ class TrajectoriesReady(NamedTuple):
 
     worker_id: int
     buffers: tuple[int, ...]
-    generation: int = 0
+    generation: int
+
+
+class BuffersFreed(NamedTuple):
+    """Learner -> rollout worker: these slots are copied out and may be filled again."""
+
+    buffers: tuple[int, ...]
+    generation: int  # of the rollout worker the slots belong to
+
+
+class Resume(NamedTuple):
+    """Learner -> rollout worker, sync mode: new weights are published; start the next round."""
+
+    version: int
+    generation: int
 
 
 class EpisodeStats(NamedTuple):
@@ -54,3 +73,90 @@ class EpisodeStats(NamedTuple):
     episode_return: float
     length: int
     truncated: bool
+
+
+# --- supervision -----------------------------------------------------------------------------
+
+
+class Fence(NamedTuple):
+    """Runner -> learner: rollout worker ``worker_id`` died; its next incarnation is
+    ``generation``. Drop its untrained trajectories; its slots are free again."""
+
+    worker_id: int
+    generation: int
+
+
+class Fenced(NamedTuple):
+    """Learner -> runner: done; ``trajectories`` untrained trajectories were dropped."""
+
+    worker_id: int
+    generation: int
+    trajectories: int
+
+
+class Reissue(NamedTuple):
+    """Runner -> rollout workers: a policy worker was restarted; requests older than
+    ``epoch`` are dropped, so ask again for every split still waiting for actions."""
+
+    epoch: int
+
+
+class ChildFailed(NamedTuple):
+    """Any child -> runner, just before it exits: its exception and traceback."""
+
+    name: str
+    error: str
+    traceback: str
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+
+class LearnerReady(NamedTuple):
+    """Learner -> runner: the checkpoint (if any) is restored and the weights published."""
+
+    counters: dict | None
+    checkpoint: str | None
+    version: int
+
+
+class SaveCheckpoint(NamedTuple):
+    """Runner -> learner: write a checkpoint with these run counters."""
+
+    counters: dict
+    final: bool
+
+
+class CheckpointSaved(NamedTuple):
+    """Learner -> runner: written to ``path`` ("" when only sampling: nothing to save)."""
+
+    path: str
+    final: bool
+
+
+# --- reports (to the runner, which keeps the statistics) ------------------------------------
+
+
+class RolloutReport(NamedTuple):
+    """Rollout worker -> runner: episodes finished and env faults since the last report."""
+
+    episodes: list[EpisodeStats]
+    env_restarts: int
+    steps_discarded: int
+
+
+class LearnerReport(NamedTuple):
+    """Learner -> runner."""
+
+    stats: dict  # the last training step's statistics ({} when none since the last report)
+    version: int
+    samples: int  # samples trained (or, sampling only, collected) since the last report
+    busy_seconds: float  # time spent in gather + train since the last report
+
+
+class PolicyReport(NamedTuple):
+    """Policy worker -> runner."""
+
+    policy_id: int
+    samples: int
+    busy_seconds: float  # time spent in inference since the last report

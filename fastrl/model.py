@@ -1,5 +1,5 @@
-"""The policy network: per-key observation encoders, an optional GRU core, actor and critic heads,
-and the action distribution used by inference and the learner.
+"""The policy network: per-key observation encoders, an optional GRU core, actor and critic
+heads (the action distribution over the actor's logits is ``fastrl.distributions``).
 
 Contract (see ``docs/internals.md``, section "The model")::
 
@@ -7,10 +7,10 @@ Contract (see ``docs/internals.md``, section "The model")::
     model.rnn_state_size                                    # 0 when cfg.use_rnn is False
     model.forward_step(obs, rnn_state)         -> logits [B, A], values [B], new_rnn_state [B, H]
     model.forward_sequence(obs, rnn_state0, resets) -> logits [B, T, A], values [B, T]
-    dist = ActionDistribution(logits, action_space)
+    dist = ActionDistribution(logits, action_space)          # fastrl.distributions
 
 Observations are ``dict[str, Tensor]``; a ``Box`` observation space is handled as
-``Dict({"obs": box})``. Encoders, chosen from each key's space:
+``Dict({"obs": box})`` (``fastrl.obs``). Encoders, chosen from each key's space:
 
 * image: ``Box`` of dtype ``uint8`` and shape ``[C, H, W]`` (H, W >= 36). The encoder computes
   ``x / 255`` and then normalises it. With ``cfg.normalize_input`` each pixel (each channel at
@@ -46,15 +46,12 @@ import numpy as np
 import torch
 from gymnasium import spaces
 from torch import Tensor, nn
-from torch.nn import functional as F
 
-__all__ = [
-    "ActionDistribution",
-    "ActorCritic",
-    "ReturnNormalizer",
-    "as_dict_space",
-    "obs_to_dict",
-]
+from fastrl.distributions import action_nvec
+from fastrl.normalize import ReturnNormalizer, merge_moments
+from fastrl.obs import as_dict_space, obs_to_dict
+
+__all__ = ["NORMALIZER_FRAMES", "ActorCritic"]
 
 _NONLINEARITIES: dict[str, type[nn.Module]] = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh}
 _HIDDEN_GAIN = math.sqrt(2.0)
@@ -66,46 +63,10 @@ _CONVNET_MIN_HW = 36  # smallest H or W for which every conv layer has an output
 _PIXEL_VAR_EPS = 1e-4  # variance floor of the per-pixel whitening ([0, 1] units): std >= 0.01
 _PIXEL_CLIP = 5.0  # whitened pixels are clipped to [-5, 5]
 _VECTOR_VAR_EPS = 1e-8  # variance floor of the vector-observation whitening
-RETURN_VAR_EPS = 1e-4  # variance floor of the return normaliser: std >= 0.01 (return units)
 # Frames per learner batch that update the pixel statistics: enough for a per-pixel mean, and
 # cheap next to an SGD step (about 5 ms for 128 frames of 3x72x128 on one CPU thread, against
 # about 580 ms for the step).
 NORMALIZER_FRAMES = 128
-
-
-def as_dict_space(space: spaces.Space) -> spaces.Dict:
-    """Return ``space`` as a ``Dict``: a ``Box`` becomes ``Dict({"obs": box})``, a ``Dict`` is
-    returned as is. Any other space is a ``ValueError``."""
-    if isinstance(space, spaces.Dict):
-        return space
-    if isinstance(space, spaces.Box):
-        return spaces.Dict({"obs": space})
-    raise ValueError(
-        f"observation space {space} is not supported: fastrl expects a Box or a Dict of Boxes"
-    )
-
-
-def obs_to_dict(obs: Any) -> dict[str, Any]:
-    """Return an observation as a dict: a mapping is copied into a ``dict``, anything else
-    (a tensor or array for a ``Box`` space) becomes ``{"obs": obs}``."""
-    if isinstance(obs, Mapping):
-        return dict(obs)
-    return {"obs": obs}
-
-
-@torch.no_grad()
-def _merge_moments(mean: Tensor, var: Tensor, count: Tensor, batch_mean: Tensor,
-                   batch_var: Tensor, n: int) -> None:
-    """Merge a batch's mean and (population) variance over ``n`` samples into running
-    statistics held in the buffers ``mean``, ``var`` and ``count``, in place (Chan et al.'s
-    parallel update, exact for any split of the data)."""
-    old = float(count.item())
-    total = old + float(n)
-    delta = batch_mean - mean
-    merged_m2 = var * old + batch_var * n + delta.square() * (old * n / total)
-    mean.add_(delta * (n / total))
-    var.copy_(merged_m2 / total)
-    count.fill_(total)
 
 
 def _make_nonlinearity(name: str) -> nn.Module:
@@ -123,19 +84,6 @@ def _init_layer(layer: nn.Module, gain: float) -> nn.Module:
     if layer.bias is not None:
         nn.init.zeros_(layer.bias)
     return layer
-
-
-def _action_nvec(action_space: spaces.Space) -> tuple[int, ...]:
-    """Number of choices per action dimension: ``(n,)`` for Discrete, ``nvec`` for
-    MultiDiscrete."""
-    if isinstance(action_space, spaces.Discrete):
-        return (int(action_space.n),)
-    if isinstance(action_space, spaces.MultiDiscrete):
-        nvec = np.asarray(action_space.nvec)
-        if nvec.ndim != 1:
-            raise ValueError(f"MultiDiscrete action space must be 1-D, got nvec shape {nvec.shape}")
-        return tuple(int(n) for n in nvec)
-    raise ValueError(f"action space {action_space} is not supported: use Discrete or MultiDiscrete")
 
 
 class _ImageEncoder(nn.Module):
@@ -189,7 +137,8 @@ class _ImageEncoder(nn.Module):
         x = x.to(torch.float32, memory_format=torch.channels_last, copy=True)
         if self.normalize:
             inv_std = torch.rsqrt(self.pixel_var + _PIXEL_VAR_EPS)
-            x = x.mul_(inv_std / 255.0).sub_(self.pixel_mean * inv_std).clamp_(-_PIXEL_CLIP, _PIXEL_CLIP)
+            x = x.mul_(inv_std / 255.0).sub_(self.pixel_mean * inv_std)
+            x = x.clamp_(-_PIXEL_CLIP, _PIXEL_CLIP)
         else:
             x = x.mul_(2.0 / 255.0).sub_(1.0)
         return self.fc(self.convs(x))
@@ -205,7 +154,7 @@ class _ImageEncoder(nn.Module):
         frames = x.to(torch.float32).mul_(1.0 / 255.0)
         batch_mean = frames.mean(dim=0, keepdim=True)
         batch_var = frames.sub_(batch_mean).square_().mean(dim=0, keepdim=True)
-        _merge_moments(self.pixel_mean, self.pixel_var, self.pixel_count, batch_mean, batch_var,
+        merge_moments(self.pixel_mean, self.pixel_var, self.pixel_count, batch_mean, batch_var,
                        x.shape[0])
 
 
@@ -253,7 +202,7 @@ class _VectorEncoder(nn.Module):
         x = x.to(torch.float32)
         batch_mean = x.mean(dim=0)
         batch_var = (x - batch_mean).square().mean(dim=0)
-        _merge_moments(self.obs_mean, self.obs_var, self.obs_count, batch_mean, batch_var,
+        merge_moments(self.obs_mean, self.obs_var, self.obs_count, batch_mean, batch_var,
                        x.shape[0])
 
 
@@ -269,38 +218,6 @@ def _make_encoder(key: str, space: spaces.Space, cfg: Any) -> nn.Module:
         f"observation key {key!r}: unsupported space {space}; fastrl encodes a uint8 Box of shape "
         f"[C, H, W] (image) or a Box of shape [N] (vector)"
     )
-
-
-class ReturnNormalizer(nn.Module):
-    """Running mean and variance of the value targets (return units), kept as buffers so that
-    checkpoints carry them. With it the critic predicts ``(return - mean) / std``.
-
-    Starts at mean 0, std 1 (the identity); the first :meth:`update` replaces that. ``std`` is
-    floored at ``sqrt(RETURN_VAR_EPS)`` so that near-constant returns (a sparse-reward env
-    before its first success) do not blow the normalised targets up.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.register_buffer("mean", torch.zeros((), dtype=torch.float64))
-        self.register_buffer("var", torch.ones((), dtype=torch.float64))
-        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
-
-    def mean_std(self) -> tuple[Tensor, Tensor]:
-        """0-d float32 ``(mean, std)``."""
-        std = torch.sqrt(torch.clamp(self.var, min=RETURN_VAR_EPS))
-        return self.mean.float(), std.float()
-
-    @torch.no_grad()
-    def update(self, x: Tensor) -> None:
-        """Merge the mean and variance of the values ``x`` (any shape) into the running ones
-        (Chan et al.'s parallel update)."""
-        if x.numel() == 0:
-            return
-        x = x.detach().double().reshape(-1)
-        batch_mean = x.mean()
-        batch_var = (x - batch_mean).square().mean()
-        _merge_moments(self.mean, self.var, self.count, batch_mean, batch_var, x.numel())
 
 
 class ActorCritic(nn.Module):
@@ -321,7 +238,7 @@ class ActorCritic(nn.Module):
         _make_nonlinearity(cfg.nonlinearity)  # fail early, before building anything
         obs_space = as_dict_space(obs_space)
         self.action_space = action_space
-        self.num_logits = sum(_action_nvec(action_space))
+        self.num_logits = sum(action_nvec(action_space))
 
         # A ModuleList plus a key list rather than a ModuleDict: observation keys may hold
         # characters ("." for one) that a ModuleDict rejects.
@@ -476,118 +393,3 @@ class ActorCritic(nn.Module):
             out, h = self.gru(x[:, start:end], h)
             outputs.append(out)
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
-
-
-class ActionDistribution:
-    """Independent categoricals over the split logits of a Discrete / MultiDiscrete space.
-
-    ``logits`` has shape ``[*batch, A]`` (A = n, or sum(nvec)); every method keeps the leading
-    ``batch`` shape, so ``[B, A]`` logits give ``sample() -> int64 [B, D]`` and ``[B, T, A]``
-    logits give ``[B, T, D]``. D = 1 for Discrete, len(nvec) for MultiDiscrete.
-
-    Internally the logits are laid out as ``[N, D, max(nvec)]``, padded with ``-inf`` where
-    nvec differs between dimensions, so that every method is a handful of batched tensor ops
-    (no ``torch.distributions`` objects, no Python loop over dimensions). Logits are evaluated
-    in float32.
-    """
-
-    def __init__(self, logits: Tensor, action_space: spaces.Space) -> None:
-        nvec = _action_nvec(action_space)
-        if logits.shape[-1] != sum(nvec):
-            raise ValueError(
-                f"logits have {logits.shape[-1]} entries in the last dim, but {action_space} "
-                f"needs {sum(nvec)}"
-            )
-        self.batch_shape = logits.shape[:-1]
-        self.nvec = nvec
-        self.num_dims = len(nvec)
-        n_max = max(nvec)
-        flat = logits.reshape(-1, logits.shape[-1]).float()
-        if all(n == n_max for n in nvec):
-            padded = flat.view(flat.shape[0], self.num_dims, n_max)
-            self._pad_mask: Tensor | None = None
-        else:
-            index, pad_mask = _padding_index(nvec, flat.device)
-            # Column A of the extended logits is -inf; the index points every pad slot at it.
-            ext = torch.cat([flat, flat.new_full((flat.shape[0], 1), -math.inf)], dim=1)
-            padded = ext[:, index]
-            self._pad_mask = pad_mask
-        self._logits = padded  # [N, D, n_max]
-        self._log_probs = F.log_softmax(padded, dim=-1)
-        self._probs: Tensor | None = None
-
-    @property
-    def probs(self) -> Tensor:
-        """``[N, D, n_max]`` probabilities (0 in padding slots)."""
-        if self._probs is None:
-            self._probs = self._log_probs.exp()
-        return self._probs
-
-    def _out(self, x: Tensor) -> Tensor:
-        """``[N, ...]`` -> ``[*batch, ...]``."""
-        return x.view(*self.batch_shape, *x.shape[1:])
-
-    def sample(self) -> Tensor:
-        """Random actions, int64 ``[*batch, D]``."""
-        probs = self.probs
-        actions = torch.multinomial(probs.view(-1, probs.shape[-1]), 1)
-        return self._out(actions.view(-1, self.num_dims))
-
-    def mode(self) -> Tensor:
-        """Most likely action in each dimension, int64 ``[*batch, D]``."""
-        return self._out(self._logits.argmax(dim=-1))
-
-    def log_prob(self, actions: Tensor) -> Tensor:
-        """actions: int ``[*batch, D]`` -> log-probability summed over dims, ``[*batch]``."""
-        index = actions.reshape(-1, self.num_dims, 1).long()
-        return self._out(self._log_probs.gather(-1, index).view(-1, self.num_dims).sum(-1))
-
-    def entropy(self) -> Tensor:
-        """Entropy summed over dims, ``[*batch]``."""
-        # The padding slots' -inf is zeroed first: 0 * -inf would be NaN in the value and in
-        # the gradient.
-        return self._out(-(self.probs * self._log_probs_unpadded()).sum(dim=(-2, -1)))
-
-    def _log_probs_unpadded(self) -> Tensor:
-        """``[N, D, n_max]`` log-probabilities with 0 in the padding slots."""
-        if self._pad_mask is None:
-            return self._log_probs
-        return self._log_probs.masked_fill(self._pad_mask, 0.0)
-
-    def symmetric_kl_to_uniform(self) -> Tensor:
-        """``KL(u || p) + KL(p || u)`` summed over dims, ``[*batch]``, where ``u`` is uniform
-        over each dim's ``n`` choices: ``sum_i p_i log p_i - (1/n) sum_i log p_i``.
-
-        As an exploration penalty it is 0 for the uniform policy, like ``-entropy`` is at its
-        minimum there; unlike entropy it grows without bound as any probability goes to 0,
-        so it keeps every action possible.
-        """
-        log_probs = self._log_probs_unpadded()
-        n = torch.tensor(self.nvec, dtype=log_probs.dtype, device=log_probs.device)
-        per_dim = (self.probs * log_probs).sum(-1) - log_probs.sum(-1) / n
-        return self._out(per_dim.sum(-1))
-
-
-_PADDING_CACHE: dict[tuple[tuple[int, ...], torch.device], tuple[Tensor, Tensor]] = {}
-
-
-def _padding_index(nvec: tuple[int, ...], device: torch.device) -> tuple[Tensor, Tensor]:
-    """For unequal ``nvec``: a gather index ``[D, n_max]`` into logits extended with one -inf
-    column (index ``sum(nvec)``), and the bool mask ``[D, n_max]`` of the padding slots.
-    Cached per (nvec, device), since inference builds a distribution every step."""
-    key = (nvec, torch.device(device))
-    cached = _PADDING_CACHE.get(key)
-    if cached is None:
-        # Built outside inference mode even when the first caller is a policy worker under
-        # ``torch.inference_mode``: an inference tensor cannot take part in autograd, and the
-        # learner (in the same process in serial mode) indexes with these in its backward pass.
-        with torch.inference_mode(False):
-            total, n_max = sum(nvec), max(nvec)
-            index = torch.full((len(nvec), n_max), total, dtype=torch.long)
-            offset = 0
-            for d, n in enumerate(nvec):
-                index[d, :n] = torch.arange(offset, offset + n)
-                offset += n
-            cached = (index.to(device), (index == total).to(device))
-        _PADDING_CACHE[key] = cached
-    return cached

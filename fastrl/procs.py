@@ -44,7 +44,8 @@ def _running(fields: list[str] | None) -> bool:
 
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes whose process group is ``pgid``, read from /proc."""
-    return [pid for pid, f in _stat_fields().items() if _running(f) and len(f) > 2 and int(f[2]) == pgid]
+    return [pid for pid, f in _stat_fields().items()
+            if _running(f) and len(f) > 2 and int(f[2]) == pgid]
 
 
 def descendants(root: int) -> set[int]:
@@ -97,8 +98,8 @@ def kill_group(pgid: int, wait: float = 2.0) -> int:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    deadline = time.time() + wait
-    while time.time() < deadline and group_members(pgid):
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and group_members(pgid):
         time.sleep(0.02)
     remove_vizdoom_shm(engine_ids)
     return len(members)
@@ -166,6 +167,28 @@ def release_queue_locks(queues, dead_pid: int) -> int:
         ctypes.c_int.from_address(addr).value = 0  # __lock: free
         nr = _SYS_FUTEX.get(platform.machine())
         if nr is not None:
-            ctypes.CDLL(None, use_errno=True).syscall(nr, ctypes.c_void_p(addr), _FUTEX_WAKE, 2**31 - 1, None, None, 0)
+            ctypes.CDLL(None, use_errno=True).syscall(
+                nr, ctypes.c_void_p(addr), _FUTEX_WAKE, 2**31 - 1, None, None, 0)
         released += 1
     return released
+
+
+# The faster-fifo release whose Queue layout tests/test_procs.py checks against
+# _MUTEX_OFFSET; constraints.txt pins it. Other versions work if the probe finds the mutex.
+CHECKED_FASTER_FIFO = ("1.5.2",)
+
+
+def check_queue_layout(q) -> None:
+    """Raise a clear error when the lock repair cannot find ``q``'s mutex: a killed worker
+    would then leave the queue locked for good instead of being repaired."""
+    if _queue_mutex(q) is None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("faster-fifo")
+        except PackageNotFoundError:
+            found = "unknown"
+        raise RuntimeError(
+            f"faster-fifo {found}: its queue layout is not the one fastrl's lock repair knows "
+            f"(checked on {', '.join(CHECKED_FASTER_FIFO)}); install with -c constraints.txt"
+        )

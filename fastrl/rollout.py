@@ -22,6 +22,7 @@ from gymnasium import spaces
 
 from fastrl.buffers import INVALID_VERSION, TrajectoryBuffers
 from fastrl.messages import ActionsReady, EpisodeStats, InferenceRequest, TrajectoriesReady
+from fastrl.obs import obs_to_dict
 
 # An env that fails this many times in a row while being recreated is beyond repair: the
 # worker stops with the cause (and the runner decides whether to restart the worker).
@@ -38,12 +39,11 @@ class EnvBroken(RuntimeError):
 
 @dataclass
 class StepOutput:
-    """What one call on the worker produced, for the shell to route."""
+    """What one call on the worker produced, for its station to route."""
 
     requests: list[InferenceRequest] = field(default_factory=list)
     trajectories: list[TrajectoriesReady] = field(default_factory=list)
     episodes: list[EpisodeStats] = field(default_factory=list)
-    agent_steps: int = 0
     env_restarts: int = 0  # envs closed and recreated after a fault
     steps_discarded: int = 0  # steps of the partial episodes those faults cut short
     faults: list[str] = field(default_factory=list)  # one line per env fault, for the log
@@ -60,10 +60,6 @@ class _Split:
     trajectories_this_round: int = 0
     pending_obs: list | None = None  # first observations of the next trajectory
     request_epoch: int = -1  # epoch of the request in flight; -1: none in flight
-
-
-def dict_obs(obs) -> dict:
-    return obs if isinstance(obs, dict) else {"obs": obs}
 
 
 class RolloutWorker:
@@ -98,8 +94,9 @@ class RolloutWorker:
     A time limit (``truncated`` without ``terminated``) ends the episode for the learner like
     a termination (``dones``), but the episode's last observation is kept in the slot's
     ``final_obs`` with ``final_step = t`` so that the learner can bootstrap from its value.
-    A slot keeps one: a second time limit within the same trajectory is left as a plain end
-    of episode and counted in ``truncations_not_bootstrapped``.
+    A slot keeps one: a second time limit within the same trajectory (only when the limit is
+    shorter than the rollout) is left as a plain end of episode and counted in
+    ``truncations_not_bootstrapped``.
     """
 
     def __init__(self, worker_id: int, envs: list[gym.Env], buffers: TrajectoryBuffers,
@@ -147,7 +144,8 @@ class RolloutWorker:
         self._discrete = isinstance(action_space, spaces.Discrete)
         self._ep_return = np.zeros(len(envs), dtype=np.float64)
         self._ep_len = np.zeros(len(envs), dtype=np.int64)
-        self._ep_start = np.zeros(len(envs), dtype=np.int64)  # step where the episode began in this trajectory
+        # the step where each env's episode began in its current trajectory
+        self._ep_start = np.zeros(len(envs), dtype=np.int64)
         self._versions_np = buffers.policy_versions.numpy()
 
     # -- public API ---------------------------------------------------------------------
@@ -162,7 +160,7 @@ class RolloutWorker:
                 obs = self._new_episode(i, e, 0, out, seed=seed)
                 if self.decorrelate:
                     obs = self._random_steps(i, e * self.rollout, obs, seed, out)
-                first_obs.append(dict_obs(obs))
+                first_obs.append(obs_to_dict(obs))
             split.pending_obs = first_obs
             self._begin_trajectories(s, out)
         return out
@@ -199,7 +197,8 @@ class RolloutWorker:
             action = int(actions[j, 0]) if self._discrete else actions[j]
             b = bufs[j]
             try:
-                obs, reward, terminated, truncated, info = self._timer.call(self.envs[i].step, action)
+                step = self.envs[i].step
+                obs, reward, terminated, truncated, info = self._timer.call(step, action)
             except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
                 # The episode is cut short: its steps in this trajectory are left out of
                 # training, and the next step starts a new episode in a new env.
@@ -208,18 +207,19 @@ class RolloutWorker:
                 self._rewards_np[b, t] = 0.0
                 self._dones_np[b, t] = True
                 out.steps_discarded += t + 1 - start
-                next_obs.append(dict_obs(self._new_episode(i, e, t + 1, out, fault=exc)))
+                next_obs.append(obs_to_dict(self._new_episode(i, e, t + 1, out, fault=exc)))
                 continue
             done = terminated or truncated
             r = float(reward)
-            self._rewards_np[b, t] = max(-self.reward_clip, min(self.reward_clip, r * self.reward_scale))
+            clip = self.reward_clip
+            self._rewards_np[b, t] = max(-clip, min(clip, r * self.reward_scale))
             self._dones_np[b, t] = done
             self._ep_return[i] += r
             self._ep_len[i] += 1
             if done:
                 time_limit = bool(truncated and not terminated)
                 if time_limit:
-                    self._keep_final_obs(b, t, dict_obs(obs))
+                    self._keep_final_obs(b, t, obs_to_dict(obs))
                 episode = info.get("episode")
                 if episode is not None:
                     ret, length = float(episode["r"]), int(episode["l"])
@@ -227,8 +227,7 @@ class RolloutWorker:
                     ret, length = float(self._ep_return[i]), int(self._ep_len[i])
                 out.episodes.append(EpisodeStats(e, ret, length, time_limit))
                 obs = self._new_episode(i, e, t + 1, out)
-            next_obs.append(dict_obs(obs))
-        out.agent_steps = len(bufs)
+            next_obs.append(obs_to_dict(obs))
         split.t = t + 1
         if split.t < self.rollout:
             for key, arr in self._obs_np.items():
@@ -245,7 +244,8 @@ class RolloutWorker:
         split.buffers = []
         split.pending_obs = next_obs
         split.trajectories_this_round += 1
-        if self.trajectories_per_round is not None and split.trajectories_this_round >= self.trajectories_per_round:
+        per_round = self.trajectories_per_round
+        if per_round is not None and split.trajectories_this_round >= per_round:
             split.paused = True
             return out
         self._begin_trajectories(split_id, out)
@@ -294,7 +294,8 @@ class RolloutWorker:
             env.action_space.seed(seed)
         try:
             for _ in range(steps):
-                obs, _, terminated, truncated, _ = self._timer.call(env.step, env.action_space.sample())
+                action = env.action_space.sample()
+                obs, _, terminated, truncated, _ = self._timer.call(env.step, action)
                 if terminated or truncated:
                     obs = self._timer.call(env.reset)[0]
         except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
@@ -307,8 +308,8 @@ class RolloutWorker:
         return InferenceRequest(self.worker_id, split_id, split.t, tuple(split.env_ids),
                                 tuple(split.buffers), self.generation, self.epoch)
 
-    def _new_episode(self, i: int, e: int, first_step: int, out: StepOutput, seed: int | None = None,
-                     fault: Exception | None = None):
+    def _new_episode(self, i: int, e: int, first_step: int, out: StepOutput,
+                     seed: int | None = None, fault: Exception | None = None):
         """Env ``i`` (global id ``e``) begins an episode at step ``first_step`` of its current
         trajectory: reset it (or, after ``fault``, replace it); return its first observation.
         A reset that fails replaces the env too (a finished episode stays valid)."""
@@ -370,7 +371,8 @@ class _CallTimer:
     main thread, where signals cannot be used)."""
 
     def __init__(self, seconds: float):
-        self.seconds = seconds if seconds > 0 and threading.current_thread() is threading.main_thread() else 0.0
+        in_main = threading.current_thread() is threading.main_thread()
+        self.seconds = seconds if seconds > 0 and in_main else 0.0
         self._armed = False
         if self.seconds:
             signal.signal(signal.SIGALRM, self._on_alarm)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from fastrl.cfg import Config, parse_or_exit
+from fastrl.cfg import Config
+from fastrl.cfg_io import parse_or_exit
 from fastrl.experiment import ExperimentError
 
 

@@ -73,7 +73,8 @@ class _BareStepper:
     def __init__(self, args: argparse.Namespace, worker: int) -> None:
         import numpy as np
 
-        from envs.doom import DEFAULT_FRAMESKIP, button_table, default_max_episode_steps, start_game
+        from envs.doom import DEFAULT_FRAMESKIP
+        from envs.doom_game import button_table, default_max_episode_steps, start_game
         from envs.doom_scenarios import SCENARIOS
 
         self.scenario = SCENARIOS[args.env]

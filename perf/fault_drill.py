@@ -46,7 +46,8 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--first_kill", type=float, default=240.0, help="seconds before the first kill")
     ap.add_argument("--kill_every", type=float, default=150.0)
-    ap.add_argument("--targets", default="fastrl-rollout-0,fastrl-policy-0,fastrl-rollout-1,fastrl-policy-0",
+    ap.add_argument("--targets",
+                    default="fastrl-rollout-0,fastrl-policy-0,fastrl-rollout-1,fastrl-policy-0",
                     help="process titles to kill, in turn (comma-separated)")
     args, extra = ap.parse_known_args()
     extra = [a for a in extra if a != "--"]
@@ -55,7 +56,8 @@ def main() -> int:
     cmd = [sys.executable, "train.py", "--env", args.env, "--experiment", args.experiment,
            "--train_dir", args.train_dir, "--restart_behavior", "overwrite",
            "--train_for_seconds", str(seconds), "--summaries_every_sec", "5", *extra]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
     lines: list[tuple[float, str]] = []
 
     def read() -> None:

@@ -140,7 +140,8 @@ def plot(path: str, env: str, runs: list[dict], agg: dict[str, dict], target: fl
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, key, xlabel in ((axes[0], "frames", "env frames"), (axes[1], "minutes", "wall minutes")):
+    for ax, key, xlabel in ((axes[0], "frames", "env frames"),
+                            (axes[1], "minutes", "wall minutes")):
         for r in runs:
             ax.plot(r["curve"][key], r["curve"]["return"], lw=0.8, alpha=0.7,
                     label=f"seed {r['seed']}")

@@ -22,12 +22,15 @@ class CountingEnv(gym.Env):
 
     instances = 0  # made in this process, for ``fail_after_instances``
 
-    def __init__(self, env_tag: int | None = None, episode_len: int = 7, crash_at: int | None = None,
-                 hang_at: int | None = None, fail_after_instances: int | None = None,
+    def __init__(self, env_tag: int | None = None, episode_len: int = 7,
+                 crash_at: int | None = None, hang_at: int | None = None,
+                 fail_after_instances: int | None = None,
                  nvec: tuple[int, ...] | None = None, truncate: bool = False):
         CountingEnv.instances += 1
         if fail_after_instances is not None and CountingEnv.instances > fail_after_instances:
-            raise RuntimeError(f"CountingEnv refuses to be made more than {fail_after_instances} times")
+            raise RuntimeError(
+                f"CountingEnv refuses to be made more than {fail_after_instances} times"
+            )
         if env_tag is None:
             env_tag = int(np.random.default_rng().integers(1, 2**24))
         self.observation_space = spaces.Box(-1e9, 1e9, (3,), np.float32)
@@ -53,7 +56,9 @@ class CountingEnv(gym.Env):
 
     def step(self, action):
         if self.crash_at is not None and self.global_step >= self.crash_at:
-            raise RuntimeError(f"CountingEnv {self.env_tag} crashed on purpose at step {self.global_step}")
+            raise RuntimeError(
+                f"CountingEnv {self.env_tag} crashed on purpose at step {self.global_step}"
+            )
         if self.hang_at is not None and self.global_step >= self.hang_at:
             time.sleep(3600)
         self.actions.append(int(action) if np.ndim(action) == 0 else tuple(int(a) for a in action))

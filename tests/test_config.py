@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from fastrl.cfg import Config, ConfigError, parse_config, save_config, str2bool
+from fastrl.cfg import Config, ConfigError, str2bool
+from fastrl.cfg_io import parse_config, save_config
 
 
 def test_defaults_are_valid_and_match_sample_factory_names():
@@ -40,7 +41,8 @@ def test_str2bool_rejects_garbage():
 
 def test_every_bad_value_is_reported_at_once():
     with pytest.raises(ConfigError) as info:
-        parse_config(["--num_workers", "0", "--gamma", "1.5", "--batch_size", "100", "--device", "tpu"])
+        parse_config(["--num_workers", "0", "--gamma", "1.5", "--batch_size", "100",
+                      "--device", "tpu"])
     text = "\n".join(info.value.errors)
     assert len(info.value.errors) == 4
     for needle in ("--num_workers=0", "--gamma=1.5", "--batch_size=100", "--device=tpu"):
@@ -57,7 +59,8 @@ def test_resume_uses_saved_config_and_explicit_flags_override(tmp_path):
     saved = Config(train_dir=str(tmp_path), experiment="e", env="CartPole-v1", learning_rate=3e-4,
                    rollout=16, batch_size=64)
     save_config(saved, saved.experiment_dir)
-    cfg = parse_config(["--train_dir", str(tmp_path), "--experiment", "e", "--learning_rate", "1e-3"])
+    cfg = parse_config(["--train_dir", str(tmp_path), "--experiment", "e",
+                        "--learning_rate", "1e-3"])
     assert cfg.env == "CartPole-v1"  # from config.json, not the default
     assert cfg.rollout == 16
     assert cfg.learning_rate == 1e-3  # explicit flag wins
@@ -99,9 +102,11 @@ def test_cli_bad_flag_is_one_line_and_nonzero(argv, needle, tmp_path):
 
 
 def test_help_lists_every_field_with_help():
-    proc = subprocess.run([sys.executable, "train.py", "--help"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "train.py", "--help"], capture_output=True, text=True,
+                          timeout=60)
     assert proc.returncode == 0
-    for name in ("--num_envs_per_worker", "--max_policy_lag", "--serial_mode", "--exploration_loss_coeff"):
+    for name in ("--num_envs_per_worker", "--max_policy_lag", "--serial_mode",
+                 "--exploration_loss_coeff"):
         assert name in proc.stdout
 
 
@@ -130,16 +135,18 @@ def test_too_little_shared_memory_is_refused_before_any_process_starts():
 
     from fastrl.buffers import BufferLayout
     from fastrl.experiment import ExperimentError
-    from fastrl.runner.parallel import _check_shm
+    from fastrl.runner.wiring import check_shared_memory
 
     huge = BufferLayout({"obs": (3, 1000, 1000)}, {"obs": torch.uint8}, 10**6, 32, 1, 0)
-    with pytest.raises(ExperimentError, match=r"need .* MiB of shared memory but /dev/shm has .* lower --num_envs_per_worker"):
-        _check_shm(huge)
+    expected = r"need .* MiB of shared memory but /dev/shm has .* lower --num_envs_per_worker"
+    with pytest.raises(ExperimentError, match=expected):
+        check_shared_memory(huge)
 
 
 def test_checkpoint_of_another_model_is_refused_naming_the_difference():
+    from fastrl.checkpoint import check_checkpoint_compatible
     from fastrl.experiment import ExperimentError
-    from fastrl.runner.common import check_checkpoint_compatible, env_info, make_env
+    from fastrl.runner.common import env_info, make_env
 
     info = env_info(make_env("CartPole-v1"))
     saved = parse_config(["--env", "CartPole-v1", "--rnn_size", "64"])
@@ -157,6 +164,8 @@ def test_a_config_saved_before_normalize_input_resumes_without_it(tmp_path):
     del old["normalize_input"]  # as written by the versions before the setting existed
     with open(path, "w") as fh:
         json.dump(old, fh)
-    assert parse_config(["--train_dir", str(tmp_path), "--experiment", "e"]).normalize_input is False
+    assert parse_config(
+        ["--train_dir", str(tmp_path), "--experiment", "e"]
+    ).normalize_input is False
     fresh = parse_config(["--train_dir", str(tmp_path), "--experiment", "new"])
     assert fresh.normalize_input is True

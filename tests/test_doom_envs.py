@@ -20,8 +20,10 @@ pytest.importorskip("vizdoom")
 
 import vizdoom as vzd  # noqa: E402
 
-from envs import doom  # noqa: E402
-from envs.doom import DoomEnv, ImageResizer, start_game  # noqa: E402
+from envs import doom_game  # noqa: E402
+from envs.doom import DoomEnv  # noqa: E402
+from envs.doom_game import start_game  # noqa: E402
+from envs.doom_image import ImageResizer  # noqa: E402
 from envs.doom_scenarios import SCENARIOS  # noqa: E402
 from fastrl.env_registry import make_env  # noqa: E402
 
@@ -319,8 +321,8 @@ def test_init_is_retried_then_fails_clearly(monkeypatch: pytest.MonkeyPatch) -> 
                 raise vzd.ViZDoomUnexpectedExitException("simulated start failure")
             return super().init()
 
-    monkeypatch.setattr(doom.vzd, "DoomGame", FlakyGame)
-    monkeypatch.setattr(doom.time, "sleep", lambda s: None)
+    monkeypatch.setattr(doom_game.vzd, "DoomGame", FlakyGame)
+    monkeypatch.setattr(doom_game.time, "sleep", lambda s: None)
     game, timeout = start_game(SCENARIOS["doom_basic"])
     assert timeout == 300 and failures["left"] == 0
     game.close()

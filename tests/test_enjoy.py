@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.enjoy import agent_view, full_video_path, main, pad_even
+from fastrl.enjoy import main
 from fastrl.evaluation import EvalResult, PeriodicEvaluator, evaluate, write_eval_summaries
 from fastrl.model import ActorCritic
+from fastrl.video import agent_view, full_video_path, pad_even
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = "CartPole-v1"
@@ -114,7 +115,8 @@ def test_checkpoint_flag_alone_finds_its_experiment(trained: Path, tmp_path: Pat
 def test_deterministic_runs_repeat(trained: Path) -> None:
     returns = []
     for _ in range(2):
-        assert main(base_args(trained, "--deterministic", "--seed", "7", "--max_num_episodes", "3")) == 0
+        args = base_args(trained, "--deterministic", "--seed", "7", "--max_num_episodes", "3")
+        assert main(args) == 0
         report = read_eval(trained)
         assert report["deterministic"] is True
         returns.append(report["returns"])
@@ -126,8 +128,9 @@ def test_deterministic_runs_repeat(trained: Path) -> None:
 
 def test_save_video_writes_a_playable_mp4(trained: Path, tmp_path: Path) -> None:
     video = tmp_path / "vids" / "cartpole.mp4"
-    assert main(base_args(trained, "--save_video", "--video_path", str(video), "--video_frames", "25",
-                          "--max_num_episodes", "2", "--seed", "0", "--fps", "25")) == 0
+    assert main(base_args(trained, "--save_video", "--video_path", str(video),
+                          "--video_frames", "25", "--max_num_episodes", "2", "--seed", "0",
+                          "--fps", "25")) == 0
     report = read_eval(trained)
     expected = min(25, sum(report["lengths"]))
     assert report["video_frames"] == expected
@@ -142,7 +145,8 @@ def test_save_video_writes_a_playable_mp4(trained: Path, tmp_path: Path) -> None
 
 
 def test_video_default_path_is_in_the_experiment(trained: Path) -> None:
-    assert main(base_args(trained, "--save_video", "--video_frames", "5", "--max_num_episodes", "1")) == 0
+    args = base_args(trained, "--save_video", "--video_frames", "5", "--max_num_episodes", "1")
+    assert main(args) == 0
     video = trained / EXPERIMENT / "replay.mp4"
     assert read_eval(trained)["videos"] == [str(video)]
     assert len(read_frames(str(video))) == 5
@@ -250,7 +254,8 @@ def test_evaluate_carries_and_resets_the_rnn_state() -> None:
     try:
         model = SpyModel(env.observation_space, env.action_space, small_cfg(use_rnn=True))
         model.train()
-        result = evaluate(model, env, env.action_space, 3, deterministic=False, device="cpu", seed=3)
+        result = evaluate(model, env, env.action_space, 3, deterministic=False, device="cpu",
+                          seed=3)
     finally:
         env.close()
     assert model.training  # the caller's mode is restored
@@ -274,7 +279,8 @@ def test_evaluate_with_a_seed_leaves_the_global_rng_alone() -> None:
         before = torch.get_rng_state()
         first = evaluate(model, env, env.action_space, 2, deterministic=False, device="cpu", seed=5)
         assert torch.equal(torch.get_rng_state(), before)
-        second = evaluate(model, env, env.action_space, 2, deterministic=False, device="cpu", seed=5)
+        second = evaluate(model, env, env.action_space, 2, deterministic=False, device="cpu",
+                          seed=5)
     finally:
         env.close()
     assert first.returns == second.returns
@@ -298,8 +304,8 @@ def test_periodic_evaluator_cadence_and_summaries() -> None:
         evaluator.close()
     assert evaluator.model is not model
     scalars: dict[str, float] = {}
-    write_eval_summaries(SimpleNamespace(add_scalar=lambda tag, v, step: scalars.__setitem__(tag, v)),
-                         result, 2100)
+    writer = SimpleNamespace(add_scalar=lambda tag, v, step: scalars.__setitem__(tag, v))
+    write_eval_summaries(writer, result, 2100)
     assert scalars == {"eval/mean_return": 5.0, "eval/std_return": 0.0, "eval/mean_length": 5.0}
 
 

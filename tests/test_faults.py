@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from fastrl.buffers import FILL_INT
-from fastrl.cfg import parse_config
-from fastrl.messages import TrajectoriesReady
+from fastrl.cfg_io import parse_config
+from fastrl.messages import BuffersFreed, Fence, Fenced, TrajectoriesReady
 from fastrl.procs import alive, process_title
-from fastrl.runner.parallel import POLL, BuffersFreed, Fence, Fenced, ParallelRunner
+from fastrl.runner.parallel import POLL, ParallelRunner
 from tests.test_parallel import (
     COUNTING,
     REPO,
@@ -117,7 +117,8 @@ def test_env_that_raises_is_recreated_and_training_goes_on(tmp_path):
 
 
 def test_env_that_hangs_is_timed_out_and_recreated(tmp_path):
-    proc = run_train(base_args(tmp_path, HANGING, "--train_for_seconds", "8", "--env_timeout", "0.5"))
+    proc = run_train(base_args(tmp_path, HANGING, "--train_for_seconds", "8",
+                               "--env_timeout", "0.5"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = summary_of(tmp_path)
     assert summary["env_restarts"] > 0 and summary["worker_restarts"] == 0
@@ -133,7 +134,8 @@ def test_worker_that_keeps_crashing_stops_the_run_with_the_cause(tmp_path):
     assert proc.returncode == 1, proc.stdout
     assert proc.stdout.count("restarting it (restart") >= 2
     last = proc.stderr.strip().splitlines()[-1]
-    assert "fastrl-rollout-" in last and "3 failures within 300 s" in last and "refuses to be made" in last
+    assert "fastrl-rollout-" in last and "3 failures within 300 s" in last
+    assert "refuses to be made" in last
     assert not (shm_files() - before)
 
 
@@ -146,7 +148,8 @@ def test_killed_workers_are_restarted_and_training_goes_on(tmp_path):
             pid = run.pid(title)
             assert pid is not None, f"no {title} among {run.kids}"
             os.kill(pid, signal.SIGKILL)
-            wait_until(lambda t=title, p=pid: run.pid(t) not in (None, p), 30, f"{title} to come back")
+            wait_until(lambda t=title, p=pid: run.pid(t) not in (None, p), 30,
+                       f"{title} to come back")
         time.sleep(2)
         frames_after_restarts = summary_of(tmp_path)["env_frames"]
         code = run.wait(120)
@@ -165,7 +168,8 @@ def test_killed_workers_are_restarted_and_training_goes_on(tmp_path):
 def test_hung_worker_is_killed_and_restarted(tmp_path):
     """A worker stuck where no Python timeout reaches it (here: stopped) misses heartbeats."""
     before = shm_files()
-    run = Training(base_args(tmp_path, COUNTING, "--train_for_seconds", "20", "--worker_timeout", "3"))
+    run = Training(base_args(tmp_path, COUNTING, "--train_for_seconds", "20",
+                             "--worker_timeout", "3"))
     try:
         wait_for_training(tmp_path)
         pid = run.pid("fastrl-rollout-0")
@@ -174,7 +178,8 @@ def test_hung_worker_is_killed_and_restarted(tmp_path):
     finally:
         run.kill()
     assert code == 0, run.output
-    assert "fastrl-rollout-0 sent no heartbeat for 3 s (hung) and was killed; restarting it" in run.output
+    hung = "fastrl-rollout-0 sent no heartbeat for 3 s (hung) and was killed; restarting it"
+    assert hung in run.output
     # Stopped inside a queue call, it may have held a lock long enough for the policy worker
     # to miss its heartbeats too (and be restarted as well).
     assert 1 <= summary_of(tmp_path)["worker_restarts"] <= 2
@@ -211,13 +216,15 @@ def test_restart_fences_off_the_dead_workers_data(tmp_path):
                         continue
                     assert isinstance(msg, TrajectoriesReady)
                     assert msg.generation == generations[msg.worker_id]
-                    assert not held & set(msg.buffers), "a slot was refilled while the learner held it"
+                    assert not held & set(msg.buffers), \
+                        "a slot was refilled while the learner held it"
                     data = shared.buffers.gather(list(msg.buffers))
                     obs = data["obs"]["obs"]
                     for b in range(obs.shape[0]):
                         tag = int(obs[b, 0, 0])
                         assert torch.all(obs[b, :, 0] == tag), "a trajectory mixes envs"
-                        steps_by_env.setdefault(tag, []).extend(obs[b, :cfg.rollout, 1].long().tolist())
+                        steps = obs[b, :cfg.rollout, 1].long().tolist()
+                        steps_by_env.setdefault(tag, []).extend(steps)
                     # (this test published version 0 once: every step carries it)
                     assert torch.all(data["policy_versions"] == 0)
                     assert torch.all(data["policy_versions"] != FILL_INT), "unwritten policy output"
@@ -230,7 +237,8 @@ def test_restart_fences_off_the_dead_workers_data(tmp_path):
                             BuffersFreed(msg.buffers, generations[msg.worker_id]))
                     for b in [b for b in held if b // per_worker != msg.worker_id][:4]:
                         held.discard(b)
-                        shared.worker_queues[b // per_worker].put(BuffersFreed((b,), generations[b // per_worker]))
+                        w = b // per_worker
+                        shared.worker_queues[w].put(BuffersFreed((b,), generations[w]))
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
             shared.runner_queue.put(Fenced(0, 1, 0))  # so that a waiting restart returns
@@ -283,7 +291,7 @@ def test_killed_learner_stops_the_run_and_the_command_resumes(tmp_path):
     assert code == 1
     assert "fastrl-learner died unexpectedly (signal SIGKILL)" in run.output
     assert_nothing_left(run.kids, before)
-    from fastrl.experiment import load_latest_checkpoint
+    from fastrl.checkpoint import load_latest_checkpoint
 
     state, path = load_latest_checkpoint(str(tmp_path / "x"))
     frames = state["counters"]["env_frames"]
@@ -337,9 +345,10 @@ def test_killed_doom_worker_leaves_no_engine_or_shared_memory(tmp_path):
     """Each VizDoom env runs an engine process with its own /dev/shm segments; a SIGKILLed
     rollout worker cannot close them, so the runner must."""
     before = shm_files()
-    args = ["--env", "doom_basic", "--train_dir", str(tmp_path), "--experiment", "x", "--device", "cpu",
-            "--num_workers", "1", "--num_envs_per_worker", "2", "--rollout", "16", "--batch_size", "64",
-            "--rnn_size", "32", "--encoder_fc_size", "32", "--log_every_sec", "1", "--summaries_every_sec", "1"]
+    args = ["--env", "doom_basic", "--train_dir", str(tmp_path), "--experiment", "x",
+            "--device", "cpu", "--num_workers", "1", "--num_envs_per_worker", "2",
+            "--rollout", "16", "--batch_size", "64", "--rnn_size", "32", "--encoder_fc_size", "32",
+            "--log_every_sec", "1", "--summaries_every_sec", "1"]
     run = Training(args)
     try:
         wait_for_training(tmp_path)

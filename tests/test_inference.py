@@ -14,7 +14,7 @@ from fastrl.cfg import Config
 from fastrl.inference import PolicyWorker
 from fastrl.messages import InferenceRequest
 from fastrl.model import ActorCritic, as_dict_space
-from fastrl.runner.parallel import SharedWeights
+from fastrl.weights import SharedWeights
 
 OBS = spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACT = spaces.Discrete(3)

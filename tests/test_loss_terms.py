@@ -14,8 +14,9 @@ from gymnasium import spaces
 
 from fastrl.algo.appo import LossParams, appo_loss
 from fastrl.algo.vtrace import vtrace
+from fastrl.distributions import ActionDistribution
 from fastrl.learner import _add_time_limit_bootstrap
-from fastrl.model import ActionDistribution, ReturnNormalizer
+from fastrl.normalize import ReturnNormalizer
 from tests.test_appo_loss import make_batch
 
 PARAMS = dict(gamma=0.9, ppo_clip_ratio=0.2, value_loss_coeff=0.5, exploration_loss_coeff=0.01)
@@ -24,7 +25,8 @@ PARAMS = dict(gamma=0.9, ppo_clip_ratio=0.2, value_loss_coeff=0.5, exploration_l
 @pytest.mark.parametrize("space", [spaces.Discrete(4), spaces.MultiDiscrete([3, 2, 5])])
 def test_symmetric_kl_to_uniform_matches_a_loop(space):
     nvec = [space.n] if isinstance(space, spaces.Discrete) else list(space.nvec)
-    logits = torch.randn(6, sum(nvec), dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    logits = torch.randn(6, sum(nvec), dtype=torch.float64,
+                         generator=torch.Generator().manual_seed(0))
     got = ActionDistribution(logits, space).symmetric_kl_to_uniform()
     for row in range(6):
         expected, offset = 0.0, 0

@@ -10,7 +10,9 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.model import ActionDistribution, ActorCritic, as_dict_space, obs_to_dict
+from fastrl.distributions import ActionDistribution
+from fastrl.model import ActorCritic
+from fastrl.obs import as_dict_space, obs_to_dict
 
 IMG = spaces.Box(0, 255, (3, 36, 36), np.uint8)  # the smallest image convnet_simple accepts
 VEC = spaces.Box(-np.inf, np.inf, (7,), np.float32)
@@ -362,7 +364,8 @@ def test_pixel_statistics_match_numpy_over_everything_seen():
 
 def _conv_input(model: ActorCritic, obs: torch.Tensor) -> torch.Tensor:
     seen = []
-    handle = model.encoders[0].convs.register_forward_pre_hook(lambda _m, args: seen.append(args[0].clone()))
+    handle = model.encoders[0].convs.register_forward_pre_hook(
+        lambda _m, args: seen.append(args[0].clone()))
     with torch.no_grad():
         model.forward_step({"obs": obs}, model.initial_rnn_state(obs.shape[0]))
     handle.remove()
@@ -370,7 +373,8 @@ def _conv_input(model: ActorCritic, obs: torch.Tensor) -> torch.Tensor:
 
 
 def test_before_any_update_normalisation_equals_the_fixed_one():
-    img = torch.from_numpy(np.random.default_rng(1).integers(0, 256, (4, *IMG.shape), dtype=np.uint8))
+    img = torch.from_numpy(
+        np.random.default_rng(1).integers(0, 256, (4, *IMG.shape), dtype=np.uint8))
     fixed = ActorCritic(IMG, spaces.Discrete(4), make_cfg(use_rnn=False))
     running = ActorCritic(IMG, spaces.Discrete(4), make_cfg(use_rnn=False, normalize_input=True))
     torch.testing.assert_close(_conv_input(running, img), _conv_input(fixed, img))
@@ -402,7 +406,7 @@ def test_learner_updates_the_statistics_and_shared_weights_carry_them():
 
     from fastrl.cfg import Config
     from fastrl.learner import Learner
-    from fastrl.runner.parallel import SharedWeights
+    from fastrl.weights import SharedWeights
 
     b, t = 4, 8
     cfg = Config(rollout=t, batch_size=b * t, use_rnn=False, encoder_fc_size=32, device="cpu",
@@ -412,7 +416,8 @@ def test_learner_updates_the_statistics_and_shared_weights_carry_them():
     learner = Learner(cfg, model, spaces.Discrete(4), torch.device("cpu"))
     gen = torch.Generator().manual_seed(3)
     batch = {
-        "obs": {"obs": torch.randint(0, 256, (b, t + 1, *IMG.shape), dtype=torch.uint8, generator=gen)},
+        "obs": {"obs": torch.randint(0, 256, (b, t + 1, *IMG.shape), dtype=torch.uint8,
+                                     generator=gen)},
         "actions": torch.randint(0, 4, (b, t, 1), generator=gen),
         "log_probs": torch.full((b, t), -math.log(4.0)),
         "values": torch.zeros(b, t),
@@ -432,4 +437,5 @@ def test_learner_updates_the_statistics_and_shared_weights_carry_them():
     reader = ActorCritic(IMG, spaces.Discrete(4), cfg)
     assert shared.load_into(reader) == learner.version
     for key, value in model.state_dict().items():
-        torch.testing.assert_close(reader.state_dict()[key], value.to(reader.state_dict()[key].dtype))
+        read = reader.state_dict()[key]
+        torch.testing.assert_close(read, value.to(read.dtype))

@@ -1,4 +1,5 @@
-"""Real multiprocess runs, with timeouts: nothing lost, lag bounded, crashes reported, clean exit."""
+"""Real multiprocess runs, with timeouts: nothing lost, lag bounded, crashes reported, clean
+exit."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ import time
 import pytest
 import torch
 
-from fastrl.cfg import parse_config
-from fastrl.messages import TrajectoriesReady
+from fastrl.cfg_io import parse_config
+from fastrl.messages import BuffersFreed, TrajectoriesReady
 from fastrl.procs import alive
 from fastrl.procs import descendants as children_of
 from fastrl.runner.common import buffers_per_env, build_model
-from fastrl.runner.parallel import POLL, BuffersFreed, ParallelRunner
+from fastrl.runner.parallel import POLL, ParallelRunner
 
 pytestmark = pytest.mark.multiprocess
 
@@ -75,13 +76,14 @@ def test_every_step_lands_in_exactly_one_trajectory(tmp_path):
                 assert torch.all(data["log_probs"] <= 0)
                 trajectories += len(msg.buffers)
                 per_worker = shared.per_worker_buffers
-                shared.worker_queues[msg.buffers[0] // per_worker].put(BuffersFreed(msg.buffers))
+                shared.worker_queues[msg.buffers[0] // per_worker].put(BuffersFreed(msg.buffers, 0))
     finally:
         runner.shutdown()
     assert trajectories >= 200
     assert len(steps_by_env) == cfg.num_envs
     for tag, steps in steps_by_env.items():
-        assert sorted(steps) == list(range(len(steps))), f"env {tag}: a step was dropped or duplicated"
+        assert sorted(steps) == list(range(len(steps))), \
+            f"env {tag}: a step was dropped or duplicated"
 
 
 def run_train(args, timeout=120):
@@ -113,13 +115,15 @@ def test_async_policy_lag_is_bounded(tmp_path):
 
 def test_crashing_child_brings_the_run_down_with_its_traceback(tmp_path):
     before = shm_files()
-    proc = run_train(base_args(tmp_path, BROKEN, "--train_for_seconds", "60", "--max_worker_restarts", "0"),
+    proc = run_train(base_args(tmp_path, BROKEN, "--train_for_seconds", "60",
+                               "--max_worker_restarts", "0"),
                      timeout=90)
     assert proc.returncode == 1
     assert "refuses to be made" in proc.stdout  # the child's traceback, in the main log
     assert "Traceback" in proc.stdout
     err = proc.stderr.strip().splitlines()
-    assert err and "fastrl-rollout-" in err[-1] and "EnvBroken" in err[-1] and "refuses to be made" in err[-1]
+    assert err and "fastrl-rollout-" in err[-1] and "EnvBroken" in err[-1]
+    assert "refuses to be made" in err[-1]
     assert not (shm_files() - before)
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fastrl.cfg import parse_config
+from fastrl.cfg_io import parse_config
 from fastrl.env_registry import recommended_settings, register_env
 from fastrl.runner.common import env_options, reward_scale
 from tests.counting_env import CountingEnv
@@ -59,7 +59,9 @@ def test_an_old_config_keeps_what_it_was_trained_with(tmp_path):
     doom_* env) and lacks the settings added since: resuming must not change its training."""
     exp = tmp_path / "x"
     exp.mkdir()
-    (exp / "config.json").write_text(json.dumps({"env": "doom_defend_the_center", "reward_scale": None}))
+    (exp / "config.json").write_text(
+        json.dumps({"env": "doom_defend_the_center", "reward_scale": None})
+    )
     cfg = parse(tmp_path)
     assert cfg.reward_scale == 0.01
     assert (cfg.normalize_returns, cfg.value_bootstrap, cfg.decorrelate_envs_on_one_worker,

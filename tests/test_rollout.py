@@ -15,9 +15,11 @@ from tests.counting_env import CountingEnv
 T = 5
 
 
-def make_worker(num_envs=4, splits=2, per_env=3, rnn=0, per_round=None, worker_id=0, envs=None, **kwargs):
+def make_worker(num_envs=4, splits=2, per_env=3, rnn=0, per_round=None, worker_id=0, envs=None,
+                **kwargs):
     if envs is None:
-        envs = [CountingEnv(env_tag=worker_id * num_envs + i, episode_len=7) for i in range(num_envs)]
+        envs = [CountingEnv(env_tag=worker_id * num_envs + i, episode_len=7)
+                for i in range(num_envs)]
     obs_space = spaces.Dict({"obs": envs[0].observation_space})
     layout = BufferLayout.from_spaces(obs_space, envs[0].action_space, num_envs * per_env, T, rnn)
     buffers = TrajectoryBuffers(layout)
@@ -164,7 +166,8 @@ def test_env_fault_drops_the_partial_episode_and_recreates_the_env():
         made.append(CountingEnv(env_tag=100 + len(made), episode_len=7))
         return made[-1]
 
-    envs = [CountingEnv(env_tag=0, episode_len=7, crash_at=9), CountingEnv(env_tag=1, episode_len=7)]
+    envs = [CountingEnv(env_tag=0, episode_len=7, crash_at=9),
+            CountingEnv(env_tag=1, episode_len=7)]
     worker, _, buffers, _ = make_worker(num_envs=2, splits=1, envs=envs, env_factory=factory)
     completed, episodes = drive(worker, buffers, steps=40)
     assert len(made) == 1 and worker.envs[0] is made[0]

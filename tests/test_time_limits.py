@@ -68,7 +68,9 @@ def test_final_value_is_the_next_step_value_before_the_reset(use_rnn):
     resets = torch.zeros(b, t)
     resets[0, 2] = 1.0  # the episode cut after step 1 restarts at step 2
     with torch.no_grad():
-        logits, values, final_values = model.forward_sequence(obs, h0, resets, final_obs, final_step)
+        logits, values, final_values = model.forward_sequence(
+            obs, h0, resets, final_obs, final_step
+        )
         plain_logits, plain_values = model.forward_sequence(obs, h0, resets)
         torch.testing.assert_close(values, plain_values)
         for row in (0, 2):
@@ -76,7 +78,9 @@ def test_final_value_is_the_next_step_value_before_the_reset(use_rnn):
             for step in range(int(final_step[row]) + 1):
                 h = h * (1.0 - resets[row, step])
                 _, _, h = model.forward_step({k: v[row:row + 1, step] for k, v in obs.items()}, h)
-            _, expected, _ = model.forward_step({k: v[row:row + 1] for k, v in final_obs.items()}, h)
+            _, expected, _ = model.forward_step(
+                {k: v[row:row + 1] for k, v in final_obs.items()}, h
+            )
             assert float(final_values[row]) == pytest.approx(float(expected), abs=1e-5)
     assert float(final_values[1]) == 0.0
 

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from fastrl.cfg import parse_config
-from fastrl.experiment import list_checkpoints, load_checkpoint
+from fastrl.cfg_io import parse_config
+from fastrl.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.runner.serial import run_serial
 from tests.test_parallel import run_train
 
@@ -19,7 +19,8 @@ CARTPOLE = ["--env", "CartPole-v1", "--serial_mode", "--device", "cpu", "--use_r
 
 
 def cfg_for(tmp_path, *extra, experiment="x"):
-    return parse_config([*CARTPOLE, "--train_dir", str(tmp_path), "--experiment", experiment, *extra])
+    return parse_config([*CARTPOLE, "--train_dir", str(tmp_path), "--experiment", experiment,
+                         *extra])
 
 
 @pytest.mark.learning
@@ -66,8 +67,9 @@ def test_stopping_condition_already_met_trains_nothing_more(tmp_path):
 
 
 def test_seeded_serial_runs_are_reproducible(tmp_path):
-    a = run_serial(cfg_for(tmp_path, "--seed", "7", "--train_for_env_steps", "8192", experiment="a"))
-    b = run_serial(cfg_for(tmp_path, "--seed", "7", "--train_for_env_steps", "8192", experiment="b"))
+    steps = ("--seed", "7", "--train_for_env_steps", "8192")
+    a = run_serial(cfg_for(tmp_path, *steps, experiment="a"))
+    b = run_serial(cfg_for(tmp_path, *steps, experiment="b"))
     wa = load_checkpoint(list_checkpoints(str(tmp_path / "a"))[-1])["learner"]["model"]
     wb = load_checkpoint(list_checkpoints(str(tmp_path / "b"))[-1])["learner"]["model"]
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
@@ -75,8 +77,10 @@ def test_seeded_serial_runs_are_reproducible(tmp_path):
 
 
 def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
-    run_serial(cfg_for(tmp_path, "--seed", "3", "--train_for_env_steps", "4096", "--keep_checkpoints", "5"))
-    run_serial(parse_config(["--train_dir", str(tmp_path), "--experiment", "x", "--train_for_env_steps", "8192"]))
+    run_serial(cfg_for(tmp_path, "--seed", "3", "--train_for_env_steps", "4096",
+                       "--keep_checkpoints", "5"))
+    run_serial(parse_config(["--train_dir", str(tmp_path), "--experiment", "x",
+                             "--train_for_env_steps", "8192"]))
     paths = list_checkpoints(str(tmp_path / "x"))
     assert len(paths) == 2
     with open(paths[-1], "r+b") as fh:

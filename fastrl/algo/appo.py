@@ -214,14 +214,18 @@ def appo_loss(
         if behaviour_values is None:
             raise ValueError("appo_loss: ppo_clip_value needs behaviour_values")
         old = torch.where(valid, behaviour_values, 0.0).detach()
-        clipped = old + torch.clamp(step_values - old, -params.ppo_clip_value, params.ppo_clip_value)
+        clipped = old + torch.clamp(
+            step_values - old, -params.ppo_clip_value, params.ppo_clip_value
+        )
         value_error = torch.max(value_error, (targets - clipped) ** 2)
     value_loss = params.value_loss_coeff * 0.5 * masked_mean(value_error)
     mean_entropy = masked_mean(ent)
     if exploration is None:
         entropy_loss = -params.exploration_loss_coeff * mean_entropy
     else:
-        entropy_loss = params.exploration_loss_coeff * masked_mean(torch.where(valid, exploration, 0.0))
+        entropy_loss = params.exploration_loss_coeff * masked_mean(
+            torch.where(valid, exploration, 0.0)
+        )
     loss = policy_loss + value_loss + entropy_loss
 
     with torch.no_grad():

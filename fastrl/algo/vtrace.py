@@ -20,7 +20,8 @@ def _check_inputs(
 ) -> None:
     if log_rhos.dim() != 2 or log_rhos.shape[0] < 1:
         raise ValueError(
-            f"vtrace: log_rhos must be time-major [T, B] with T >= 1, got shape {tuple(log_rhos.shape)}"
+            "vtrace: log_rhos must be time-major [T, B] with T >= 1, "
+            f"got shape {tuple(log_rhos.shape)}"
         )
     for name, t in (("discounts", discounts), ("rewards", rewards), ("values", values)):
         if t.shape != log_rhos.shape:

@@ -14,8 +14,8 @@ from gymnasium import spaces
 from fastrl.cfg import Config
 from fastrl.device import resolve_device  # noqa: F401 - re-exported for the runners
 from fastrl.env_registry import make_env, recommended_settings
-from fastrl.experiment import ExperimentError, load_latest_checkpoint, rng_state, set_rng_state
-from fastrl.model import ActorCritic, as_dict_space
+from fastrl.model import ActorCritic
+from fastrl.obs import as_dict_space
 
 
 def reward_scale(cfg: Config) -> float:
@@ -85,57 +85,3 @@ def seed_everything(seed: int | None) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def check_checkpoint_compatible(state: dict, cfg: Config, info: EnvInfo, path: str) -> None:
-    """Refuse a checkpoint made for another env or model, naming what differs."""
-    saved = state.get("env_info", {})
-    for key, value in info.describe().items():
-        if key in saved and saved[key] != value:
-            raise ExperimentError(
-                f"checkpoint {path} was made with {key} {saved[key]}, but --env={cfg.env} gives {value}"
-            )
-    saved_cfg = state.get("cfg", {})
-    from fastrl.cfg import MODEL_DEFINING
-
-    for key in MODEL_DEFINING:
-        if key in saved_cfg and saved_cfg[key] != getattr(cfg, key):
-            raise ExperimentError(
-                f"checkpoint {path} was made with {key}={saved_cfg[key]!r}, not {getattr(cfg, key)!r}"
-            )
-
-
-def checkpoint_state(cfg: Config, info: EnvInfo, learner_state: dict, counters: dict) -> dict:
-    """Everything a checkpoint holds; ``counters`` comes from ``TrainingStats.counters()``."""
-    # Frames the learner trained on are the learner's own count: the runner's figure may
-    # trail by a batch that was trained after it was sent.
-    counters = {**counters, "env_frames": int(learner_state["samples_trained"]) * info.frameskip}
-    return {
-        "learner": learner_state,
-        "counters": counters,
-        "rng": rng_state(),
-        "cfg": cfg.to_dict(),
-        "env_info": info.describe(),
-    }
-
-
-def restore_learner(learner, cfg: Config, info: EnvInfo,
-                    device: torch.device) -> tuple[dict | None, str | None]:
-    """Load the experiment's newest checkpoint into ``learner`` (weights, optimizer, version)
-    and restore the RNG state; return its counters and path, or ``(None, None)`` when the
-    experiment has no checkpoint yet."""
-    state, path = load_latest_checkpoint(cfg.experiment_dir, map_location=device)
-    if state is None:
-        return None, None
-    check_checkpoint_compatible(state, cfg, info, path)
-    learner.load_state_dict(state["learner"])
-    set_rng_state(state["rng"])
-    return state["counters"], path
-
-
-def restore_counters(stats, counters: dict, learner_version: int) -> None:
-    """Continue the run's counters from a checkpoint's (see ``checkpoint_state``)."""
-    stats.env_frames = int(counters["env_frames"])
-    stats.episodes = int(counters["episodes"])
-    stats.prior_seconds = float(counters["wall_seconds"])
-    stats.learner_steps = learner_version

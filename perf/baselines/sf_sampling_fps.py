@@ -24,8 +24,10 @@ from sf_examples.vizdoom.train_vizdoom import parse_vizdoom_cfg, register_vizdoo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--warmup", type=float, default=15.0, help="seconds not counted at the start")
-    parser.add_argument("--seconds", type=float, default=45.0, help="seconds measured after the warm-up")
+    parser.add_argument("--warmup", type=float, default=15.0,
+                        help="seconds not counted at the start")
+    parser.add_argument("--seconds", type=float, default=45.0,
+                        help="seconds measured after the warm-up")
     parser.add_argument("sf_args", nargs="*", help="Sample Factory arguments (after --)")
     args = parser.parse_args()
 
@@ -49,7 +51,8 @@ def main() -> None:
         raise SystemExit("no trajectories arrived after the warm-up")
     sps = (samples - start_samples) / (now - start)
     print(json.dumps({"fps": round(sps * cfg.env_frameskip, 1), "sps": round(sps, 1),
-                      "seconds": round(now - start, 2), "samples": samples - start_samples}), flush=True)
+                      "seconds": round(now - start, 2), "samples": samples - start_samples}),
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,104 @@
+"""Starting a VizDoom engine for a scenario of the table, and what the scenario's cfg
+decides: its time limit in agent steps and the button vector of every joint action."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import random
+import time
+from collections.abc import Sequence
+
+import vizdoom as vzd
+
+from envs.doom_scenarios import DoomScenario
+
+SCREEN_RESOLUTION = vzd.ScreenResolution.RES_160X120
+SCREEN_SHAPE = (3, 120, 160)  # the CRCGCB screen buffer at SCREEN_RESOLUTION
+INIT_ATTEMPTS = 5
+
+
+def scenario_config_path(scenario: DoomScenario) -> str:
+    """Path of the scenario's .cfg inside the installed vizdoom package."""
+    return os.path.join(vzd.scenarios_path, scenario.cfg)
+
+
+def start_game(
+    scenario: DoomScenario,
+    *,
+    window_visible: bool = False,
+    disable_timeout: bool = True,
+    attempts: int = INIT_ATTEMPTS,
+) -> tuple[vzd.DoomGame, int]:
+    """Create and `init()` a DoomGame for `scenario` at fastrl's screen settings.
+
+    Starting many engines at once occasionally fails, so `init()` is retried up to
+    `attempts` times on a fresh DoomGame with a short randomized backoff. Returns the game
+    and the cfg's own episode timeout in tics (0 = none); with `disable_timeout` the
+    engine's timeout is switched off (DoomEnv counts agent steps instead).
+    """
+    path = scenario_config_path(scenario)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"scenario config {path} not found in the vizdoom package")
+    jitter = random.Random()  # own RNG: must not consume or depend on the global one
+    last_error: BaseException | None = None
+    for attempt in range(1, attempts + 1):
+        game = vzd.DoomGame()
+        game.load_config(path)
+        game.set_screen_resolution(SCREEN_RESOLUTION)
+        game.set_screen_format(vzd.ScreenFormat.CRCGCB)
+        game.set_window_visible(window_visible)
+        game.set_sound_enabled(False)
+        game.set_mode(vzd.Mode.PLAYER)
+        if scenario.god_mode:
+            game.add_game_args("+sv_cheats 1")
+        cfg_timeout = game.get_episode_timeout()
+        if disable_timeout:
+            game.set_episode_timeout(0)
+        try:
+            game.init()
+            return game, cfg_timeout
+        except Exception as e:  # vizdoom raises several unrelated exception types here
+            last_error = e
+            game.close()
+            if attempt < attempts:
+                time.sleep(jitter.uniform(0.05, 0.3) * attempt)
+    raise RuntimeError(
+        f"ViZDoom failed to start scenario {scenario.name!r} ({path}) after {attempts} "
+        f"attempts; last error: {last_error!r}"
+    ) from last_error
+
+
+def default_max_episode_steps(
+    scenario: DoomScenario, cfg_timeout_tics: int, frameskip: int
+) -> int | None:
+    """The scenario's time limit in agent steps: the table's, else the cfg's timeout."""
+    if scenario.max_episode_steps is not None:
+        return scenario.max_episode_steps
+    if cfg_timeout_tics > 0:
+        return math.ceil(cfg_timeout_tics / frameskip)
+    return None
+
+
+def button_table(
+    scenario: DoomScenario, buttons: Sequence[vzd.Button]
+) -> tuple[list[int], list[list[float]]]:
+    """Per-head sizes and the button vector of every joint action (row-major order)."""
+    index = {b.name: i for i, b in enumerate(buttons)}
+    for head in scenario.heads:
+        for choice in head.choices:
+            for name, _ in choice.buttons:
+                if name not in index:
+                    raise ValueError(
+                        f"{scenario.name}: button {name} is not in {scenario.cfg}'s "
+                        f"available_buttons {sorted(index)}"
+                    )
+    table = []
+    for combo in itertools.product(*(head.choices for head in scenario.heads)):
+        vec = [0.0] * len(buttons)
+        for choice in combo:
+            for name, value in choice.buttons:
+                vec[index[name]] = value
+        table.append(vec)
+    return [len(h.choices) for h in scenario.heads], table

@@ -1,0 +1,58 @@
+"""Running statistics: merging a batch's moments into running ones, and the return
+normaliser the critic's targets go through with ``--normalize_returns``."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["RETURN_VAR_EPS", "ReturnNormalizer", "merge_moments"]
+
+RETURN_VAR_EPS = 1e-4  # variance floor of the return normaliser: std >= 0.01 (return units)
+
+
+@torch.no_grad()
+def merge_moments(mean: Tensor, var: Tensor, count: Tensor, batch_mean: Tensor,
+                  batch_var: Tensor, n: int) -> None:
+    """Merge a batch's mean and (population) variance over ``n`` samples into running
+    statistics held in the buffers ``mean``, ``var`` and ``count``, in place (Chan et al.'s
+    parallel update, exact for any split of the data)."""
+    old = float(count.item())
+    total = old + float(n)
+    delta = batch_mean - mean
+    merged_m2 = var * old + batch_var * n + delta.square() * (old * n / total)
+    mean.add_(delta * (n / total))
+    var.copy_(merged_m2 / total)
+    count.fill_(total)
+
+
+class ReturnNormalizer(nn.Module):
+    """Running mean and variance of the value targets (return units), kept as buffers so that
+    checkpoints carry them. With it the critic predicts ``(return - mean) / std``.
+
+    Starts at mean 0, std 1 (the identity); the first :meth:`update` replaces that. ``std`` is
+    floored at ``sqrt(RETURN_VAR_EPS)`` so that near-constant returns (a sparse-reward env
+    before its first success) do not blow the normalised targets up.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("var", torch.ones((), dtype=torch.float64))
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+
+    def mean_std(self) -> tuple[Tensor, Tensor]:
+        """0-d float32 ``(mean, std)``."""
+        std = torch.sqrt(torch.clamp(self.var, min=RETURN_VAR_EPS))
+        return self.mean.float(), std.float()
+
+    @torch.no_grad()
+    def update(self, x: Tensor) -> None:
+        """Merge the mean and variance of the values ``x`` (any shape) into the running ones
+        (Chan et al.'s parallel update)."""
+        if x.numel() == 0:
+            return
+        x = x.detach().double().reshape(-1)
+        batch_mean = x.mean()
+        batch_var = (x - batch_mean).square().mean()
+        merge_moments(self.mean, self.var, self.count, batch_mean, batch_var, x.numel())

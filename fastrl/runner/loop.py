@@ -1,0 +1,138 @@
+"""The runner's side of a run, the same in serial and parallel mode: keep the statistics
+from the stations' reports, print progress, evaluate, ask the learner for checkpoints, and
+stop on the frame or time budget or on Ctrl-C.
+
+Each mode gives it one callable, ``turn``, called on every loop iteration: serial mode
+polls its three stations there; parallel mode checks on its child processes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from fastrl.evaluation import PeriodicEvaluator, write_eval_summaries
+from fastrl.experiment import Reporter, TrainingStats, log
+from fastrl.messages import (
+    CheckpointSaved,
+    Fenced,
+    LearnerReport,
+    PolicyReport,
+    RolloutReport,
+    SaveCheckpoint,
+)
+from fastrl.runner.wiring import Wiring
+
+FINAL_SAVE_TIMEOUT = 60.0
+
+
+class RunLoop:
+    """Args:
+        turn: called once per iteration (see the module docstring).
+        note: sees every runner-queue message first (the parallel supervisor's failure
+            reports and fence confirmations); None in serial mode.
+        poll_timeout: how long one read of the runner queue may wait (0 in serial mode,
+            where nothing arrives while this process waits).
+        evaluate_in_thread: parallel mode evaluates in a thread beside the loop; serial
+            mode evaluates in place, between two polls of the stations.
+    """
+
+    def __init__(self, wiring: Wiring, stats: TrainingStats, reporter: Reporter,
+                 turn: Callable[[], None], note: Callable[[object], None] | None = None,
+                 poll_timeout: float = 0.0, evaluator: PeriodicEvaluator | None = None,
+                 evaluate_in_thread: bool = False, warmup_seconds: float = 0.0):
+        self.wiring = wiring
+        self.cfg = wiring.cfg
+        self.stats = stats
+        self.reporter = reporter
+        self.turn = turn
+        self.note = note
+        self.poll_timeout = poll_timeout
+        self.evaluator = evaluator
+        self.evaluate_in_thread = evaluate_in_thread
+        self.warmup_seconds = warmup_seconds
+
+    def handle(self, msg) -> None:
+        """Apply one runner-queue message to the statistics."""
+        if self.note is not None:
+            self.note(msg)
+        stats = self.stats
+        if isinstance(msg, RolloutReport):
+            for ep in msg.episodes:
+                stats.add_episode(ep.episode_return, ep.length, ep.truncated)
+            stats.env_restarts += msg.env_restarts
+            stats.steps_discarded += msg.steps_discarded
+        elif isinstance(msg, LearnerReport):
+            stats.env_frames += msg.samples * stats.frameskip
+            if msg.stats:
+                stats.add_learner_stats(msg.stats, msg.version)
+            if not self.cfg.sampling_only:
+                stats.add_stage_time("learner", msg.samples, msg.busy_seconds)
+        elif isinstance(msg, PolicyReport):
+            stats.add_stage_time(f"policy_worker_{msg.policy_id}", msg.samples,
+                                 msg.busy_seconds)
+        elif isinstance(msg, Fenced):
+            stats.trajectories_discarded += msg.trajectories
+        elif isinstance(msg, CheckpointSaved) and msg.path:
+            log(f"saved {msg.path}")
+
+    def drain(self, timeout: float) -> None:
+        for msg in self.wiring.runner_queue.get_many(timeout):
+            self.handle(msg)
+
+    def run(self) -> bool:
+        """Until the budget is spent or Ctrl-C; return whether a final checkpoint is due."""
+        cfg, stats = self.cfg, self.stats
+        last_save = time.monotonic()
+        warm = self.warmup_seconds <= 0
+        if warm:
+            stats.mark_warmup()
+        frames_at_start = stats.env_frames
+        try:
+            while (stats.env_frames < cfg.train_for_env_steps
+                   and stats.run_seconds < cfg.train_for_seconds):
+                self.turn()
+                self.drain(self.poll_timeout)
+                if not warm and stats.run_seconds >= self.warmup_seconds:
+                    stats.mark_warmup()
+                    warm = True
+                self.reporter.maybe_report()
+                self._evaluate()
+                if not cfg.sampling_only and time.monotonic() - last_save >= cfg.save_every_sec:
+                    self.wiring.learner_queue.put(SaveCheckpoint(stats.counters(), False))
+                    last_save = time.monotonic()
+        except KeyboardInterrupt:
+            log("interrupted: saving a checkpoint and stopping (interrupt again to quit at once)")
+        stats.end_measurement()
+        return not cfg.sampling_only and stats.env_frames > frames_at_start
+
+    def final_save(self, turn: Callable[[], None]) -> None:
+        """Ask the learner for the final checkpoint and wait for it (``turn`` keeps the
+        learner going in serial mode and notices its death in parallel mode)."""
+        self.wiring.learner_queue.put(SaveCheckpoint(self.stats.counters(), True))
+        deadline = time.monotonic() + FINAL_SAVE_TIMEOUT
+        while time.monotonic() < deadline:
+            turn()
+            for msg in self.wiring.runner_queue.get_many(self.poll_timeout):
+                if isinstance(msg, CheckpointSaved) and msg.final:
+                    log(f"saved {msg.path}")
+                    return
+                self.handle(msg)
+        log(f"warning: the learner did not confirm the final checkpoint within "
+            f"{FINAL_SAVE_TIMEOUT:.0f} s")
+
+    def _evaluate(self) -> None:
+        ev = self.evaluator
+        if ev is None:
+            return
+        frames = self.stats.env_frames
+        if self.evaluate_in_thread:
+            ev.maybe_start(frames, self.wiring.weights)
+            results = ev.poll()
+        else:
+            result = ev.maybe_evaluate(frames, self.wiring.weights)
+            results = [] if result is None else [(frames, result)]
+        for at, result in results:
+            write_eval_summaries(self.reporter.writer, result, at)
+            log(f"evaluation at {at:,} frames: return {result.mean_return:.3f} "
+                f"+- {result.std_return:.3f} over {result.episodes} episodes")

@@ -1,0 +1,275 @@
+"""The three stations: each wraps one core (rollout worker, policy worker, learner) with the
+routing of its messages over a :class:`~fastrl.runner.wiring.Wiring`.
+
+A station reads its inbox, calls its core, and sends what the core produced to the queues
+named in the wiring; it does nothing else. The parallel runner runs each station in its own
+process (``fastrl/runner/parallel.py``: a loop of ``poll(POLL)`` until told to stop); serial
+mode polls the same three stations in turn in one process (``fastrl/runner/serial.py``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from fastrl.checkpoint import checkpoint_state, restore_learner, save_checkpoint
+from fastrl.experiment import log
+from fastrl.inference import PolicyWorker
+from fastrl.learner import Learner
+from fastrl.messages import (
+    ActionsReady,
+    BuffersFreed,
+    CheckpointSaved,
+    Fence,
+    Fenced,
+    InferenceRequest,
+    LearnerReady,
+    LearnerReport,
+    PolicyReport,
+    Reissue,
+    Resume,
+    RolloutReport,
+    SaveCheckpoint,
+    TrajectoriesReady,
+)
+from fastrl.rollout import RolloutWorker, StepOutput
+from fastrl.runner.common import EnvInfo, build_model, create_env, reward_scale
+from fastrl.runner.wiring import Wiring
+from fastrl.slots import PendingSlots
+
+# An env that fails all the time must not flood the log: the first faults of a worker are
+# logged, then every hundredth.
+FAULTS_LOGGED_IN_FULL = 10
+
+
+class RolloutStation:
+    """Rollout worker ``worker_id``: steps its envs when actions arrive, asks the policy
+    workers for the next ones, and hands full trajectories to the learner."""
+
+    def __init__(self, wiring: Wiring, worker_id: int, report_every: float):
+        self.wiring = wiring
+        self.worker_id = worker_id
+        self.name = f"fastrl-rollout-{worker_id}"
+        self.report_every = report_every
+        self.generation = int(wiring.worker_gen[worker_id])
+        self.inbox = wiring.worker_queues[worker_id]
+        self.envs: list = []
+        self.worker: RolloutWorker | None = None
+        self._report = RolloutReport([], 0, 0)
+        self._last_report = time.monotonic()
+        self._faults = 0
+
+    def start(self, envs: list | None = None) -> None:
+        """Create the envs (unless given) and the worker; send the first requests."""
+        w, cfg = self.wiring, self.wiring.cfg
+        if envs is None:
+            for _ in range(w.envs_per_worker):
+                w.beat(self.worker_id)
+                self.envs.append(create_env(cfg))
+        else:
+            self.envs = envs
+        first = self.worker_id * w.per_worker_buffers
+        per_round = None
+        if not cfg.async_rl:  # sync mode: one learner batch per round, shared by every env
+            per_round = (cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout) // w.num_envs
+        seed = None
+        if cfg.seed is not None:  # a restarted worker must not replay its predecessor's episodes
+            seed = cfg.seed + 1_000_003 * self.generation
+        self.worker = RolloutWorker(
+            self.worker_id, self.envs, w.buffers, w.rnn_state,
+            list(range(first, first + w.per_worker_buffers)), cfg.worker_num_splits,
+            reward_scale(cfg), cfg.reward_clip, trajectories_per_round=per_round, seed=seed,
+            env_factory=lambda: create_env(cfg), env_timeout=cfg.env_timeout,
+            decorrelate=cfg.decorrelate_envs_on_one_worker, generation=self.generation,
+            epoch=int(w.policy_epoch.value))
+        self.envs = self.worker.envs  # the worker replaces faulty envs in this very list
+        self._route(self.worker.start())
+
+    def poll(self, timeout: float) -> int:
+        """Handle what waits in the inbox (waiting up to ``timeout`` s for something);
+        return how many messages there were."""
+        worker = self.worker
+        msgs = self.inbox.get_many(timeout)
+        for msg in msgs:
+            if isinstance(msg, ActionsReady):
+                if worker.accepts(msg):
+                    self._route(worker.on_actions(msg.split_id))
+            elif isinstance(msg, BuffersFreed):
+                if msg.generation == self.generation:
+                    self._route(worker.add_free_buffers(msg.buffers))
+            elif isinstance(msg, Resume):
+                if msg.generation == self.generation:
+                    self._route(worker.resume())
+            elif isinstance(msg, Reissue):
+                self._route(worker.reissue(msg.epoch))
+            else:
+                raise TypeError(f"{self.name}: unexpected message {msg!r}")
+        report = self._report
+        if ((report.episodes or report.env_restarts)
+                and time.monotonic() - self._last_report >= self.report_every):
+            self.wiring.runner_queue.put(report)
+            self._report = RolloutReport([], 0, 0)
+            self._last_report = time.monotonic()
+        return len(msgs)
+
+    def close(self) -> None:
+        for env in self.envs:
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001 - close every engine even if one fails
+                pass
+
+    def _route(self, out: StepOutput) -> None:
+        for line in out.faults:
+            self._faults += 1
+            n = self._faults
+            if n <= FAULTS_LOGGED_IN_FULL or n % 100 == 0:
+                tail = "" if n <= FAULTS_LOGGED_IN_FULL else f" (env fault {n} of this worker)"
+                log(f"{self.name}: {line}{tail}")
+        if out.requests:
+            self.wiring.policy_queue.put_many(out.requests)
+        if out.trajectories:
+            self.wiring.learner_queue.put_many(out.trajectories)
+        if out.episodes or out.env_restarts:
+            r = self._report
+            self._report = RolloutReport(r.episodes + out.episodes,
+                                         r.env_restarts + out.env_restarts,
+                                         r.steps_discarded + out.steps_discarded)
+
+
+class PolicyStation:
+    """Policy worker ``policy_id``: acts for every request waiting, in one batch, and tells
+    each rollout worker which of its splits may step."""
+
+    def __init__(self, wiring: Wiring, policy_id: int, policy: PolicyWorker,
+                 report_every: float):
+        self.wiring = wiring
+        self.policy_id = policy_id
+        self.policy = policy
+        self.report_every = report_every
+        self._busy = 0.0
+        self._samples = 0
+        self._last_report = time.monotonic()
+
+    def poll(self, timeout: float) -> int:
+        """Act for the requests waiting (up to ``timeout`` s for the first); return how many
+        requests there were, stale ones included."""
+        w = self.wiring
+        requests: list[InferenceRequest] = w.policy_queue.get_many(timeout, 4096)
+        n = len(requests)
+        if requests:
+            # Drop requests of a dead rollout worker or made before a policy worker restart.
+            epoch, gens = w.policy_epoch.value, w.worker_gen
+            requests = [r for r in requests
+                        if r.epoch == epoch and r.generation == gens[r.worker_id]]
+        if requests:
+            start = time.perf_counter()
+            by_worker: dict[int, list[ActionsReady]] = {}
+            for ready in self.policy.infer(requests):
+                by_worker.setdefault(ready.worker_id, []).append(ready)
+            for worker_id, msgs in by_worker.items():
+                w.worker_queues[worker_id].put_many(msgs)
+            self._busy += time.perf_counter() - start
+            self._samples += sum(len(r.buffers) for r in requests)
+        if self._samples and time.monotonic() - self._last_report >= self.report_every:
+            w.runner_queue.put(PolicyReport(self.policy_id, self._samples, self._busy))
+            self._busy, self._samples = 0.0, 0
+            self._last_report = time.monotonic()
+        return n
+
+
+class LearnerStation:
+    """The learner: collects trajectory slots, trains on each full batch, frees the slots,
+    publishes the new weights, and writes checkpoints when the runner asks."""
+
+    def __init__(self, wiring: Wiring, learner: Learner, report_every: float):
+        self.wiring = wiring
+        self.learner = learner
+        self.report_every = report_every
+        self.pending = PendingSlots(wiring.per_worker_buffers, list(wiring.worker_gen))
+        self._samples = 0
+        self._busy = 0.0
+        self._stats: dict = {}
+        self._last_report = time.monotonic()
+
+    def announce(self, counters: dict | None, checkpoint: str | None) -> None:
+        """Publish the first weights (the checkpoint's when resuming) and say so."""
+        learner = self.learner
+        self.wiring.weights.publish(learner.model, learner.version)
+        self.wiring.runner_queue.put(LearnerReady(counters, checkpoint, learner.version))
+
+    def poll(self, timeout: float) -> int:
+        """Handle the messages waiting, then train on every full batch; return messages
+        handled plus batches trained."""
+        w, cfg = self.wiring, self.wiring.cfg
+        msgs = w.learner_queue.get_many(timeout)
+        for msg in msgs:
+            if isinstance(msg, TrajectoriesReady):
+                self.pending.add(msg)
+            elif isinstance(msg, Fence):
+                # Everything the dead worker sent came before this message.
+                dropped = self.pending.fence(msg.worker_id, msg.generation)
+                w.runner_queue.put(Fenced(msg.worker_id, msg.generation, dropped))
+            elif isinstance(msg, SaveCheckpoint):
+                self._save(msg)
+            else:
+                raise TypeError(f"learner: unexpected message {msg!r}")
+        work = len(msgs)
+        if cfg.sampling_only:
+            slots = self.pending.take_all()
+            if slots:
+                self._samples += len(slots) * cfg.rollout
+                self._free(slots)
+                work += 1
+        else:
+            while (slots := self.pending.take(self.learner.trajectories_per_batch)) is not None:
+                self._train(slots)
+                work += 1
+        if self._samples and time.monotonic() - self._last_report >= self.report_every:
+            w.runner_queue.put(LearnerReport(self._stats, self.learner.version, self._samples,
+                                             self._busy))
+            self._samples, self._busy, self._stats = 0, 0.0, {}
+            self._last_report = time.monotonic()
+        return work
+
+    def _train(self, slots: list[int]) -> None:
+        w, learner = self.wiring, self.learner
+        start = time.perf_counter()
+        batch = w.buffers.gather(slots, learner.device)
+        self._free(slots)  # the data is copied out: the slots can be refilled while we train
+        self._stats = learner.train(batch)
+        self._samples += len(slots) * w.cfg.rollout
+        w.weights.publish(learner.model, learner.version)
+        if not w.cfg.async_rl:
+            for worker_id, q in enumerate(w.worker_queues):
+                q.put(Resume(learner.version, self.pending.generations[worker_id]))
+        self._busy += time.perf_counter() - start
+
+    def _free(self, slots: list[int]) -> None:
+        for worker_id, msg in self.pending.freed(slots):
+            self.wiring.worker_queues[worker_id].put(msg)
+
+    def _save(self, msg: SaveCheckpoint) -> None:
+        w = self.wiring
+        if w.cfg.sampling_only:
+            w.runner_queue.put(CheckpointSaved("", msg.final))
+            return
+        state = checkpoint_state(w.cfg, w.info, self.learner.state_dict(), msg.counters)
+        path = save_checkpoint(w.cfg.experiment_dir, state, w.cfg.keep_checkpoints)
+        w.runner_queue.put(CheckpointSaved(path, msg.final))
+
+
+def make_policy_worker(wiring: Wiring, model: torch.nn.Module, device: torch.device,
+                       precision: str) -> PolicyWorker:
+    return PolicyWorker(model, wiring.info.action_space, wiring.buffers, wiring.rnn_state,
+                        device, weights=wiring.weights, precision=precision)
+
+
+def make_learner(cfg, info: EnvInfo,
+                 device: torch.device) -> tuple[Learner, dict | None, str | None]:
+    """The learner, with the experiment's newest checkpoint restored if there is one; also
+    that checkpoint's run counters and path (None, None without one)."""
+    learner = Learner(cfg, build_model(cfg, info, device), info.action_space, device)
+    counters, path = restore_learner(learner, cfg, info, device)
+    return learner, counters, path

@@ -1,0 +1,288 @@
+"""Supervision of the parallel runner's children: start them, notice a death or a hang,
+restart workers with their stale data fenced off, and repair what a killed child left.
+
+Fencing (docs/reliability.md has the whole story): ``wiring.worker_gen[w]`` counts restarts
+of rollout worker ``w``. Before its successor starts, the learner is told (``Fence``) to drop
+the dead incarnation's untrained trajectories, policy workers drop its requests by their
+generation, and the successor ignores answers meant for its predecessor.
+``wiring.policy_epoch`` counts policy worker restarts: requests of an older epoch are
+dropped, and every rollout worker asks again (``Reissue``) for the splits still waiting.
+
+A child killed inside a queue call may die holding the queue's lock. The lock watchdog, a
+thread of this process, is the only code that repairs such locks (``fastrl.procs``): it
+must not wait for the main loop, which may itself be blocked on that lock.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fastrl.experiment import log
+from fastrl.malloc import keep_freed_memory
+from fastrl.messages import ChildFailed, Fence, Fenced, Reissue
+from fastrl.procs import kill_group, release_queue_locks
+from fastrl.runner.wiring import Wiring
+
+LOCK_WATCH_INTERVAL = 0.1  # seconds between the watchdog's looks at the children
+
+
+class ChildError(RuntimeError):
+    """A worker process failed; the message names it and its exception."""
+
+
+@dataclass
+class Child:
+    """A child process the runner supervises, and how to start it again."""
+
+    name: str
+    kind: str  # "learner", "policy" or "rollout"
+    index: int
+    threads: int
+    target: Callable[[Wiring, int], None]
+    proc: Any = None
+    failures: deque = field(default_factory=deque)  # times of its past crashes
+
+
+def _child_setup(name: str, threads: int) -> None:
+    # Children ignore Ctrl-C: the runner stops them with a message and joins them, so that
+    # every checkpoint and engine is closed in order. A new process group also keeps the
+    # terminal's SIGINT away from their own children (the VizDoom engine processes).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # `kill -USR1 <pid>` prints where a worker is (for a run that seems stuck).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    try:
+        os.setpgrp()
+    except OSError:
+        pass
+    try:
+        from setproctitle import setproctitle
+
+        setproctitle(name)
+    except ImportError:
+        pass
+    torch.set_num_threads(threads)
+    keep_freed_memory()
+
+
+def run_child(name: str, threads: int, target, wiring: Wiring, index: int) -> None:
+    """A child process's entry point: set up, run ``target``, report a failure and exit 1."""
+    _child_setup(name, threads)
+    try:
+        target(wiring, index)
+    except BaseException as exc:  # noqa: BLE001 - report everything, then exit non-zero
+        try:
+            wiring.runner_queue.put(ChildFailed(name, f"{type(exc).__name__}: {exc}",
+                                                traceback.format_exc()), timeout=5)
+        except Exception:  # noqa: BLE001
+            pass
+        raise SystemExit(1) from None
+
+
+class Supervisor:
+    """Starts children, watches their exit codes and heartbeats, restarts workers.
+
+    ``pump(timeout)`` is the runner's: it reads the runner queue once and hands every
+    message to :meth:`note` (failure reports and fence confirmations) and to the statistics.
+    """
+
+    def __init__(self, wiring: Wiring, ctx, pump: Callable[[float], None]):
+        self.wiring = wiring
+        self.cfg = wiring.cfg
+        self.ctx = ctx
+        self.pump = pump
+        self.children: dict[str, Child] = {}
+        self.restart_workers = False  # on only while the training loop runs
+        self.restarts = 0
+        self._failures: dict[str, ChildFailed] = {}
+        self._fenced: dict[int, int] = {}
+        # Dead processes (the objects, not their pids, which the system may reuse) whose queue
+        # locks the watchdog has checked.
+        self._repaired: set = set()
+        self._repaired_cond = threading.Condition()
+        self._watchdog_stop = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch_locks, name="fastrl-lock-watchdog",
+                                          daemon=True)
+        self._watchdog.start()
+
+    # -- messages from the runner queue ---------------------------------------------------
+
+    def note(self, msg) -> None:
+        if isinstance(msg, ChildFailed):
+            log(f"{msg.name} failed; its traceback:\n{msg.traceback.rstrip()}")
+            self._failures[msg.name] = msg
+        elif isinstance(msg, Fenced):
+            self._fenced[msg.worker_id] = msg.generation
+
+    # -- starting -------------------------------------------------------------------------
+
+    def slot(self, child: Child) -> int:
+        return child.index if child.kind == "rollout" else self.wiring.policy_slot(child.index)
+
+    def start(self, child: Child) -> None:
+        if child.kind != "learner":
+            self.wiring.beat(self.slot(child))  # its clock starts now, not at its first beat
+        child.proc = self.ctx.Process(
+            target=run_child, name=child.name, daemon=False,
+            args=(child.name, child.threads, child.target, self.wiring, child.index))
+        child.proc.start()
+        self.children[child.name] = child
+
+    # -- watching -------------------------------------------------------------------------
+
+    def check_children(self) -> None:
+        """Notice dead or hung children; restart workers or stop the run (raises ChildError)."""
+        now = time.monotonic()
+        timeout = self.cfg.worker_timeout
+        for child in list(self.children.values()):
+            if self.check_exit(child):
+                continue
+            if child.kind != "learner" and now - self.wiring.heartbeat[self.slot(child)] > timeout:
+                kill_group(child.proc.pid)
+                child.proc.join(timeout=5)
+                self._on_death(child, f"sent no heartbeat for {timeout:.0f} s (hung) and was "
+                                      "killed", reported=False)
+
+    def check_exit(self, child: Child) -> bool:
+        """If ``child`` has exited, handle its death (raises, or restarts it); say whether
+        it had."""
+        code = child.proc.exitcode
+        if code is None:
+            return False
+        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        # Only a child that exited by itself (code 1 after an exception) sends a report.
+        self._on_death(child, f"died unexpectedly ({how})", reported=code > 0)
+        return True
+
+    def _watch_locks(self) -> None:
+        """The lock watchdog thread: when a child has died, release the queue locks it held."""
+        while not self._watchdog_stop.wait(LOCK_WATCH_INTERVAL):
+            for child in list(self.children.values()):
+                proc = child.proc
+                if proc is None or proc.exitcode is None or proc in self._repaired:
+                    continue
+                if release_queue_locks([getattr(q, "q", q) for q in self.wiring.queues()],
+                                       proc.pid):
+                    log(f"released a queue lock that {child.name} held when it died")
+                with self._repaired_cond:
+                    self._repaired.add(proc)
+                    self._repaired_cond.notify_all()
+
+    def _await_lock_repair(self, proc, timeout: float = 5.0) -> None:
+        with self._repaired_cond:
+            self._repaired_cond.wait_for(lambda: proc in self._repaired, timeout)
+
+    def _on_death(self, child: Child, how: str, reported: bool) -> None:
+        self._await_lock_repair(child.proc)
+        failure = self._take_failure(child.name, wait=1.0 if reported else 0.0)
+        # What it left outside Python: env engines in its process group, their shared memory.
+        kill_group(child.proc.pid)
+        cause = f"failed: {failure.error}" if failure is not None else how
+        if child.kind == "learner" or not self.restart_workers:
+            raise ChildError(f"{child.name} {cause}")
+        cfg = self.cfg
+        now = time.monotonic()
+        child.failures.append(now)
+        while child.failures and now - child.failures[0] > cfg.restart_window:
+            child.failures.popleft()
+        if len(child.failures) > cfg.max_worker_restarts:
+            raise ChildError(f"{child.name} {cause} ({len(child.failures)} failures within "
+                             f"{cfg.restart_window:.0f} s; "
+                             f"--max_worker_restarts={cfg.max_worker_restarts})")
+        log(f"{child.name} {cause}; restarting it (restart {len(child.failures)} of at most "
+            f"{cfg.max_worker_restarts} within {cfg.restart_window:.0f} s)")
+        start = time.monotonic()
+        if child.kind == "rollout":
+            self._restart_rollout(child)
+        else:
+            self._restart_policy(child)
+        self.restarts += 1
+        log(f"{child.name} restarted in {time.monotonic() - start:.1f} s")
+
+    # -- restarting -----------------------------------------------------------------------
+
+    def _restart_rollout(self, child: Child) -> None:
+        w, worker_id = self.wiring, child.index
+        generation = w.worker_gen[worker_id] + 1
+        w.worker_gen[worker_id] = generation  # from now on policy workers drop its old requests
+        ticks = list(w.policy_ticks)
+        w.learner_queue.put(Fence(worker_id, generation))
+        self.pump_until(lambda: self._fenced.get(worker_id) == generation, 120,
+                        f"the learner to release {child.name}'s buffers")
+        self._wait_policy_ticks(ticks)
+        self.start(child)
+
+    def _restart_policy(self, child: Child) -> None:
+        w = self.wiring
+        epoch = w.policy_epoch.value + 1
+        w.policy_epoch.value = epoch  # requests from before are dropped from now on
+        self._wait_policy_ticks(list(w.policy_ticks), exclude=child.index)
+        self.start(child)
+        for q in w.worker_queues:
+            q.put(Reissue(epoch))
+
+    def _wait_policy_ticks(self, ticks: list[int], exclude: int | None = None) -> None:
+        """Wait until every live policy worker finished the batch it was in at ``ticks``: a
+        batch begun before a restart has then been written out."""
+        for p, tick in enumerate(ticks):
+            child = self.children.get(f"fastrl-policy-{p}")
+            if p == exclude or child is None:
+                continue
+            deadline = time.monotonic() + 10
+            while (self.wiring.policy_ticks[p] < tick + 2 and child.proc.is_alive()
+                   and time.monotonic() < deadline):
+                time.sleep(0.005)
+
+    def pump_until(self, done: Callable[[], bool], timeout: float, what: str) -> None:
+        """Read the runner queue until ``done()``; only the learner's death interrupts."""
+        deadline = time.monotonic() + timeout
+        learner = self.children.get("fastrl-learner")
+        while not done():
+            if time.monotonic() > deadline:
+                raise ChildError(f"timed out after {timeout:.0f} s waiting for {what}")
+            self.pump(0.05)
+            if learner is not None:
+                self.check_exit(learner)
+
+    def _take_failure(self, name: str, wait: float) -> ChildFailed | None:
+        """The failure report of ``name``, waiting up to ``wait`` seconds for it to arrive."""
+        deadline = time.monotonic() + wait
+        while name not in self._failures and time.monotonic() < deadline:
+            self.pump(0.05)
+        return self._failures.pop(name, None)
+
+    # -- stopping -------------------------------------------------------------------------
+
+    def kill_all(self) -> None:
+        for child in self.children.values():
+            if child.proc is not None and child.proc.pid is not None:
+                kill_group(child.proc.pid, wait=0.5)
+
+    def stop_all(self) -> None:
+        """Stop every child: the stop flag, a join with a timeout, then kill; then clear what
+        each left behind (engines in its process group and their shared memory)."""
+        self._watchdog_stop.set()
+        self._watchdog.join(timeout=2)
+        if not self.children:
+            return
+        self.wiring.stop.set()
+        deadline = time.monotonic() + 10
+        procs = [(c.name, c.proc) for c in self.children.values()]
+        for _, proc in procs:
+            proc.join(timeout=max(0.1, deadline - time.monotonic()))
+        for name, proc in procs:
+            if proc.is_alive():
+                log(f"{name} did not stop in time; killing it")
+            kill_group(proc.pid)
+            proc.join(timeout=3)
+        self.children = {}

@@ -1,0 +1,159 @@
+"""The one place that creates every buffer and queue, for serial and parallel mode alike.
+
+Who talks to whom (``fastrl/messages.py`` has every message; tensors stay in the buffers)::
+
+    rollout worker w --InferenceRequest---------> policy_queue (shared by the policy workers)
+    policy worker    --ActionsReady-------------> worker_queues[w]
+    rollout worker w --TrajectoriesReady--------> learner_queue
+    learner          --BuffersFreed, Resume-----> worker_queues[w]
+    runner           --Fence, SaveCheckpoint----> learner_queue
+    runner           --Reissue------------------> worker_queues[w]   (every w)
+    learner          --LearnerReady, Fenced,
+                       CheckpointSaved----------> runner_queue
+    everyone         --reports, ChildFailed-----> runner_queue
+
+Parallel mode puts the buffers in shared memory and the queues in faster-fifo mailboxes, and
+hands the :class:`Wiring` to every child process; serial mode builds the same wiring with
+plain tensors and :class:`~fastrl.queues.LocalQueue` queues, and drives the same stations
+(``fastrl/runner/stations.py``) in one process.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing import sharedctypes
+from typing import Any
+
+import torch
+
+from fastrl.buffers import BufferLayout, TrajectoryBuffers
+from fastrl.cfg import Config
+from fastrl.experiment import ExperimentError
+from fastrl.mailbox import Mailbox
+from fastrl.queues import LocalQueue, MessageQueue
+from fastrl.runner.common import EnvInfo, buffers_per_env
+from fastrl.weights import LocalWeights, SharedWeights, WeightsSource
+
+QUEUE_BYTES = 4 * 1024 * 1024
+
+
+@dataclass
+class Wiring:
+    """Everything the components share: buffers, queues, weights and the fencing counters."""
+
+    cfg: Config
+    info: EnvInfo
+    num_workers: int
+    envs_per_worker: int
+    layout: BufferLayout
+    buffers: TrajectoryBuffers
+    rnn_state: torch.Tensor  # [num_envs, H]: each env's recurrent state while acting
+    weights: WeightsSource
+    policy_queue: MessageQueue
+    worker_queues: list[MessageQueue]
+    learner_queue: MessageQueue
+    runner_queue: MessageQueue
+    stop: Any  # an Event: set when the children must stop
+    parent_pid: int | None  # the runner's pid in parallel mode: a child stops when it goes
+    worker_gen: Any  # int64 per rollout worker: its restarts so far
+    policy_epoch: Any  # .value: policy worker restarts so far
+    heartbeat: Any  # float64 per rollout worker, then per policy worker: monotonic time
+    policy_ticks: Any  # int64 per policy worker: loop turns
+
+    @property
+    def num_envs(self) -> int:
+        return self.num_workers * self.envs_per_worker
+
+    @property
+    def per_worker_buffers(self) -> int:
+        return self.layout.num_buffers // self.num_workers
+
+    def worker_of(self, slot: int) -> int:
+        """The rollout worker that owns trajectory slot ``slot``."""
+        return slot // self.per_worker_buffers
+
+    def beat(self, slot: int) -> None:
+        self.heartbeat[slot] = time.monotonic()
+
+    def policy_slot(self, policy_id: int) -> int:
+        """Heartbeat slot of a policy worker (rollout worker ``w`` has slot ``w``)."""
+        return self.num_workers + policy_id
+
+    def should_stop(self) -> bool:
+        if self.stop.is_set():
+            return True
+        return self.parent_pid is not None and os.getppid() != self.parent_pid
+
+    def queues(self) -> list[MessageQueue]:
+        return [self.policy_queue, self.learner_queue, self.runner_queue, *self.worker_queues]
+
+    def close(self) -> None:
+        for q in self.queues():
+            q.close()
+
+
+class _Counter:
+    """``.value`` like a shared ``multiprocessing.Value``, for one process."""
+
+    def __init__(self, value: int = 0):
+        self.value = value
+
+
+def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers: int,
+                 envs_per_worker: int, ctx=None) -> Wiring:
+    """Allocate buffers and queues for ``num_workers`` rollout workers of ``envs_per_worker``
+    envs. With a multiprocessing context ``ctx`` everything lives in shared memory (parallel
+    mode, the weights published by copy); without, in this process (serial mode, where the
+    policy acts with ``model`` itself)."""
+    num_envs = num_workers * envs_per_worker
+    layout = BufferLayout.from_spaces(info.obs_space, info.action_space,
+                                      num_envs * buffers_per_env(cfg, num_envs), cfg.rollout,
+                                      model.rnn_state_size)
+    parallel = ctx is not None
+    n_policy = cfg.num_policy_workers if parallel else 1
+    if parallel:
+        check_shared_memory(layout)
+        # Restartable workers' mailboxes get doorbells (see fastrl/mailbox.py).
+        policy_queue = Mailbox(QUEUE_BYTES, doorbell=True)
+        worker_queues = [Mailbox(QUEUE_BYTES, doorbell=True) for _ in range(num_workers)]
+        learner_queue = Mailbox(QUEUE_BYTES, doorbell=False)
+        runner_queue = Mailbox(QUEUE_BYTES, doorbell=False)
+        weights: WeightsSource = SharedWeights(model, ctx)
+        stop = ctx.Event()
+    else:
+        policy_queue, learner_queue, runner_queue = LocalQueue(), LocalQueue(), LocalQueue()
+        worker_queues = [LocalQueue() for _ in range(num_workers)]
+        weights = LocalWeights(model)
+        stop = threading.Event()
+    rnn_state = torch.zeros((num_envs, model.rnn_state_size))
+    return Wiring(
+        cfg=cfg, info=info, num_workers=num_workers, envs_per_worker=envs_per_worker,
+        layout=layout, buffers=TrajectoryBuffers(layout, shared=parallel),
+        rnn_state=rnn_state.share_memory_() if parallel else rnn_state,
+        weights=weights, policy_queue=policy_queue, worker_queues=worker_queues,
+        learner_queue=learner_queue, runner_queue=runner_queue, stop=stop,
+        parent_pid=os.getpid() if parallel else None,
+        worker_gen=sharedctypes.RawArray("q", num_workers),
+        policy_epoch=sharedctypes.RawValue("q", 0) if parallel else _Counter(),
+        heartbeat=sharedctypes.RawArray("d", num_workers + n_policy),
+        policy_ticks=sharedctypes.RawArray("q", n_policy),
+    )
+
+
+def check_shared_memory(layout: BufferLayout) -> None:
+    """Refuse, with what to change, trajectory buffers larger than /dev/shm's free space."""
+    need = layout.nbytes()
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return
+    free = st.f_bavail * st.f_frsize
+    if need > free:
+        raise ExperimentError(
+            f"trajectory buffers need {need / 2**20:.0f} MiB of shared memory but /dev/shm has "
+            f"{free / 2**20:.0f} MiB free: lower --num_envs_per_worker, --num_workers, --rollout "
+            "or --batch_size"
+        )

@@ -1,0 +1,121 @@
+"""The learner's slot bookkeeping in-process, against a direct simulation."""
+
+from __future__ import annotations
+
+import random
+
+from fastrl.messages import BuffersFreed, TrajectoriesReady
+from fastrl.slots import PendingSlots
+
+PER_WORKER = 4
+
+
+def test_batches_come_in_arrival_order_and_only_when_full():
+    slots = PendingSlots(PER_WORKER, [0, 0])
+    assert slots.add(TrajectoriesReady(1, (4, 5), 0))
+    assert slots.take(3) is None
+    assert slots.add(TrajectoriesReady(0, (0,), 0))
+    assert slots.take(3) == [4, 5, 0]
+    assert len(slots) == 0
+
+
+def test_freed_slots_go_back_to_their_workers_with_their_generation():
+    slots = PendingSlots(PER_WORKER, [0, 2])
+    assert sorted(slots.freed([0, 5, 1, 7])) == [(0, BuffersFreed((0, 1), 0)),
+                                                 (1, BuffersFreed((5, 7), 2))]
+
+
+def test_a_fence_drops_the_dead_workers_slots_and_refuses_its_stale_messages():
+    slots = PendingSlots(PER_WORKER, [0, 0])
+    slots.add(TrajectoriesReady(0, (0, 1), 0))
+    slots.add(TrajectoriesReady(1, (4,), 0))
+    slots.add(TrajectoriesReady(0, (2,), 0))
+    assert slots.fence(0, 1) == 3
+    assert slots.waiting == [4]
+    # A message the dead incarnation sent after the fence is refused...
+    assert not slots.add(TrajectoriesReady(0, (3,), 0))
+    # ... and its successor's are taken, and freed with the new generation.
+    assert slots.add(TrajectoriesReady(0, (0,), 1))
+    assert slots.take(2) == [4, 0]
+    assert slots.freed([0]) == [(0, BuffersFreed((0,), 1))]
+
+
+def test_random_sequences_match_a_slow_reference():
+    rng = random.Random(0)
+    workers = 3
+    slots = PendingSlots(PER_WORKER, [0] * workers)
+    ref_waiting: list[tuple[int, int]] = []  # (worker, slot) in arrival order
+    gens = [0] * workers
+    for _ in range(2000):
+        op = rng.random()
+        w = rng.randrange(workers)
+        if op < 0.6:
+            gen = gens[w] if rng.random() < 0.9 else gens[w] - 1
+            n = rng.randint(1, 2)
+            bufs = tuple(w * PER_WORKER + rng.randrange(PER_WORKER) for _ in range(n))
+            accepted = slots.add(TrajectoriesReady(w, bufs, gen))
+            assert accepted == (gen == gens[w])
+            if accepted:
+                ref_waiting += [(w, b) for b in bufs]
+        elif op < 0.7:
+            gens[w] += 1
+            dropped = slots.fence(w, gens[w])
+            assert dropped == sum(1 for ww, _ in ref_waiting if ww == w)
+            ref_waiting = [(ww, b) for ww, b in ref_waiting if ww != w]
+        else:
+            n = rng.randint(1, 5)
+            taken = slots.take(n)
+            if len(ref_waiting) < n:
+                assert taken is None
+            else:
+                assert taken == [b for _, b in ref_waiting[:n]]
+                ref_waiting = ref_waiting[n:]
+        assert slots.waiting == [b for _, b in ref_waiting]
+
+
+# --- the learner station over the in-process queues (serial mode's wiring) -------------------
+
+
+def _learner_station(tmp_path, *extra):
+    import torch
+
+    from fastrl.cfg_io import parse_config
+    from fastrl.runner.common import create_env, env_info
+    from fastrl.runner.stations import LearnerStation, make_learner
+    from fastrl.runner.wiring import build_wiring
+
+    cfg = parse_config(["--env", "tests.counting_env:CountingEnv-v0", "--train_dir",
+                        str(tmp_path), "--experiment", "x", "--device", "cpu", "--use_rnn",
+                        "False", "--encoder_mlp_layers", "16", "--rollout", "8",
+                        "--batch_size", "32", "--num_envs_per_worker", "2", *extra])
+    env = create_env(cfg)
+    info = env_info(env)
+    env.close()
+    learner, _, _ = make_learner(cfg, info, torch.device("cpu"))
+    wiring = build_wiring(cfg, info, learner.model, num_workers=2, envs_per_worker=2)
+    return wiring, LearnerStation(wiring, learner, report_every=0.0)
+
+
+def test_learner_station_fences_a_dead_worker_over_local_queues(tmp_path):
+    from fastrl.messages import Fence, Fenced
+
+    wiring, station = _learner_station(tmp_path)
+    per = wiring.per_worker_buffers
+    wiring.learner_queue.put_many([TrajectoriesReady(0, (0, 1), 0),
+                                   TrajectoriesReady(1, (per,), 0), Fence(0, 1),
+                                   TrajectoriesReady(0, (2,), 0)])  # sent before it died
+    assert station.poll(0.0) == 4  # a batch needs 4 trajectories: nothing trained yet
+    assert wiring.runner_queue.get_many(0.0) == [Fenced(0, 1, 2)]
+    assert station.pending.waiting == [per]
+    assert station.learner.version == 0
+
+
+def test_learner_station_frees_sampled_slots_to_their_workers(tmp_path):
+    wiring, station = _learner_station(tmp_path, "--sampling_only", "True")
+    per = wiring.per_worker_buffers
+    wiring.learner_queue.put_many([TrajectoriesReady(1, (per, per + 1), 0),
+                                   TrajectoriesReady(0, (0,), 0)])
+    station.poll(0.0)
+    assert wiring.worker_queues[0].get_many(0.0) == [BuffersFreed((0,), 0)]
+    assert wiring.worker_queues[1].get_many(0.0) == [BuffersFreed((per, per + 1), 0)]
+    assert len(station.pending) == 0
