@@ -18,12 +18,68 @@ def _has_wrapper(env: gym.Env, wrapper_type: type) -> bool:
     return False
 
 
+class InfoActionMask(gym.Wrapper, gym.utils.RecordConstructorArgs):
+    """Moves the legal-action mask an env returns in ``info["action_mask"]`` (at reset and at
+    every step) into the observation, under the key fastrl masks logits with.
+
+    The mask is a flat array of ``n`` (Discrete) or ``sum(nvec)`` (MultiDiscrete) entries,
+    nonzero where legal, or for MultiDiscrete a tuple of one array per dimension (gymnasium's
+    ``MultiDiscrete.sample(mask=...)`` form). A ``Box`` observation becomes
+    ``{"obs": box, "action_mask": mask}``; a ``Dict`` gains the key.
+    """
+
+    KEY = "action_mask"  # fastrl.obs.ACTION_MASK_KEY
+
+    def __init__(self, env: gym.Env):
+        gym.utils.RecordConstructorArgs.__init__(self)
+        gym.Wrapper.__init__(self, env)
+        space = env.action_space
+        if isinstance(space, spaces.Discrete):
+            self._size = int(space.n)
+        elif isinstance(space, spaces.MultiDiscrete):
+            self._size = int(np.sum(space.nvec))
+        else:
+            raise ValueError(f"action masks need a Discrete or MultiDiscrete action space, "
+                             f"got {space}")
+        base = env.observation_space
+        inner = dict(base.spaces) if isinstance(base, spaces.Dict) else {"obs": base}
+        if self.KEY in inner:
+            raise ValueError(f"the env already has an {self.KEY!r} observation key: it needs "
+                             "no mask from info")
+        inner[self.KEY] = spaces.Box(0, 1, (self._size,), np.uint8)
+        self.observation_space = spaces.Dict(inner)
+
+    def _with_mask(self, obs, info: dict) -> dict:
+        if self.KEY not in info:
+            raise KeyError(f"the env returned no info[{self.KEY!r}] (needed because of "
+                           "action_mask_from_info)")
+        mask = info[self.KEY]
+        if isinstance(mask, (tuple, list)):
+            mask = np.concatenate([np.asarray(m).reshape(-1) for m in mask])
+        mask = (np.asarray(mask).reshape(-1) != 0).astype(np.uint8)
+        if mask.shape != (self._size,):
+            raise ValueError(f"info[{self.KEY!r}] has {mask.size} entries; the action space "
+                             f"{self.env.action_space} needs {self._size}")
+        out = dict(obs) if isinstance(obs, dict) else {"obs": obs}
+        out[self.KEY] = mask
+        return out
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return self._with_mask(obs, info), info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return self._with_mask(obs, info), reward, terminated, truncated, info
+
+
 def make_gym_env(
     env_id: str,
     *,
     frameskip: int | None = None,
     max_episode_steps: int | None = None,
     render_mode: str | None = None,
+    action_mask_from_info: bool = False,
 ) -> gym.Env:
     """`gymnasium.make(env_id)` made to follow the fastrl env contract.
 
@@ -32,7 +88,8 @@ def make_gym_env(
     - `max_episode_steps` / `render_mode`: passed to `gymnasium.make` (None keeps the
       id's own time limit / no rendering);
     - wraps in `RecordEpisodeStatistics` (unless already there) for `info["episode"]`;
-    - casts a floating-point `Box` observation that is not float32 to float32.
+    - casts a floating-point `Box` observation that is not float32 to float32;
+    - `action_mask_from_info`: wraps in :class:`InfoActionMask`.
     """
     if frameskip is not None and frameskip != 1:
         raise ValueError(
@@ -53,6 +110,8 @@ def make_gym_env(
         and space.dtype != np.float32
     ):
         env = DtypeObservation(env, np.float32)
+    if action_mask_from_info:
+        env = InfoActionMask(env)
     if not _has_wrapper(env, RecordEpisodeStatistics):
         env = RecordEpisodeStatistics(env)
     metadata: dict[str, Any] = dict(env.metadata)

@@ -99,6 +99,13 @@ class Config:
     env_reward_shaping: bool = _f(False, "VizDoom: add the scenario's reward shaping to the "
                                   "training reward (the reported return stays native); scenarios "
                                   "that need it recommend it", "environment")
+    env_framestack: int = _f(1, "Stack the last N observations along the first axis (images: "
+                             "channels; vectors: features), for feed-forward policies "
+                             "(--use_rnn False) that need to see motion", "environment")
+    env_action_mask_from_info: bool = _f(
+        False, "Gymnasium envs: the env returns its legal-action mask in info['action_mask']; "
+        "move it into the observation so that illegal actions are never taken (an env with an "
+        "'action_mask' observation key needs nothing)", "environment")
     reward_clip: float = _f(1000.0, "Clip scaled training rewards to [-x, x]", "environment")
 
     # --- model ------------------------------------------------------------------------
@@ -277,7 +284,7 @@ def validate(cfg: Config) -> list[str]:
     for name in ("num_workers", "num_envs_per_worker", "worker_num_splits", "num_policy_workers",
                  "rollout", "batch_size", "policy_threads", "learner_threads",
                  "num_batches_per_epoch", "num_epochs", "learning_rate",
-                 "rnn_size", "encoder_fc_size", "keep_checkpoints", "stats_avg",
+                 "rnn_size", "encoder_fc_size", "keep_checkpoints", "stats_avg", "env_framestack",
                  "train_for_env_steps", "train_for_seconds", "log_every_sec",
                  "summaries_every_sec", "save_every_sec", "eval_episodes", "adam_eps",
                  "vtrace_rho", "vtrace_c",
@@ -341,7 +348,8 @@ def validate(cfg: Config) -> list[str]:
 # Settings that define what a checkpoint contains: changing them on resume would load
 # weights into a different model, so they may not be overridden.
 MODEL_DEFINING = ("env", "encoder_fc_size", "encoder_mlp_layers", "use_rnn", "rnn_size",
-                  "nonlinearity", "env_measurements", "normalize_input", "normalize_returns")
+                  "nonlinearity", "env_measurements", "normalize_input", "normalize_returns",
+                  "env_framestack")
 
 
 def changed_model_settings(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
@@ -356,4 +364,5 @@ def changed_model_settings(saved: Mapping[str, Any], current: Mapping[str, Any])
 # older config.json (which lacks them) was trained with.
 ADDED_LATER = {"normalize_input": False, "normalize_returns": False, "exploration_loss": "entropy",
                "ppo_clip_value": 0.0, "ratio_clamp": 0.0, "value_bootstrap": False,
-               "decorrelate_envs_on_one_worker": False, "env_reward_shaping": False}
+               "decorrelate_envs_on_one_worker": False, "env_reward_shaping": False,
+               "env_action_mask_from_info": False, "env_framestack": 1}

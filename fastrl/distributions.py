@@ -1,5 +1,7 @@
 """The action distribution used by inference and the learner: independent categoricals
-over the split logits of a ``Discrete`` or ``MultiDiscrete`` action space."""
+over the split logits of a ``Discrete`` or ``MultiDiscrete`` action space, and the masking
+of illegal actions (:func:`mask_logits`): an illegal action's logit is ``-inf``, so it is
+never sampled and its probability is exactly 0 in the loss."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from gymnasium import spaces
 from torch import Tensor
 from torch.nn import functional as F
 
-__all__ = ["ActionDistribution", "action_nvec"]
+__all__ = ["ActionDistribution", "action_nvec", "mask_logits"]
 
 
 def action_nvec(action_space: spaces.Space) -> tuple[int, ...]:
@@ -25,6 +27,18 @@ def action_nvec(action_space: spaces.Space) -> tuple[int, ...]:
             raise ValueError(f"MultiDiscrete action space must be 1-D, got nvec shape {nvec.shape}")
         return tuple(int(n) for n in nvec)
     raise ValueError(f"action space {action_space} is not supported: use Discrete or MultiDiscrete")
+
+
+def mask_logits(logits: Tensor, mask: Tensor, nvec: tuple[int, ...]) -> Tensor:
+    """``logits`` ``[N, A]`` with ``-inf`` where ``mask`` (``[N, A]``, nonzero = legal) is 0.
+
+    A dimension (head) where the mask allows no action at all is left unmasked: an env that
+    forbids everything has no answer, and an all ``-inf`` head would make NaNs.
+    """
+    legal = mask.reshape(logits.shape) != 0
+    heads = legal.split(list(nvec), dim=-1)
+    legal = torch.cat([h | ~h.any(dim=-1, keepdim=True) for h in heads], dim=-1)
+    return logits.masked_fill(~legal, -math.inf)
 
 
 class ActionDistribution:
@@ -54,13 +68,11 @@ class ActionDistribution:
         flat = logits.reshape(-1, logits.shape[-1]).float()
         if all(n == n_max for n in nvec):
             padded = flat.view(flat.shape[0], self.num_dims, n_max)
-            self._pad_mask: Tensor | None = None
         else:
-            index, pad_mask = _padding_index(nvec, flat.device)
+            index = _padding_index(nvec, flat.device)
             # Column A of the extended logits is -inf; the index points every pad slot at it.
             ext = torch.cat([flat, flat.new_full((flat.shape[0], 1), -math.inf)], dim=1)
             padded = ext[:, index]
-            self._pad_mask = pad_mask
         self._logits = padded  # [N, D, n_max]
         self._log_probs = F.log_softmax(padded, dim=-1)
         self._probs: Tensor | None = None
@@ -93,37 +105,36 @@ class ActionDistribution:
 
     def entropy(self) -> Tensor:
         """Entropy summed over dims, ``[*batch]``."""
-        # The padding slots' -inf is zeroed first: 0 * -inf would be NaN in the value and in
-        # the gradient.
-        return self._out(-(self.probs * self._log_probs_unpadded()).sum(dim=(-2, -1)))
+        # The -inf of padding slots and masked actions is zeroed first: 0 * -inf would be NaN
+        # in the value and in the gradient.
+        return self._out(-(self.probs * self._log_probs_finite()).sum(dim=(-2, -1)))
 
-    def _log_probs_unpadded(self) -> Tensor:
-        """``[N, D, n_max]`` log-probabilities with 0 in the padding slots."""
-        if self._pad_mask is None:
-            return self._log_probs
-        return self._log_probs.masked_fill(self._pad_mask, 0.0)
+    def _log_probs_finite(self) -> Tensor:
+        """``[N, D, n_max]`` log-probabilities with 0 in the padding slots and at masked
+        actions (the ``-inf`` ones)."""
+        return torch.where(torch.isfinite(self._log_probs), self._log_probs, 0.0)
 
     def symmetric_kl_to_uniform(self) -> Tensor:
         """``KL(u || p) + KL(p || u)`` summed over dims, ``[*batch]``, where ``u`` is uniform
-        over each dim's ``n`` choices: ``sum_i p_i log p_i - (1/n) sum_i log p_i``.
+        over each dim's ``n`` legal choices: ``sum_i p_i log p_i - (1/n) sum_i log p_i``.
 
         As an exploration penalty it is 0 for the uniform policy, like ``-entropy`` is at its
         minimum there; unlike entropy it grows without bound as any probability goes to 0,
         so it keeps every action possible.
         """
-        log_probs = self._log_probs_unpadded()
-        n = torch.tensor(self.nvec, dtype=log_probs.dtype, device=log_probs.device)
+        log_probs = self._log_probs_finite()
+        n = torch.isfinite(self._log_probs).sum(-1).to(log_probs.dtype)  # legal choices
         per_dim = (self.probs * log_probs).sum(-1) - log_probs.sum(-1) / n
         return self._out(per_dim.sum(-1))
 
 
-_PADDING_CACHE: dict[tuple[tuple[int, ...], torch.device], tuple[Tensor, Tensor]] = {}
+_PADDING_CACHE: dict[tuple[tuple[int, ...], torch.device], Tensor] = {}
 
 
-def _padding_index(nvec: tuple[int, ...], device: torch.device) -> tuple[Tensor, Tensor]:
+def _padding_index(nvec: tuple[int, ...], device: torch.device) -> Tensor:
     """For unequal ``nvec``: a gather index ``[D, n_max]`` into logits extended with one -inf
-    column (index ``sum(nvec)``), and the bool mask ``[D, n_max]`` of the padding slots.
-    Cached per (nvec, device), since inference builds a distribution every step."""
+    column (index ``sum(nvec)``), which every padding slot points at. Cached per
+    (nvec, device), since inference builds a distribution every step."""
     key = (nvec, torch.device(device))
     cached = _PADDING_CACHE.get(key)
     if cached is None:
@@ -137,6 +148,6 @@ def _padding_index(nvec: tuple[int, ...], device: torch.device) -> tuple[Tensor,
             for d, n in enumerate(nvec):
                 index[d, :n] = torch.arange(offset, offset + n)
                 offset += n
-            cached = (index.to(device), (index == total).to(device))
+            cached = index.to(device)
         _PADDING_CACHE[key] = cached
     return cached

@@ -27,8 +27,8 @@ Observations are ``dict[str, Tensor]``; a ``Box`` observation space is handled a
   ``cfg.encoder_mlp_layers`` (an empty list passes the vector through unchanged).
 
 The encoder outputs are concatenated in the order of the ``Dict`` space's keys and fed to the
-core directly (no extra mixing layer: the GRU, or the linear heads without an RNN, already mix
-them).
+core directly (the GRU, or the linear heads without an RNN, already mix them). The key
+``action_mask`` (``fastrl.obs.ACTION_MASK_KEY``) is not encoded: illegal actions get ``-inf``.
 
 ``cfg`` is any object with the attributes ``use_rnn: bool``, ``rnn_size: int``,
 ``encoder_fc_size: int``, ``encoder_mlp_layers: list[int]``, ``nonlinearity: str``
@@ -47,9 +47,9 @@ import torch
 from gymnasium import spaces
 from torch import Tensor, nn
 
-from fastrl.distributions import action_nvec
+from fastrl.distributions import action_nvec, mask_logits
 from fastrl.normalize import ReturnNormalizer, merge_moments
-from fastrl.obs import as_dict_space, obs_to_dict
+from fastrl.obs import ACTION_MASK_KEY, as_dict_space, has_action_mask, obs_to_dict
 
 __all__ = ["NORMALIZER_FRAMES", "ActorCritic"]
 
@@ -238,15 +238,17 @@ class ActorCritic(nn.Module):
         _make_nonlinearity(cfg.nonlinearity)  # fail early, before building anything
         obs_space = as_dict_space(obs_space)
         self.action_space = action_space
-        self.num_logits = sum(action_nvec(action_space))
+        self._nvec = action_nvec(action_space)
+        self.num_logits = sum(self._nvec)
+        self.has_action_mask = has_action_mask(obs_space, self.num_logits)
 
         # A ModuleList plus a key list rather than a ModuleDict: observation keys may hold
         # characters ("." for one) that a ModuleDict rejects.
-        self._obs_keys: list[str] = list(obs_space.spaces)
+        self._obs_keys = [key for key in obs_space.spaces if key != ACTION_MASK_KEY]
         if not self._obs_keys:
-            raise ValueError("observation space is an empty Dict")
+            raise ValueError(f"observation space {obs_space} has nothing to encode")
         self.encoders = nn.ModuleList(
-            _make_encoder(key, space, cfg) for key, space in obs_space.spaces.items()
+            _make_encoder(key, obs_space.spaces[key], cfg) for key in self._obs_keys
         )
         encoded_size = sum(enc.out_size for enc in self.encoders)
 
@@ -299,10 +301,14 @@ class ActorCritic(nn.Module):
         feats = [enc(obs[key]) for key, enc in zip(self._obs_keys, self.encoders, strict=True)]
         return feats[0] if len(feats) == 1 else torch.cat(feats, dim=1)
 
-    def _heads(self, core: Tensor) -> tuple[Tensor, Tensor]:
-        """core: ``[N, core_size]`` -> logits ``[N, A]``, values ``[N]`` (float32, also under
-        autocast, so that sampling, V-trace and the loss run in full precision)."""
-        return self.actor(core).float(), self.critic(core).squeeze(-1).float()
+    def _heads(self, core: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """core: ``[N, core_size]`` -> logits ``[N, A]`` (``-inf`` where ``mask`` ``[N, A]``
+        is 0), values ``[N]``; float32 also under autocast, so that sampling, V-trace and the
+        loss run in full precision."""
+        logits = self.actor(core).float()
+        if mask is not None:
+            logits = mask_logits(logits, mask, self._nvec)
+        return logits, self.critic(core).squeeze(-1).float()
 
     def forward_step(
         self, obs: Mapping[str, Tensor] | Tensor, rnn_state: Tensor
@@ -317,13 +323,15 @@ class ActorCritic(nn.Module):
             logits ``[B, A]``, values ``[B]``, new_rnn_state ``[B, H]`` (without an RNN, the
             ``rnn_state`` passed in, unchanged).
         """
-        x = self._encode(obs_to_dict(obs))
+        obs = obs_to_dict(obs)
+        mask = obs.get(ACTION_MASK_KEY)
+        x = self._encode(obs)
         if self.gru is None:
-            logits, values = self._heads(x)
+            logits, values = self._heads(x, mask)
             return logits, values, rnn_state
         _, h = self.gru(x.unsqueeze(1), rnn_state.unsqueeze(0).contiguous())
         new_state = h.squeeze(0)
-        logits, values = self._heads(new_state)
+        logits, values = self._heads(new_state, mask)
         return logits, values, new_state
 
     def forward_sequence(
@@ -355,7 +363,8 @@ class ActorCritic(nn.Module):
         x = self._encode(flat)
         if self.gru is not None:
             x = self._unroll(x.view(b, t, -1), rnn_state0, resets).reshape(b * t, -1)
-        logits, values = self._heads(x)
+        mask = obs.get(ACTION_MASK_KEY)
+        logits, values = self._heads(x, None if mask is None else mask.reshape(b * t, -1))
         if final_step is None:
             return logits.view(b, t, -1), values.view(b, t)
         final_values = values.new_zeros(b)

@@ -6,9 +6,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 from gymnasium import spaces
 
-__all__ = ["as_dict_space", "obs_to_dict"]
+__all__ = [
+    "ACTION_MASK_KEY", "as_dict_space", "has_action_mask", "obs_to_dict", "random_legal_action",
+]
+
+# An observation key under this name is not encoded: it is the env's legal-action mask, a Box
+# of shape [A] (A = n for Discrete, sum(nvec) for MultiDiscrete), nonzero where an action is
+# legal. The model sets the logits of illegal actions to -inf (fastrl.distributions).
+ACTION_MASK_KEY = "action_mask"
 
 
 def as_dict_space(space: spaces.Space) -> spaces.Dict:
@@ -29,3 +37,27 @@ def obs_to_dict(obs: Any) -> dict[str, Any]:
     if isinstance(obs, Mapping):
         return dict(obs)
     return {"obs": obs}
+
+
+def has_action_mask(space: spaces.Dict, num_logits: int) -> bool:
+    """Whether the observation space carries an action mask; a mask of the wrong kind is a
+    ``ValueError`` naming what it must be."""
+    mask_space = space.spaces.get(ACTION_MASK_KEY)
+    if mask_space is None:
+        return False
+    if not isinstance(mask_space, spaces.Box) or tuple(mask_space.shape) != (num_logits,):
+        raise ValueError(f"observation key {ACTION_MASK_KEY!r} must be a Box of shape "
+                         f"({num_logits},) for this action space, got {mask_space}")
+    return True
+
+
+def random_legal_action(action_space: spaces.Space, obs: Any) -> Any:
+    """A random action, legal under ``obs``'s action mask when it has one."""
+    mask = obs.get(ACTION_MASK_KEY) if isinstance(obs, Mapping) else None
+    if mask is None:
+        return action_space.sample()
+    legal = (np.asarray(mask).reshape(-1) != 0).astype(np.int8)
+    if isinstance(action_space, spaces.Discrete):
+        return action_space.sample(mask=legal) if legal.any() else action_space.sample()
+    heads = np.split(legal, np.cumsum(action_space.nvec)[:-1])
+    return action_space.sample(mask=tuple(h if h.any() else np.ones_like(h) for h in heads))

@@ -22,7 +22,7 @@ from gymnasium import spaces
 
 from fastrl.buffers import INVALID_VERSION, TrajectoryBuffers
 from fastrl.messages import ActionsReady, EpisodeStats, InferenceRequest, TrajectoriesReady
-from fastrl.obs import obs_to_dict
+from fastrl.obs import obs_to_dict, random_legal_action
 
 # An env that fails this many times in a row while being recreated is beyond repair: the
 # worker stops with the cause (and the runner decides whether to restart the worker).
@@ -294,7 +294,7 @@ class RolloutWorker:
             env.action_space.seed(seed)
         try:
             for _ in range(steps):
-                action = env.action_space.sample()
+                action = random_legal_action(env.action_space, obs)
                 obs, _, terminated, truncated, _ = self._timer.call(env.step, action)
                 if terminated or truncated:
                     obs = self._timer.call(env.reset)[0]

@@ -37,11 +37,18 @@ def env_options(cfg: Config) -> dict:
         options["measurements"] = True
     if cfg.env_reward_shaping:
         options["reward_shaping"] = True
+    if cfg.env_action_mask_from_info:
+        options["action_mask_from_info"] = True
     return options
 
 
 def create_env(cfg: Config, **extra) -> gym.Env:
-    return make_env(cfg.env, **env_options(cfg), **extra)
+    env = make_env(cfg.env, **env_options(cfg), **extra)
+    if cfg.env_framestack > 1:
+        from envs.wrappers import FrameStack
+
+        env = FrameStack(env, cfg.env_framestack)
+    return env
 
 
 @dataclass(frozen=True)
