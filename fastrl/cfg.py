@@ -113,8 +113,11 @@ class Config:
                               "model")
     encoder_mlp_layers: list[int] = _f([256, 256], "Hidden sizes of the MLP encoder for vector "
                                        "observations", "model")
-    use_rnn: bool = _f(True, "Add a GRU core between encoder and heads", "model")
-    rnn_size: int = _f(512, "GRU hidden size", "model")
+    use_rnn: bool = _f(True, "Add a recurrent core (--rnn_type) between encoder and heads",
+                       "model")
+    rnn_type: str = _f("gru", "The recurrent core: a GRU, or an LSTM (whose cell state travels "
+                       "with the hidden state)", "model", choices=("gru", "lstm"))
+    rnn_size: int = _f(512, "Hidden size of the recurrent core", "model")
     nonlinearity: str = _f("elu", "Activation function", "model", choices=("elu", "relu", "tanh"))
     normalize_input: bool = _f(True, "Whiten each pixel of image observations with a running mean "
                                "and variance that the learner updates "
@@ -347,7 +350,7 @@ def validate(cfg: Config) -> list[str]:
 
 # Settings that define what a checkpoint contains: changing them on resume would load
 # weights into a different model, so they may not be overridden.
-MODEL_DEFINING = ("env", "encoder_fc_size", "encoder_mlp_layers", "use_rnn", "rnn_size",
+MODEL_DEFINING = ("env", "encoder_fc_size", "encoder_mlp_layers", "use_rnn", "rnn_size", "rnn_type",
                   "nonlinearity", "env_measurements", "normalize_input", "normalize_returns",
                   "env_framestack")
 
@@ -365,4 +368,5 @@ def changed_model_settings(saved: Mapping[str, Any], current: Mapping[str, Any])
 ADDED_LATER = {"normalize_input": False, "normalize_returns": False, "exploration_loss": "entropy",
                "ppo_clip_value": 0.0, "ratio_clamp": 0.0, "value_bootstrap": False,
                "decorrelate_envs_on_one_worker": False, "env_reward_shaping": False,
-               "env_action_mask_from_info": False, "env_framestack": 1}
+               "env_action_mask_from_info": False, "env_framestack": 1,
+               "rnn_type": "gru"}

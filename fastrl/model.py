@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -50,6 +49,7 @@ from torch import Tensor, nn
 from fastrl.distributions import action_nvec, mask_logits
 from fastrl.normalize import ReturnNormalizer, merge_moments
 from fastrl.obs import ACTION_MASK_KEY, as_dict_space, has_action_mask, obs_to_dict
+from fastrl.recurrent import make_rnn, rnn_step, rnn_unroll, state_size
 
 __all__ = ["NORMALIZER_FRAMES", "ActorCritic"]
 
@@ -253,21 +253,19 @@ class ActorCritic(nn.Module):
         encoded_size = sum(enc.out_size for enc in self.encoders)
 
         self.use_rnn = bool(cfg.use_rnn)
+        self.rnn_type = str(getattr(cfg, "rnn_type", "gru"))
+        # The core is stored under its type's name ("gru" or "lstm"), so that checkpoints made
+        # before LSTMs existed keep their parameter names.
+        self.gru: nn.Module | None = None
+        self.lstm: nn.Module | None = None
         if self.use_rnn:
             rnn_size = int(cfg.rnn_size)
             if rnn_size <= 0:
                 raise ValueError(f"rnn_size must be positive when use_rnn is set, got {rnn_size}")
-            # batch_first: the learner's trajectories are [B, T, ...].
-            self.gru: nn.GRU | None = nn.GRU(encoded_size, rnn_size, batch_first=True)
-            for name, param in self.gru.named_parameters():
-                if name.startswith("weight"):
-                    nn.init.orthogonal_(param, gain=1.0)
-                else:
-                    nn.init.zeros_(param)
-            self.rnn_state_size = rnn_size
+            setattr(self, self.rnn_type, make_rnn(self.rnn_type, encoded_size, rnn_size))
+            self.rnn_state_size = state_size(self.rnn_type, rnn_size)
             core_size = rnn_size
         else:
-            self.gru = None
             self.rnn_state_size = 0
             core_size = encoded_size
 
@@ -278,6 +276,11 @@ class ActorCritic(nn.Module):
         self.returns_normalizer: ReturnNormalizer | None = (
             ReturnNormalizer() if getattr(cfg, "normalize_returns", False) else None
         )
+
+    @property
+    def rnn(self) -> nn.Module | None:
+        """The recurrent core (``nn.GRU`` or ``nn.LSTM``), or None (fastrl.recurrent)."""
+        return self.gru if self.gru is not None else self.lstm
 
     def initial_rnn_state(
         self, batch_size: int, device: torch.device | str | None = None
@@ -326,12 +329,11 @@ class ActorCritic(nn.Module):
         obs = obs_to_dict(obs)
         mask = obs.get(ACTION_MASK_KEY)
         x = self._encode(obs)
-        if self.gru is None:
+        if self.rnn is None:
             logits, values = self._heads(x, mask)
             return logits, values, rnn_state
-        _, h = self.gru(x.unsqueeze(1), rnn_state.unsqueeze(0).contiguous())
-        new_state = h.squeeze(0)
-        logits, values = self._heads(new_state, mask)
+        out, new_state = rnn_step(self.rnn, x, rnn_state)
+        logits, values = self._heads(out, mask)
         return logits, values, new_state
 
     def forward_sequence(
@@ -361,8 +363,10 @@ class ActorCritic(nn.Module):
         # The encoders (the costly part) run once over all B * T observations.
         flat = {key: obs[key].reshape(b * t, *obs[key].shape[2:]) for key in self._obs_keys}
         x = self._encode(flat)
-        if self.gru is not None:
-            x = self._unroll(x.view(b, t, -1), rnn_state0, resets).reshape(b * t, -1)
+        captured = None
+        if self.rnn is not None:
+            seq, captured = rnn_unroll(self.rnn, x.view(b, t, -1), rnn_state0, resets, final_step)
+            x = seq.reshape(b * t, -1)
         mask = obs.get(ACTION_MASK_KEY)
         logits, values = self._heads(x, None if mask is None else mask.reshape(b * t, -1))
         if final_step is None:
@@ -372,33 +376,8 @@ class ActorCritic(nn.Module):
         if rows.numel():
             final = obs_to_dict(final_obs)
             feats = self._encode({key: final[key].index_select(0, rows) for key in self._obs_keys})
-            if self.gru is not None:
-                # A one-layer GRU's output at step t is its state after step t.
-                h = x.view(b, t, -1)[rows, final_step[rows]]
-                _, h = self.gru(feats.unsqueeze(1), h.unsqueeze(0).contiguous().to(feats.dtype))
-                feats = h.squeeze(0)
+            if self.rnn is not None:
+                state = captured.index_select(0, rows).to(feats.dtype)
+                feats, _ = rnn_step(self.rnn, feats, state)
             final_values = final_values.index_copy(0, rows, self._heads(feats)[1])
         return logits.view(b, t, -1), values.view(b, t), final_values
-
-    def _unroll(self, x: Tensor, h0: Tensor, resets: Tensor) -> Tensor:
-        """GRU over time with resets. x: ``[B, T, F]``, h0: ``[B, H]``, resets: ``[B, T]`` ->
-        outputs ``[B, T, H]``.
-
-        The sequence is cut at every step where any trajectory resets; each segment runs as one
-        ``nn.GRU`` call (C++/cuDNN loop over time), so a batch without resets is a single call.
-        """
-        assert self.gru is not None
-        b, t = resets.shape
-        # One host sync per learner batch to find the cuts.
-        reset_steps = torch.nonzero(resets.detach().ne(0).any(dim=0)).flatten().tolist()
-        cuts = sorted({0, *reset_steps, t})
-        keep = 1.0 - resets.to(x.dtype)
-        h = h0.unsqueeze(0).contiguous()  # [1, B, H]
-        reset_set = set(reset_steps)
-        outputs = []
-        for start, end in pairwise(cuts):
-            if start in reset_set:
-                h = h * keep[:, start].view(1, b, 1)
-            out, h = self.gru(x[:, start:end], h)
-            outputs.append(out)
-        return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)

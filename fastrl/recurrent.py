@@ -1,0 +1,100 @@
+"""The model's recurrent core: a one-layer GRU or LSTM over a flat state vector.
+
+fastrl stores one float vector per env as its recurrent state (``[B, S]`` in the buffers, the
+policy workers and checkpoints): ``h`` for a GRU (``S = H``), ``h`` then ``c`` for an LSTM
+(``S = 2H``). These functions convert between that vector and what ``nn.GRU`` / ``nn.LSTM``
+take, so the rest of fastrl never needs to know which core it runs.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import torch
+from torch import Tensor, nn
+
+RNN_TYPES = ("gru", "lstm")
+
+
+def make_rnn(rnn_type: str, input_size: int, hidden_size: int) -> nn.Module:
+    """A one-layer, batch-first GRU or LSTM: orthogonal weights (gain 1: its gates are
+    sigmoid/tanh, not rectifiers), zero biases."""
+    if rnn_type not in RNN_TYPES:
+        raise ValueError(f"rnn_type must be one of {RNN_TYPES}, got {rnn_type!r}")
+    rnn = (nn.GRU if rnn_type == "gru" else nn.LSTM)(input_size, hidden_size, batch_first=True)
+    for name, param in rnn.named_parameters():
+        if name.startswith("weight"):
+            nn.init.orthogonal_(param, gain=1.0)
+        else:
+            nn.init.zeros_(param)
+    return rnn
+
+
+def state_size(rnn_type: str, hidden_size: int) -> int:
+    return hidden_size * (2 if rnn_type == "lstm" else 1)
+
+
+def _unpack(rnn: nn.Module, state: Tensor):
+    """``[B, S]`` -> the hidden argument of ``rnn`` (``[1, B, H]``, or a pair for an LSTM)."""
+    if isinstance(rnn, nn.LSTM):
+        h, c = state.chunk(2, dim=-1)
+        return h.unsqueeze(0).contiguous(), c.unsqueeze(0).contiguous()
+    return state.unsqueeze(0).contiguous()
+
+
+def _pack(hidden) -> Tensor:
+    """The inverse of :func:`_unpack`."""
+    if isinstance(hidden, tuple):
+        return torch.cat([hidden[0].squeeze(0), hidden[1].squeeze(0)], dim=-1)
+    return hidden.squeeze(0)
+
+
+def _scale(hidden, keep: Tensor):
+    """Multiply the hidden state by ``keep`` ``[B]`` (0 resets an env)."""
+    k = keep.view(1, -1, 1)
+    if isinstance(hidden, tuple):
+        return tuple(part * k for part in hidden)
+    return hidden * k
+
+
+def rnn_step(rnn: nn.Module, x: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+    """One step. x: ``[B, F]``, state: ``[B, S]`` -> output ``[B, H]``, new state ``[B, S]``."""
+    out, hidden = rnn(x.unsqueeze(1), _unpack(rnn, state))
+    return out.squeeze(1), _pack(hidden)
+
+
+def rnn_unroll(rnn: nn.Module, x: Tensor, state0: Tensor, resets: Tensor,
+               capture: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """Over time with resets. x: ``[B, T, F]``, state0: ``[B, S]``, resets: ``[B, T]`` (1.0
+    where the state is zeroed before step t) -> outputs ``[B, T, H]``, and with ``capture``
+    (int ``[B]``, -1 for none) the state after step ``capture[b]`` of each row (before any
+    reset at the next step; zeros where it is -1).
+
+    The sequence is cut at every step where any trajectory resets (and after each captured
+    step); each segment runs as one ``rnn`` call (a C++/cuDNN loop over time), so a batch
+    without resets is a single call.
+    """
+    b, t = resets.shape
+    # One host sync per learner batch to find the cuts.
+    reset_steps = torch.nonzero(resets.detach().ne(0).any(dim=0)).flatten().tolist()
+    wanted: dict[int, list[int]] = {}  # segment end -> rows whose state is captured there
+    if capture is not None:
+        for row, step in enumerate(capture.tolist()):
+            if step >= 0:
+                wanted.setdefault(step + 1, []).append(row)
+    cuts = sorted({0, *reset_steps, *wanted, t})
+    keep = 1.0 - resets.to(x.dtype)
+    hidden = _unpack(rnn, state0)
+    captured = state0.new_zeros(state0.shape) if capture is not None else None
+    reset_set = set(reset_steps)
+    outputs = []
+    for start, end in pairwise(cuts):
+        if start in reset_set:
+            hidden = _scale(hidden, keep[:, start])
+        out, hidden = rnn(x[:, start:end], hidden)
+        outputs.append(out)
+        if end in wanted:
+            rows = torch.tensor(wanted[end], device=x.device)
+            now = _pack(hidden)
+            captured = captured.to(now.dtype).index_copy(0, rows, now.index_select(0, rows))
+    return (outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)), captured
