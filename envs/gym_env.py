@@ -9,6 +9,9 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.wrappers import DtypeObservation, RecordEpisodeStatistics
 
+from fastrl.distributions import action_nvec
+from fastrl.obs import ACTION_MASK_KEY, obs_to_dict
+
 
 def _has_wrapper(env: gym.Env, wrapper_type: type) -> bool:
     while isinstance(env, gym.Wrapper):
@@ -28,19 +31,12 @@ class InfoActionMask(gym.Wrapper, gym.utils.RecordConstructorArgs):
     ``{"obs": box, "action_mask": mask}``; a ``Dict`` gains the key.
     """
 
-    KEY = "action_mask"  # fastrl.obs.ACTION_MASK_KEY
+    KEY = ACTION_MASK_KEY
 
     def __init__(self, env: gym.Env):
         gym.utils.RecordConstructorArgs.__init__(self)
         gym.Wrapper.__init__(self, env)
-        space = env.action_space
-        if isinstance(space, spaces.Discrete):
-            self._size = int(space.n)
-        elif isinstance(space, spaces.MultiDiscrete):
-            self._size = int(np.sum(space.nvec))
-        else:
-            raise ValueError(f"action masks need a Discrete or MultiDiscrete action space, "
-                             f"got {space}")
+        self._size = sum(action_nvec(env.action_space))
         base = env.observation_space
         inner = dict(base.spaces) if isinstance(base, spaces.Dict) else {"obs": base}
         if self.KEY in inner:
@@ -60,7 +56,7 @@ class InfoActionMask(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if mask.shape != (self._size,):
             raise ValueError(f"info[{self.KEY!r}] has {mask.size} entries; the action space "
                              f"{self.env.action_space} needs {self._size}")
-        out = dict(obs) if isinstance(obs, dict) else {"obs": obs}
+        out = obs_to_dict(obs)
         out[self.KEY] = mask
         return out
 

@@ -8,7 +8,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-MASK_KEY = "action_mask"  # fastrl.obs.ACTION_MASK_KEY: never stacked
+from fastrl.obs import ACTION_MASK_KEY as MASK_KEY  # never stacked
+from fastrl.obs import obs_to_dict
 
 
 class FrameStack(gym.Wrapper, gym.utils.RecordConstructorArgs):
@@ -43,7 +44,7 @@ class FrameStack(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._frames = {key: deque(maxlen=k) for key in stacked if key != MASK_KEY}
 
     def _stacked(self, obs):
-        parts = dict(obs) if self._dict else {"obs": obs}
+        parts = obs_to_dict(obs)
         out = {}
         for key, value in parts.items():
             if key == MASK_KEY:
@@ -56,7 +57,7 @@ class FrameStack(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     def reset(self, **kwargs):
         obs, info = self.env.reset(**kwargs)
-        parts = dict(obs) if self._dict else {"obs": obs}
+        parts = obs_to_dict(obs)
         for key, frames in self._frames.items():
             frames.clear()
             frames.extend([np.asarray(parts[key])] * (self.k - 1))
