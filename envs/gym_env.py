@@ -98,7 +98,14 @@ def make_gym_env(
         kwargs["max_episode_steps"] = max_episode_steps
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
-    env = gym.make(env_id, **kwargs)
+    try:
+        env = gym.make(env_id, **kwargs)
+    except gym.error.DependencyNotInstalled as exc:
+        from fastrl.env_registry import MissingExtraError
+
+        extra = "mujoco" if "mujoco" in str(exc).lower() else None
+        hint = f" (pip install 'fastrl[{extra}]')" if extra else ""
+        raise MissingExtraError(f"env {env_id!r}: {exc}{hint}") from exc
     space = env.observation_space
     if (
         isinstance(space, spaces.Box)

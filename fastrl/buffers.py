@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from fastrl.actions import ActionSpec
+
 # Values no env or policy can produce, written into fresh buffers so that a read of data
 # that was never written shows up in tests instead of passing silently.
 FILL_FLOAT = -42.42
@@ -21,16 +23,6 @@ FILL_INT = -42
 # The policy version written over the steps of an episode cut short by an env fault: any
 # negative version marks a sample the learner must leave out.
 INVALID_VERSION = -1
-
-
-def action_dims(action_space: spaces.Space) -> int:
-    if isinstance(action_space, spaces.Discrete):
-        return 1
-    if isinstance(action_space, spaces.MultiDiscrete):
-        return int(np.asarray(action_space.nvec).size)
-    raise ValueError(
-        f"unsupported action space {action_space}: fastrl handles Discrete and MultiDiscrete"
-    )
 
 
 def _fill_value(dtype: torch.dtype) -> float | int:
@@ -51,6 +43,9 @@ class BufferLayout:
     rollout: int
     action_dims: int
     rnn_size: int
+    # int64 choice indices, or float32 when the action space has continuous parts
+    # (fastrl.actions.ActionSpec).
+    action_dtype: torch.dtype = torch.int64
 
     @classmethod
     def from_spaces(cls, obs_space: spaces.Dict, action_space: spaces.Space, num_buffers: int,
@@ -61,7 +56,8 @@ class BufferLayout:
                 raise ValueError(f"observation {key!r}: unsupported space {sub} (Box only)")
             shapes[key] = tuple(sub.shape)
             dtypes[key] = _torch_dtype(sub.dtype)
-        return cls(shapes, dtypes, num_buffers, rollout, action_dims(action_space), rnn_size)
+        spec = ActionSpec(action_space)
+        return cls(shapes, dtypes, num_buffers, rollout, spec.action_dims, rnn_size, spec.dtype)
 
     def nbytes(self) -> int:
         n, t = self.num_buffers, self.rollout
@@ -69,7 +65,8 @@ class BufferLayout:
         for key, shape in self.obs_shapes.items():
             size = torch.empty((), dtype=self.obs_dtypes[key]).element_size()
             total += n * (t + 2) * int(np.prod(shape)) * size  # T + 1 steps and a final obs
-        total += n * t * (8 * self.action_dims + 4 + 4 + 4 + 1 + 8)
+        action_size = torch.empty((), dtype=self.action_dtype).element_size()
+        total += n * t * (action_size * self.action_dims + 4 + 4 + 4 + 1 + 8)
         total += n * (self.rnn_size * 4 + 8)
         return total
 
@@ -88,7 +85,8 @@ class TrajectoryBuffers:
         for key, shape in layout.obs_shapes.items():
             dtype = layout.obs_dtypes[key]
             self.obs[key] = torch.full((n, t + 1, *shape), _fill_value(dtype), dtype=dtype)
-        self.actions = torch.full((n, t, layout.action_dims), FILL_INT, dtype=torch.int64)
+        self.actions = torch.full((n, t, layout.action_dims),
+                                  _fill_value(layout.action_dtype), dtype=layout.action_dtype)
         self.log_probs = torch.full((n, t), FILL_FLOAT, dtype=torch.float32)
         self.values = torch.full((n, t), FILL_FLOAT, dtype=torch.float32)
         self.rewards = torch.full((n, t), FILL_FLOAT, dtype=torch.float32)

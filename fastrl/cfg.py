@@ -106,6 +106,8 @@ class Config:
         False, "Gymnasium envs: the env returns its legal-action mask in info['action_mask']; "
         "move it into the observation so that illegal actions are never taken (an env with an "
         "'action_mask' observation key needs nothing)", "environment")
+    env_atari_rgb: bool = _f(False, "Atari envs (ALE/<Game>-v5...): observe the screen in colour, "
+                             "uint8 [3, 84, 84], instead of grayscale [1, 84, 84]", "environment")
     reward_clip: float = _f(1000.0, "Clip scaled training rewards to [-x, x]", "environment")
 
     # --- model ------------------------------------------------------------------------
@@ -125,6 +127,18 @@ class Config:
     normalize_returns: bool = _f(True, "The critic predicts value targets normalised by their "
                                  "running mean and std (kept in the model, saved in checkpoints)",
                                  "model")
+    actor_critic_share_weights: bool = _f(True, "Actor and critic share the encoders (and the "
+                                          "recurrent core); False gives the critic encoders "
+                                          "of its own (feed-forward models only)", "model")
+    action_log_std: str = _f("state_independent", "Continuous (Box) actions: the Gaussian's "
+                             "log-std is one learned value per action dimension "
+                             "(state_independent) or an output of the actor for each state "
+                             "(state_dependent)", "model",
+                             choices=("state_independent", "state_dependent"))
+    action_bounds: str = _f("clip", "Continuous (Box) actions: how a Gaussian sample is brought "
+                            "within the action space's bounds for the env: clip it, or squash "
+                            "it with tanh (needs finite bounds)", "model",
+                            choices=("clip", "tanh"))
 
     # --- algorithm --------------------------------------------------------------------
     batch_size: int = _f(1024, "Samples per SGD step (a multiple of --rollout)")
@@ -132,6 +146,9 @@ class Config:
     num_epochs: int = _f(1, "Passes (PPO epochs) over each collected batch")
     learning_rate: float = _f(5e-4, "Adam learning rate (on doom_basic, before --normalize_input "
                               "existed, 5e-4 learned and 1e-4 had not by 1.3M frames)")
+    lr_schedule: str = _f("constant", "Learning rate over the run: constant, or linear_decay "
+                          "from --learning_rate to 0 at --train_for_env_steps",
+                          choices=("constant", "linear_decay"))
     adam_eps: float = _f(1e-6, "Adam epsilon")
     adam_beta1: float = _f(0.9, "Adam beta1")
     adam_beta2: float = _f(0.999, "Adam beta2")
@@ -320,6 +337,9 @@ def validate(cfg: Config) -> list[str]:
     if cfg.env_max_episode_steps is not None and cfg.env_max_episode_steps < 1:
         errors.append(f"--env_max_episode_steps={cfg.env_max_episode_steps}: "
                       "must be >= 1 (or None)")
+    if not cfg.actor_critic_share_weights and cfg.use_rnn:
+        errors.append("--actor_critic_share_weights=False: needs --use_rnn=False (separate "
+                      "weights are for feed-forward models)")
     if any(n <= 0 for n in cfg.encoder_mlp_layers):
         errors.append(f"--encoder_mlp_layers={cfg.encoder_mlp_layers}: every size must be > 0")
     if (cfg.worker_num_splits > 0 and cfg.num_envs_per_worker > 0
@@ -352,7 +372,8 @@ def validate(cfg: Config) -> list[str]:
 # weights into a different model, so they may not be overridden.
 MODEL_DEFINING = ("env", "encoder_fc_size", "encoder_mlp_layers", "use_rnn", "rnn_size", "rnn_type",
                   "nonlinearity", "env_measurements", "normalize_input", "normalize_returns",
-                  "env_framestack")
+                  "env_framestack", "action_log_std", "action_bounds",
+                  "actor_critic_share_weights", "env_atari_rgb")
 
 
 def changed_model_settings(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
@@ -369,4 +390,6 @@ ADDED_LATER = {"normalize_input": False, "normalize_returns": False, "exploratio
                "ppo_clip_value": 0.0, "ratio_clamp": 0.0, "value_bootstrap": False,
                "decorrelate_envs_on_one_worker": False, "env_reward_shaping": False,
                "env_action_mask_from_info": False, "env_framestack": 1,
-               "rnn_type": "gru"}
+               "rnn_type": "gru", "action_log_std": "state_independent",
+               "action_bounds": "clip", "actor_critic_share_weights": True,
+               "env_atari_rgb": False, "lr_schedule": "constant"}

@@ -1,7 +1,9 @@
-"""The action distribution used by inference and the learner: independent categoricals
-over the split logits of a ``Discrete`` or ``MultiDiscrete`` action space, and the masking
-of illegal actions (:func:`mask_logits`): an illegal action's logit is ``-inf``, so it is
-never sampled and its probability is exactly 0 in the loss."""
+"""The action distribution used by inference and the learner, over the layout of
+``fastrl.actions.ActionSpec``: independent categoricals over the split logits of the
+categorical dimensions (``Discrete``, ``MultiDiscrete``), a diagonal Gaussian over the
+continuous ones (``Box``), and both at once for ``Dict`` / ``Tuple`` action spaces. Illegal
+categorical actions are masked with :func:`mask_logits`: an illegal action's logit is
+``-inf``, so it is never sampled and its probability is exactly 0 in the loss."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from gymnasium import spaces
 from torch import Tensor
 from torch.nn import functional as F
 
-__all__ = ["ActionDistribution", "action_nvec", "mask_logits"]
+from fastrl.actions import ActionSpec
+
+__all__ = ["LOG_STD_MAX", "LOG_STD_MIN", "ActionDistribution", "action_nvec", "mask_logits"]
 
 
 def action_nvec(action_space: spaces.Space) -> tuple[int, ...]:
@@ -41,8 +45,8 @@ def mask_logits(logits: Tensor, mask: Tensor, nvec: tuple[int, ...]) -> Tensor:
     return logits.masked_fill(~legal, -math.inf)
 
 
-class ActionDistribution:
-    """Independent categoricals over the split logits of a Discrete / MultiDiscrete space.
+class _Categoricals:
+    """Independent categoricals over split logits (the categorical part of an action).
 
     ``logits`` has shape ``[*batch, A]`` (A = n, or sum(nvec)); every method keeps the leading
     ``batch`` shape, so ``[B, A]`` logits give ``sample() -> int64 [B, D]`` and ``[B, T, A]``
@@ -54,13 +58,7 @@ class ActionDistribution:
     in float32.
     """
 
-    def __init__(self, logits: Tensor, action_space: spaces.Space) -> None:
-        nvec = action_nvec(action_space)
-        if logits.shape[-1] != sum(nvec):
-            raise ValueError(
-                f"logits have {logits.shape[-1]} entries in the last dim, but {action_space} "
-                f"needs {sum(nvec)}"
-            )
+    def __init__(self, logits: Tensor, nvec: tuple[int, ...]) -> None:
         self.batch_shape = logits.shape[:-1]
         self.nvec = nvec
         self.num_dims = len(nvec)
@@ -126,6 +124,119 @@ class ActionDistribution:
         n = torch.isfinite(self._log_probs).sum(-1).to(log_probs.dtype)  # legal choices
         per_dim = (self.probs * log_probs).sum(-1) - log_probs.sum(-1) / n
         return self._out(per_dim.sum(-1))
+
+
+# Bounds of the log-std the actor outputs with --action_log_std state_dependent (std from
+# about 0.007 to 7.4): a collapsed or exploding std would make the ratios meaningless.
+LOG_STD_MIN = -5.0
+LOG_STD_MAX = 2.0
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+class _DiagGaussian:
+    """A diagonal Gaussian over ``[N, C]`` means and log-stds (the continuous part)."""
+
+    def __init__(self, mean: Tensor, log_std: Tensor) -> None:
+        self.mean = mean
+        self.log_std = log_std
+
+    def sample(self) -> Tensor:
+        return self.mean + torch.randn_like(self.mean) * self.log_std.exp()
+
+    def log_prob(self, x: Tensor) -> Tensor:
+        z = (x - self.mean) * torch.exp(-self.log_std)
+        return (-0.5 * z.square() - self.log_std - _HALF_LOG_2PI).sum(-1)
+
+    def entropy(self) -> Tensor:
+        return (self.log_std + (0.5 + _HALF_LOG_2PI)).sum(-1)
+
+
+class ActionDistribution:
+    """The policy's distribution over one action per row of ``params``.
+
+    ``params`` has shape ``[*batch, P]`` with ``P = spec.num_params`` (for Discrete and
+    MultiDiscrete spaces these are just the logits, ``P = sum(nvec)``); every method keeps the
+    leading ``batch`` shape: ``sample() -> [*batch, D]`` with ``D = spec.action_dims`` in
+    ``spec.dtype`` (int64 indices without continuous dimensions, else float32 with the
+    categorical indices first), ``log_prob -> [*batch]``. Log-probabilities and entropies sum
+    over all dimensions (they are independent). Evaluated in float32.
+
+    ``action_space`` may be a gymnasium space or an :class:`ActionSpec` (callers on the hot
+    path build the spec once).
+    """
+
+    def __init__(self, params: Tensor, action_space: spaces.Space | ActionSpec) -> None:
+        spec = action_space if isinstance(action_space, ActionSpec) else ActionSpec(action_space)
+        if params.shape[-1] != spec.num_params:
+            raise ValueError(
+                f"the policy output has {params.shape[-1]} entries in the last dim, but "
+                f"{spec.space} needs {spec.num_params}"
+            )
+        self.spec = spec
+        self.batch_shape = params.shape[:-1]
+        flat = params.reshape(-1, params.shape[-1]).float()
+        n_logits, n_cont = spec.num_logits, spec.num_continuous
+        self._cat = _Categoricals(flat[:, :n_logits], spec.nvec) if spec.nvec else None
+        self._gauss = (
+            _DiagGaussian(flat[:, n_logits:n_logits + n_cont], flat[:, n_logits + n_cont:])
+            if n_cont else None
+        )
+
+    def _out(self, x: Tensor) -> Tensor:
+        """``[N, ...]`` -> ``[*batch, ...]``."""
+        return x.view(*self.batch_shape, *x.shape[1:])
+
+    def _join(self, cat: Tensor | None, cont: Tensor | None) -> Tensor:
+        if cont is None:
+            return self._out(cat)
+        if cat is None:
+            return self._out(cont)
+        return self._out(torch.cat([cat.to(cont.dtype), cont], dim=-1))
+
+    def _sum(self, cat: Tensor | None, cont: Tensor | None) -> Tensor:
+        total = cat if cont is None else (cont if cat is None else cat + cont)
+        return self._out(total)
+
+    @property
+    def probs(self) -> Tensor:
+        """``[N, D, n_max]`` probabilities of the categorical dimensions (0 in padding)."""
+        if self._cat is None:
+            raise ValueError(f"{self.spec.space} has no categorical dimensions")
+        return self._cat.probs
+
+    def sample(self) -> Tensor:
+        """Random actions ``[*batch, D]``."""
+        return self._join(None if self._cat is None else self._cat.sample(),
+                          None if self._gauss is None else self._gauss.sample())
+
+    def mode(self) -> Tensor:
+        """The most likely action ``[*batch, D]``: each categorical's argmax, the Gaussian
+        means."""
+        return self._join(None if self._cat is None else self._cat.mode(),
+                          None if self._gauss is None else self._gauss.mean)
+
+    def log_prob(self, actions: Tensor) -> Tensor:
+        """actions ``[*batch, D]`` -> log-probability summed over dims, ``[*batch]``."""
+        actions = actions.reshape(-1, self.spec.action_dims)
+        d = len(self.spec.nvec)
+        return self._sum(None if self._cat is None else self._cat.log_prob(actions[:, :d]),
+                         None if self._gauss is None else self._gauss.log_prob(actions[:, d:]))
+
+    def entropy(self) -> Tensor:
+        """Entropy summed over dims, ``[*batch]`` (for the Gaussian: the differential
+        entropy, of the pre-squash samples under ``--action_bounds tanh``)."""
+        return self._sum(None if self._cat is None else self._cat.entropy(),
+                         None if self._gauss is None else self._gauss.entropy())
+
+    def symmetric_kl_to_uniform(self) -> Tensor:
+        """``KL(u || p) + KL(p || u)`` of the categorical dimensions, ``[*batch]``
+        (see :meth:`_Categoricals.symmetric_kl_to_uniform`). A Gaussian has no uniform
+        counterpart, so continuous actions take the entropy term instead (checked when the
+        learner starts)."""
+        if self._gauss is not None:
+            raise ValueError("the symmetric-KL exploration term needs categorical actions only; "
+                             f"{self.spec.space} has continuous ones (use entropy)")
+        return self._out(self._cat.symmetric_kl_to_uniform())
 
 
 _PADDING_CACHE: dict[tuple[tuple[int, ...], torch.device], Tensor] = {}

@@ -276,7 +276,7 @@ def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOp
             log(f"episode {i + 1}/{options.max_num_episodes}: return {ret:.3f}, length {length}")
 
         try:
-            evaluate(model, env, info.action_space, options.max_num_episodes, options.deterministic,
+            evaluate(model, env, options.max_num_episodes, options.deterministic,
                      device, frame_sink=FrameSinks(sinks) if sinks else None, seed=cfg.seed,
                      on_episode=on_episode)
         except KeyboardInterrupt:

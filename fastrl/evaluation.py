@@ -23,8 +23,8 @@ from typing import Any, Protocol
 import gymnasium as gym
 import numpy as np
 import torch
-from gymnasium import spaces
 
+from fastrl.actions import ActionSpec
 from fastrl.distributions import ActionDistribution
 from fastrl.model import ActorCritic
 from fastrl.obs import obs_to_dict
@@ -109,13 +109,11 @@ def obs_to_tensors(obs: Any, device: torch.device) -> dict[str, torch.Tensor]:
     }
 
 
-def to_env_action(actions: torch.Tensor, action_space: spaces.Space) -> int | np.ndarray:
-    """Row 0 of int64 ``[B, D]`` actions in the form ``env.step`` takes: an ``int`` for
-    ``Discrete``, an int64 array ``[D]`` for ``MultiDiscrete``."""
-    row = actions[0].cpu()
-    if isinstance(action_space, spaces.Discrete):
-        return int(row[0])
-    return row.numpy().astype(np.int64)
+def to_env_action(actions: torch.Tensor, spec: ActionSpec) -> Any:
+    """Row 0 of ``[B, D]`` actions in the form ``env.step`` takes (``ActionSpec.to_env``:
+    an ``int`` for ``Discrete``, an int64 array for ``MultiDiscrete``, a bounded float array
+    for ``Box``, a dict or tuple for ``Dict`` / ``Tuple``)."""
+    return spec.to_env(actions[0].cpu().numpy())
 
 
 @contextlib.contextmanager
@@ -136,7 +134,6 @@ def _private_rng(seed: int | None, device: torch.device) -> Iterator[None]:
 def evaluate(
     model: ActorCritic,
     env: gym.Env,
-    action_space: spaces.Space,
     num_episodes: int,
     deterministic: bool,
     device: torch.device | str,
@@ -152,7 +149,6 @@ def evaluate(
             weights and gradients are not touched.
         env: a fastrl env (``info["episode"]`` at episode ends). It is reset first and left
             open; the caller owns it.
-        action_space: the space the model's logits are for (``env.action_space``).
         num_episodes: episodes to play (>= 1).
         deterministic: take ``ActionDistribution.mode()`` instead of sampling.
         device: where the model is.
@@ -184,9 +180,9 @@ def evaluate(
                     frame_sink(obs_dict, env)
                 tensors = obs_to_tensors(obs_dict, device)
                 logits, _, rnn_state = model.forward_step(tensors, rnn_state)
-                dist = ActionDistribution(logits, action_space)
+                dist = ActionDistribution(logits, model.action_spec)
                 actions = dist.mode() if deterministic else dist.sample()
-                action = to_env_action(actions, action_space)
+                action = to_env_action(actions, model.action_spec)
                 obs, reward, terminated, truncated, info = env.step(action)
                 ep_return += float(reward)
                 ep_len += 1
@@ -286,7 +282,7 @@ class PeriodicEvaluator:
             if self._cancel.is_set():
                 raise _Cancelled
 
-        self.last_result = evaluate(self.model, self.env, self.env.action_space, self.num_episodes,
+        self.last_result = evaluate(self.model, self.env, self.num_episodes,
                                     self.deterministic, self.device, frame_sink=check_cancel,
                                     seed=self.seed)
         return self.last_result

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from fastrl.actions import ActionSpec
 from fastrl.buffers import TrajectoryBuffers
 from fastrl.device import autocast
 from fastrl.distributions import ActionDistribution
@@ -40,7 +41,7 @@ class PolicyWorker:
         self.weights = weights
         self.deterministic = deterministic
         self.precision = precision
-        self.action_space = action_space
+        self.action_spec = ActionSpec(action_space)
         # -1 until weights are loaded: the model's own initial weights are never used to act
         # (they are not the learner's, whatever their version says).
         self.policy_version = -1
@@ -79,7 +80,7 @@ class PolicyWorker:
         h = self._to_device(self.rnn_state[e_idx])
         with torch.inference_mode(), autocast(self.precision, self.device):
             logits, values, new_h = self.model.forward_step(obs, h)
-            dist = ActionDistribution(logits, self.action_space)
+            dist = ActionDistribution(logits, self.action_spec)
             actions = dist.mode() if self.deterministic else dist.sample()
             log_probs = dist.log_prob(actions)
         self.buffers.actions[b_idx, t_idx] = actions.cpu()

@@ -6,6 +6,7 @@ import time
 
 import torch
 
+from fastrl.actions import ActionSpec
 from fastrl.algo.appo import LossParams, appo_loss
 from fastrl.cfg import Config
 from fastrl.device import autocast, resolve_precision
@@ -20,10 +21,14 @@ class Learner:
     ``TrajectoryBuffers.gather``), already on ``device``.
     """
 
-    def __init__(self, cfg: Config, model: ActorCritic, action_space, device: torch.device):
+    def __init__(self, cfg: Config, model: ActorCritic, action_space, device: torch.device,
+                 frameskip: int = 1):
         self.cfg = cfg
         self.model = model
-        self.action_space = action_space
+        self.action_spec = ActionSpec(action_space)
+        if cfg.exploration_loss == "symmetric_kl" and self.action_spec.num_continuous:
+            raise ValueError(f"--exploration_loss symmetric_kl needs categorical actions; "
+                             f"{action_space} has continuous ones (use entropy)")
         self.device = device
         self.optimizer = torch.optim.Adam(
             model.parameters(), lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
@@ -40,6 +45,7 @@ class Learner:
         self.version = 0
         self.samples_trained = 0
         self.train_seconds = 0.0
+        self.frameskip = frameskip  # env frames per sample, for --lr_schedule linear_decay
 
     @property
     def trajectories_per_minibatch(self) -> int:
@@ -71,6 +77,10 @@ class Learner:
         if cfg.normalize_input:
             frames = _normalizer_frames(batch["obs"], batch["log_probs"].shape[1])
             self.model.update_normalizers(frames)
+        if cfg.lr_schedule == "linear_decay":
+            done = self.samples_trained * self.frameskip / cfg.train_for_env_steps
+            for group in self.optimizer.param_groups:
+                group["lr"] = cfg.learning_rate * max(0.0, 1.0 - done)
         mb_size = self.trajectories_per_minibatch
         last: dict[str, torch.Tensor] = {}
         for _ in range(cfg.num_epochs):
@@ -108,7 +118,7 @@ class Learner:
         if bootstrap:
             rewards = _add_time_limit_bootstrap(rewards, mb["final_step"], final_values.detach(),
                                                 cfg.gamma, value_norm)
-        dist = ActionDistribution(logits[:, :t].reshape(b * t, -1), self.action_space)
+        dist = ActionDistribution(logits[:, :t].reshape(b * t, -1), self.action_spec)
         actions = mb["actions"].reshape(b * t, -1)
         target_log_probs = dist.log_prob(actions).reshape(b, t)
         entropy = dist.entropy().reshape(b, t)

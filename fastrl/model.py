@@ -5,9 +5,15 @@ Contract (see ``docs/internals.md``, section "The model")::
 
     model = ActorCritic(obs_space, action_space, cfg)
     model.rnn_state_size                                    # 0 when cfg.use_rnn is False
-    model.forward_step(obs, rnn_state)         -> logits [B, A], values [B], new_rnn_state [B, H]
-    model.forward_sequence(obs, rnn_state0, resets) -> logits [B, T, A], values [B, T]
-    dist = ActionDistribution(logits, action_space)          # fastrl.distributions
+    model.forward_step(obs, rnn_state)         -> logits [B, P], values [B], new_rnn_state [B, H]
+    model.forward_sequence(obs, rnn_state0, resets) -> logits [B, T, P], values [B, T]
+    dist = ActionDistribution(logits, model.action_spec)     # fastrl.distributions
+
+"logits" are the policy's action parameters, ``P = model.action_spec.num_params`` of them
+(``fastrl.actions``): the logits of the categorical dimensions, then for continuous (``Box``)
+dimensions the Gaussian means and log-stds. The log-std is one learned parameter per
+dimension (``cfg.action_log_std == "state_independent"``, the default) or an output of the
+actor clamped to ``[LOG_STD_MIN, LOG_STD_MAX]`` (``"state_dependent"``).
 
 Observations are ``dict[str, Tensor]``; a ``Box`` observation space is handled as
 ``Dict({"obs": box})`` (``fastrl.obs``). Encoders, chosen from each key's space:
@@ -32,7 +38,8 @@ core directly (the GRU, or the linear heads without an RNN, already mix them). T
 
 ``cfg`` is any object with the attributes ``use_rnn: bool``, ``rnn_size: int``,
 ``encoder_fc_size: int``, ``encoder_mlp_layers: list[int]``, ``nonlinearity: str``
-(``"elu"``, ``"relu"`` or ``"tanh"``) and ``normalize_input: bool``.
+(``"elu"``, ``"relu"`` or ``"tanh"``) and ``normalize_input: bool``; optionally
+``rnn_type``, ``normalize_returns``, ``action_bounds`` and ``action_log_std``.
 """
 
 from __future__ import annotations
@@ -46,7 +53,8 @@ import torch
 from gymnasium import spaces
 from torch import Tensor, nn
 
-from fastrl.distributions import action_nvec, mask_logits
+from fastrl.actions import ActionSpec
+from fastrl.distributions import LOG_STD_MAX, LOG_STD_MIN, mask_logits
 from fastrl.normalize import ReturnNormalizer, merge_moments
 from fastrl.obs import ACTION_MASK_KEY, as_dict_space, has_action_mask, obs_to_dict
 from fastrl.recurrent import make_rnn, rnn_step, rnn_unroll, state_size
@@ -225,7 +233,8 @@ class ActorCritic(nn.Module):
 
     Args:
         obs_space: a ``Dict`` of Boxes, or a ``Box`` (treated as ``Dict({"obs": box})``).
-        action_space: ``Discrete`` (A = n) or ``MultiDiscrete`` (A = sum(nvec)).
+        action_space: any space ``fastrl.actions.ActionSpec`` takes (Discrete,
+            MultiDiscrete, float Box, Dict / Tuple of these).
         cfg: see the module docstring.
 
     Initialisation: orthogonal weights, zero biases; gain sqrt(2) for encoder layers, 1 for the
@@ -238,9 +247,12 @@ class ActorCritic(nn.Module):
         _make_nonlinearity(cfg.nonlinearity)  # fail early, before building anything
         obs_space = as_dict_space(obs_space)
         self.action_space = action_space
-        self._nvec = action_nvec(action_space)
-        self.num_logits = sum(self._nvec)
-        self.has_action_mask = has_action_mask(obs_space, self.num_logits)
+        self.action_spec = ActionSpec(action_space, str(getattr(cfg, "action_bounds", "clip")))
+        spec = self.action_spec
+        self.has_action_mask = has_action_mask(obs_space, spec.num_logits)
+        if self.has_action_mask and not spec.maskable:
+            raise ValueError(f"an {ACTION_MASK_KEY!r} observation needs a Discrete or "
+                             f"MultiDiscrete action space, not {action_space}")
 
         # A ModuleList plus a key list rather than a ModuleDict: observation keys may hold
         # characters ("." for one) that a ModuleDict rejects.
@@ -251,6 +263,17 @@ class ActorCritic(nn.Module):
             _make_encoder(key, obs_space.spaces[key], cfg) for key in self._obs_keys
         )
         encoded_size = sum(enc.out_size for enc in self.encoders)
+        # Without shared weights the critic reads the observations through encoders of its
+        # own (same shapes, own weights; the input statistics are kept in both and updated
+        # alike), the common choice for PPO on low-dimensional control tasks.
+        self.critic_encoders: nn.ModuleList | None = None
+        if not bool(getattr(cfg, "actor_critic_share_weights", True)):
+            if cfg.use_rnn:
+                raise ValueError("separate actor and critic weights (actor_critic_share_weights "
+                                 "False) need use_rnn False")
+            self.critic_encoders = nn.ModuleList(
+                _make_encoder(key, obs_space.spaces[key], cfg) for key in self._obs_keys
+            )
 
         self.use_rnn = bool(cfg.use_rnn)
         self.rnn_type = str(getattr(cfg, "rnn_type", "gru"))
@@ -269,7 +292,18 @@ class ActorCritic(nn.Module):
             self.rnn_state_size = 0
             core_size = encoded_size
 
-        self.actor = _init_layer(nn.Linear(core_size, self.num_logits), _ACTOR_GAIN)
+        log_std_mode = str(getattr(cfg, "action_log_std", "state_independent"))
+        if log_std_mode not in ("state_independent", "state_dependent"):
+            raise ValueError(f"action_log_std {log_std_mode!r} unknown; choose "
+                             "state_independent or state_dependent")
+        # std 1 at the start either way (the dependent one: a near-zero output).
+        self.action_log_std: nn.Parameter | None = None
+        num_outputs = spec.num_logits + spec.num_continuous
+        if spec.num_continuous and log_std_mode == "state_independent":
+            self.action_log_std = nn.Parameter(torch.zeros(spec.num_continuous))
+        elif spec.num_continuous:
+            num_outputs += spec.num_continuous
+        self.actor = _init_layer(nn.Linear(core_size, num_outputs), _ACTOR_GAIN)
         self.critic = _init_layer(nn.Linear(core_size, 1), _CRITIC_GAIN)
         # The critic's output is in normalised units when this is present (see
         # ``ReturnNormalizer``); ``values`` returned by the forward methods are then normalised.
@@ -296,22 +330,45 @@ class ActorCritic(nn.Module):
         ``normalize_input``) from ``obs``: dict of ``[N, ...]`` observations. A no-op without
         ``normalize_input``."""
         obs = obs_to_dict(obs)
-        for key, enc in zip(self._obs_keys, self.encoders, strict=True):
-            enc.update_statistics(obs[key])
+        sets = [self.encoders] if self.critic_encoders is None else [self.encoders,
+                                                                     self.critic_encoders]
+        for encoders in sets:
+            for key, enc in zip(self._obs_keys, encoders, strict=True):
+                enc.update_statistics(obs[key])
 
-    def _encode(self, obs: Mapping[str, Tensor]) -> Tensor:
-        """obs: dict of ``[N, ...]`` -> features ``[N, encoded_size]``."""
-        feats = [enc(obs[key]) for key, enc in zip(self._obs_keys, self.encoders, strict=True)]
+    def _encode(self, obs: Mapping[str, Tensor], encoders: nn.ModuleList | None = None) -> Tensor:
+        """obs: dict of ``[N, ...]`` -> features ``[N, encoded_size]`` (by default through the
+        shared, or actor's, encoders)."""
+        encoders = self.encoders if encoders is None else encoders
+        feats = [enc(obs[key]) for key, enc in zip(self._obs_keys, encoders, strict=True)]
         return feats[0] if len(feats) == 1 else torch.cat(feats, dim=1)
 
-    def _heads(self, core: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """core: ``[N, core_size]`` -> logits ``[N, A]`` (``-inf`` where ``mask`` ``[N, A]``
-        is 0), values ``[N]``; float32 also under autocast, so that sampling, V-trace and the
-        loss run in full precision."""
-        logits = self.actor(core).float()
+    def _critic_input(self, obs: Mapping[str, Tensor], core: Tensor) -> Tensor:
+        """What the critic head reads: ``core`` itself, or with separate weights the
+        critic's own encoding of ``obs`` (dict of ``[N, ...]``)."""
+        if self.critic_encoders is None:
+            return core
+        return self._encode(obs, self.critic_encoders)
+
+    def _heads(self, core: Tensor, mask: Tensor | None = None,
+               critic_in: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """core: ``[N, core_size]`` -> action parameters ``[N, P]`` (logits ``-inf`` where
+        ``mask`` ``[N, A]`` is 0), values ``[N]`` (from ``critic_in`` when given, else from
+        ``core``); float32 also under autocast, so that sampling, V-trace and the loss run
+        in full precision."""
+        params = self.actor(core).float()
+        spec = self.action_spec
+        if self.action_log_std is not None:
+            log_std = self.action_log_std.float().expand(params.shape[0], -1)
+            params = torch.cat([params, log_std], dim=1)
+        elif spec.num_continuous:
+            split = spec.num_logits + spec.num_continuous
+            params = torch.cat([params[:, :split],
+                                params[:, split:].clamp(LOG_STD_MIN, LOG_STD_MAX)], dim=1)
         if mask is not None:
-            logits = mask_logits(logits, mask, self._nvec)
-        return logits, self.critic(core).squeeze(-1).float()
+            params = mask_logits(params, mask, spec.nvec)
+        critic_in = core if critic_in is None else critic_in
+        return params, self.critic(critic_in).squeeze(-1).float()
 
     def forward_step(
         self, obs: Mapping[str, Tensor] | Tensor, rnn_state: Tensor
@@ -323,14 +380,14 @@ class ActorCritic(nn.Module):
             rnn_state: ``[B, H]``, H = ``rnn_state_size`` (0 without an RNN).
 
         Returns:
-            logits ``[B, A]``, values ``[B]``, new_rnn_state ``[B, H]`` (without an RNN, the
+            logits ``[B, P]``, values ``[B]``, new_rnn_state ``[B, H]`` (without an RNN, the
             ``rnn_state`` passed in, unchanged).
         """
         obs = obs_to_dict(obs)
         mask = obs.get(ACTION_MASK_KEY)
         x = self._encode(obs)
         if self.rnn is None:
-            logits, values = self._heads(x, mask)
+            logits, values = self._heads(x, mask, self._critic_input(obs, x))
             return logits, values, rnn_state
         out, new_state = rnn_step(self.rnn, x, rnn_state)
         logits, values = self._heads(out, mask)
@@ -355,7 +412,7 @@ class ActorCritic(nn.Module):
                 ``forward_step`` would after step ``final_step[b]``, before any reset.
 
         Returns:
-            logits ``[B, T, A]``, values ``[B, T]``; with ``final_step`` also the values of
+            logits ``[B, T, P]``, values ``[B, T]``; with ``final_step`` also the values of
             the final observations ``[B]`` (0 where ``final_step`` is -1).
         """
         obs = obs_to_dict(obs)
@@ -368,16 +425,19 @@ class ActorCritic(nn.Module):
             seq, captured = rnn_unroll(self.rnn, x.view(b, t, -1), rnn_state0, resets, final_step)
             x = seq.reshape(b * t, -1)
         mask = obs.get(ACTION_MASK_KEY)
-        logits, values = self._heads(x, None if mask is None else mask.reshape(b * t, -1))
+        logits, values = self._heads(x, None if mask is None else mask.reshape(b * t, -1),
+                                     self._critic_input(flat, x))
         if final_step is None:
             return logits.view(b, t, -1), values.view(b, t)
         final_values = values.new_zeros(b)
         rows = torch.nonzero(final_step >= 0).flatten()
         if rows.numel():
             final = obs_to_dict(final_obs)
-            feats = self._encode({key: final[key].index_select(0, rows) for key in self._obs_keys})
+            final = {key: final[key].index_select(0, rows) for key in self._obs_keys}
+            feats = self._encode(final)
             if self.rnn is not None:
                 state = captured.index_select(0, rows).to(feats.dtype)
                 feats, _ = rnn_step(self.rnn, feats, state)
-            final_values = final_values.index_copy(0, rows, self._heads(feats)[1])
+            values_final = self._heads(feats, critic_in=self._critic_input(final, feats))[1]
+            final_values = final_values.index_copy(0, rows, values_final)
         return logits.view(b, t, -1), values.view(b, t), final_values

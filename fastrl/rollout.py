@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from fastrl.actions import ActionSpec
 from fastrl.buffers import INVALID_VERSION, TrajectoryBuffers
 from fastrl.messages import ActionsReady, EpisodeStats, InferenceRequest, TrajectoriesReady
 from fastrl.obs import obs_to_dict, random_legal_action
@@ -90,6 +91,8 @@ class RolloutWorker:
         decorrelate: at :meth:`start`, env ``e`` (global id) first takes ``e * rollout``
             random actions (episodes that end meanwhile are reset and not reported), so that
             envs with fixed-length episodes do not end and reset in lock-step.
+        action_bounds: how continuous actions are bounded for the env
+            (``fastrl.actions.ActionSpec``).
 
     A time limit (``truncated`` without ``terminated``) ends the episode for the learner like
     a termination (``dones``), but the episode's last observation is kept in the slot's
@@ -104,7 +107,8 @@ class RolloutWorker:
                  reward_scale: float = 1.0, reward_clip: float = 1000.0,
                  trajectories_per_round: int | None = None, seed: int | None = None,
                  env_factory: Callable[[], gym.Env] | None = None, env_timeout: float = 0.0,
-                 generation: int = 0, epoch: int = 0, decorrelate: bool = False):
+                 generation: int = 0, epoch: int = 0, decorrelate: bool = False,
+                 action_bounds: str = "clip"):
         if len(envs) % num_splits:
             raise ValueError(f"{len(envs)} envs cannot be split into {num_splits} equal groups")
         self.worker_id = worker_id
@@ -141,7 +145,9 @@ class RolloutWorker:
             for s in range(num_splits)
         ]
         action_space = envs[0].action_space
-        self._discrete = isinstance(action_space, spaces.Discrete)
+        self._to_env = ActionSpec(action_space, action_bounds).to_env
+        # The common case without a call: a Discrete action is its index.
+        self._discrete = isinstance(action_space, spaces.Discrete) and action_space.start == 0
         self._ep_return = np.zeros(len(envs), dtype=np.float64)
         self._ep_len = np.zeros(len(envs), dtype=np.int64)
         # the step where each env's episode began in its current trajectory
@@ -194,7 +200,7 @@ class RolloutWorker:
         actions = self._actions_np[bufs, t]  # one indexed read: [n, D]
         next_obs = []
         for j, (i, e) in enumerate(zip(split.local, split.env_ids)):
-            action = int(actions[j, 0]) if self._discrete else actions[j]
+            action = int(actions[j, 0]) if self._discrete else self._to_env(actions[j])
             b = bufs[j]
             try:
                 step = self.envs[i].step

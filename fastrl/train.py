@@ -10,10 +10,11 @@ from fastrl.experiment import ExperimentError
 
 
 def user_error_types() -> tuple[type[BaseException], ...]:
-    from fastrl.env_registry import UnknownEnvError
+    from fastrl.env_registry import MissingExtraError, UnknownEnvError
+    from fastrl.runner.common import EnvSettingsError
     from fastrl.runner.parallel import ChildError
 
-    return (ExperimentError, UnknownEnvError, ChildError)
+    return (ExperimentError, UnknownEnvError, ChildError, EnvSettingsError, MissingExtraError)
 
 
 def run(cfg: Config) -> dict:

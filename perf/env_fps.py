@@ -7,6 +7,8 @@
 resolution (160x120 CRCGCB), frameskip and button vectors, `make_action` + `get_state`
 per step and `new_episode` at the same time limit, but no resize, wrapper or copies.
 The difference between the two is the cost of the env stack around the engine.
+For an Atari id (`ALE/Pong-v5`...), `--bare` steps ale-py's own env instead: the frame skip
+done inside ALE, the grayscale 210x160 screen of the last frame, no max-pooling or resize.
 
 Actions are drawn in advance (1024 per env, cycled) so that sampling them is not timed.
 Each process steps for `--warmup` seconds, waits for the others, then counts for
@@ -37,13 +39,7 @@ class _EnvStepper:
     """Steps fastrl envs built by `make_env`."""
 
     def __init__(self, args: argparse.Namespace, worker: int) -> None:
-        from fastrl.env_registry import make_env
-
-        options: dict[str, Any] = dict(args.options)
-        if args.frameskip is not None:
-            options["frameskip"] = args.frameskip
-        self.envs = [make_env(args.env, **options) for _ in range(args.num_envs_per_worker)]
-        self.frameskip = int(self.envs[0].metadata.get("frameskip", 1))
+        self.envs = self._make_envs(args)
         self.actions = []
         for i, env in enumerate(self.envs):
             seed = args.seed + 1000 * worker + i
@@ -51,6 +47,17 @@ class _EnvStepper:
             env.reset(seed=seed)
             self.actions.append([env.action_space.sample() for _ in range(ACTIONS_PER_ENV)])
         self.episodes = 0
+
+    def _make_envs(self, args: argparse.Namespace) -> list:
+        """The worker's envs; sets ``self.frameskip``."""
+        from fastrl.env_registry import make_env
+
+        options: dict[str, Any] = dict(args.options)
+        if args.frameskip is not None:
+            options["frameskip"] = args.frameskip
+        envs = [make_env(args.env, **options) for _ in range(args.num_envs_per_worker)]
+        self.frameskip = int(envs[0].metadata.get("frameskip", 1))
+        return envs
 
     def step_all(self, k: int) -> int:
         """One step of every env; returns the number of agent steps taken."""
@@ -119,13 +126,34 @@ class _BareStepper:
             game.close()
 
 
+class _BareAtariStepper(_EnvStepper):
+    """Steps ale-py's own envs (`gymnasium.make(id, frameskip=N, obs_type="grayscale")`):
+    ALE repeats the action, the env returns the last frame's screen as it is."""
+
+    def _make_envs(self, args: argparse.Namespace) -> list:
+        import ale_py
+        import gymnasium as gym
+
+        gym.register_envs(ale_py)
+        from envs.atari import DEFAULT_FRAMESKIP
+
+        self.frameskip = args.frameskip or DEFAULT_FRAMESKIP
+        return [gym.make(args.env, frameskip=self.frameskip, obs_type="grayscale")
+                for _ in range(args.num_envs_per_worker)]
+
+
 def _worker(
     worker: int, args: argparse.Namespace, core: int | None, barrier: Any, results: Any
 ) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if core is not None:
         os.sched_setaffinity(0, {core})
-    stepper = _BareStepper(args, worker) if args.bare else _EnvStepper(args, worker)
+    if not args.bare:
+        stepper: Any = _EnvStepper(args, worker)
+    elif args.env.startswith("ALE/"):
+        stepper = _BareAtariStepper(args, worker)
+    else:
+        stepper = _BareStepper(args, worker)
     try:
         k = 0
         start = time.perf_counter()
@@ -186,17 +214,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         metavar="KEY=VALUE",
         help="extra make_env option, repeatable (e.g. interpolation=area); not with --bare",
     )
-    p.add_argument("--bare", action="store_true", help="step bare vizdoom.DoomGame instances")
+    p.add_argument("--bare", action="store_true",
+                   help="step bare vizdoom.DoomGame instances (ale-py's own envs for ALE/ ids)")
     p.add_argument("--pin", action="store_true", help="pin each process to one core")
     args = p.parse_args(argv)
     args.options = _parse_options(args.option)
     if args.bare and args.options:
         p.error("--option has no effect with --bare")
-    if args.bare:
+    if args.bare and not args.env.startswith("ALE/"):
         from envs.doom_scenarios import SCENARIOS
 
         if args.env not in SCENARIOS:
-            p.error(f"--bare needs a doom scenario name ({', '.join(SCENARIOS)}), got {args.env!r}")
+            p.error(f"--bare needs a doom scenario name ({', '.join(SCENARIOS)}) or an "
+                    f"ALE/<Game>-v5 id, got {args.env!r}")
 
     cores = sorted(os.sched_getaffinity(0))
     ctx = mp.get_context("spawn")

@@ -14,6 +14,7 @@ from gymnasium import spaces
 from fastrl.distributions import ActionDistribution, mask_logits
 from fastrl.model import ActorCritic
 from fastrl.obs import random_legal_action
+from tests.learning_runs import small_ppo_run
 from tests.test_model import make_cfg
 from tests.test_parallel import run_train
 
@@ -203,16 +204,6 @@ def _check_no_illegal_action(proc, tmp_path):
 def test_masked_pick_is_learned_within_40k_steps(tmp_path):
     """Picking the highest legal choice scores 16 per episode; random legal play 6.2 (2,000
     episodes). Serial mode, seed 1: 15.6 at 40K steps when this test was written."""
-    from fastrl.cfg_io import parse_config
-    from fastrl.runner.serial import run_serial
-
-    cfg = parse_config([
-        "--env", MASKED["discrete"], "--train_dir", str(tmp_path), "--experiment", "x",
-        "--device", "cpu", "--serial_mode", "True", "--use_rnn", "False", "--seed", "1",
-        "--encoder_mlp_layers", "64", "64", "--nonlinearity", "tanh",
-        "--num_envs_per_worker", "16", "--rollout", "16", "--batch_size", "256",
-        "--num_batches_per_epoch", "4", "--num_epochs", "4", "--learning_rate", "1e-3",
-        "--exploration_loss_coeff", "0.001", "--train_for_env_steps", "40000"])
-    summary = run_serial(cfg)
+    summary = small_ppo_run(MASKED["discrete"], tmp_path, "--exploration_loss_coeff", "0.001")
     assert summary["env_restarts"] == 0
     assert summary["mean_episode_return"] >= 14.0, summary

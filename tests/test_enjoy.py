@@ -254,7 +254,7 @@ def test_evaluate_carries_and_resets_the_rnn_state() -> None:
     try:
         model = SpyModel(env.observation_space, env.action_space, small_cfg(use_rnn=True))
         model.train()
-        result = evaluate(model, env, env.action_space, 3, deterministic=False, device="cpu",
+        result = evaluate(model, env, 3, deterministic=False, device="cpu",
                           seed=3)
     finally:
         env.close()
@@ -277,9 +277,9 @@ def test_evaluate_with_a_seed_leaves_the_global_rng_alone() -> None:
         model = ActorCritic(env.observation_space, env.action_space, small_cfg(use_rnn=False))
         torch.manual_seed(123)
         before = torch.get_rng_state()
-        first = evaluate(model, env, env.action_space, 2, deterministic=False, device="cpu", seed=5)
+        first = evaluate(model, env, 2, deterministic=False, device="cpu", seed=5)
         assert torch.equal(torch.get_rng_state(), before)
-        second = evaluate(model, env, env.action_space, 2, deterministic=False, device="cpu",
+        second = evaluate(model, env, 2, deterministic=False, device="cpu",
                           seed=5)
     finally:
         env.close()

@@ -254,9 +254,11 @@ def test_too_small_image_raises():
         ActorCritic(small, spaces.Discrete(3), make_cfg())
 
 
-def test_bad_action_space_raises():
-    with pytest.raises(ValueError, match="Discrete or MultiDiscrete"):
-        ActorCritic(VEC, spaces.Box(-1, 1, (2,)), make_cfg())
+@pytest.mark.parametrize("bad", [spaces.Box(-1, 1, (2,), np.int64), spaces.Text(5),
+                                 spaces.MultiBinary(3)])
+def test_bad_action_space_raises(bad):
+    with pytest.raises(ValueError, match="Discrete, MultiDiscrete, a float Box|must be floating"):
+        ActorCritic(VEC, bad, make_cfg())
 
 
 # ---- ActionDistribution ----

@@ -11,11 +11,16 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from fastrl.actions import ActionSpec
 from fastrl.cfg import Config
 from fastrl.device import resolve_device  # noqa: F401 - re-exported for the runners
 from fastrl.env_registry import make_env, recommended_settings
 from fastrl.model import ActorCritic
 from fastrl.obs import as_dict_space
+
+
+class EnvSettingsError(ValueError):
+    """The settings do not fit the env's spaces (a user error, reported in one line)."""
 
 
 def reward_scale(cfg: Config) -> float:
@@ -39,6 +44,8 @@ def env_options(cfg: Config) -> dict:
         options["reward_shaping"] = True
     if cfg.env_action_mask_from_info:
         options["action_mask_from_info"] = True
+    if cfg.env_atari_rgb:
+        options["rgb"] = True
     return options
 
 
@@ -63,8 +70,23 @@ class EnvInfo:
 
 
 def env_info(env: gym.Env) -> EnvInfo:
-    return EnvInfo(as_dict_space(env.observation_space), env.action_space,
-                   int(env.metadata.get("frameskip", 1)))
+    try:
+        obs_space = as_dict_space(env.observation_space)
+    except ValueError as exc:
+        raise EnvSettingsError(str(exc)) from None
+    return EnvInfo(obs_space, env.action_space, int(env.metadata.get("frameskip", 1)))
+
+
+def check_env_settings(cfg: Config, info: EnvInfo) -> None:
+    """Refuse, before anything starts, settings the env's action space cannot take."""
+    try:
+        spec = ActionSpec(info.action_space, cfg.action_bounds)
+    except ValueError as exc:
+        raise EnvSettingsError(f"env {cfg.env!r}: {exc}") from None
+    if cfg.exploration_loss == "symmetric_kl" and spec.num_continuous:
+        raise EnvSettingsError(
+            f"--exploration_loss symmetric_kl needs categorical actions; env {cfg.env!r} has "
+            f"continuous ones ({info.action_space}): use --exploration_loss entropy")
 
 
 def probe_env(cfg: Config) -> EnvInfo:
@@ -77,7 +99,11 @@ def probe_env(cfg: Config) -> EnvInfo:
 
 
 def build_model(cfg: Config, info: EnvInfo, device: torch.device) -> ActorCritic:
-    return ActorCritic(info.obs_space, info.action_space, cfg).to(device)
+    try:
+        model = ActorCritic(info.obs_space, info.action_space, cfg)
+    except ValueError as exc:  # spaces the model cannot take, or settings that do not fit
+        raise EnvSettingsError(f"env {cfg.env!r}: {exc}") from None
+    return model.to(device)
 
 
 def buffers_per_env(cfg: Config, num_envs: int) -> int:

@@ -38,7 +38,14 @@ from fastrl.experiment import (
 )
 from fastrl.messages import LearnerReady
 from fastrl.procs import check_queue_layout
-from fastrl.runner.common import build_model, create_env, probe_env, resolve_device, seed_everything
+from fastrl.runner.common import (
+    build_model,
+    check_env_settings,
+    create_env,
+    probe_env,
+    resolve_device,
+    seed_everything,
+)
 from fastrl.runner.loop import RunLoop
 from fastrl.runner.stations import (
     LearnerStation,
@@ -143,6 +150,7 @@ class ParallelRunner:
         self.exp_dir = prepare_experiment_dir(cfg)
         seed_everything(cfg.seed)
         info = probe_env(cfg)
+        check_env_settings(cfg, info)
         model = build_model(cfg, info, torch.device("cpu"))
         self.shared = wiring = build_wiring(cfg, info, model, cfg.num_workers,
                                             cfg.num_envs_per_worker, ctx=self.ctx)

@@ -19,7 +19,13 @@ from fastrl.experiment import (
 )
 from fastrl.malloc import keep_freed_memory
 from fastrl.messages import LearnerReady
-from fastrl.runner.common import create_env, env_info, resolve_device, seed_everything
+from fastrl.runner.common import (
+    check_env_settings,
+    create_env,
+    env_info,
+    resolve_device,
+    seed_everything,
+)
 from fastrl.runner.loop import RunLoop
 from fastrl.runner.stations import (
     LearnerStation,
@@ -46,6 +52,7 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
     rollout = reporter = evaluator = None
     try:
         info = env_info(envs[0])
+        check_env_settings(cfg, info)
         learner, counters, path = make_learner(cfg, info, device)
         wiring = build_wiring(cfg, info, learner.model, num_workers=1, envs_per_worker=len(envs))
         learner_station = LearnerStation(wiring, learner, report_every=0.0)

@@ -82,7 +82,7 @@ class RolloutStation:
             reward_scale(cfg), cfg.reward_clip, trajectories_per_round=per_round, seed=seed,
             env_factory=lambda: create_env(cfg), env_timeout=cfg.env_timeout,
             decorrelate=cfg.decorrelate_envs_on_one_worker, generation=self.generation,
-            epoch=int(w.policy_epoch.value))
+            epoch=int(w.policy_epoch.value), action_bounds=cfg.action_bounds)
         self.envs = self.worker.envs  # the worker replaces faulty envs in this very list
         self._route(self.worker.start())
 
@@ -270,6 +270,7 @@ def make_learner(cfg, info: EnvInfo,
                  device: torch.device) -> tuple[Learner, dict | None, str | None]:
     """The learner, with the experiment's newest checkpoint restored if there is one; also
     that checkpoint's run counters and path (None, None without one)."""
-    learner = Learner(cfg, build_model(cfg, info, device), info.action_space, device)
+    learner = Learner(cfg, build_model(cfg, info, device), info.action_space, device,
+                      frameskip=info.frameskip)
     counters, path = restore_learner(learner, cfg, info, device)
     return learner, counters, path
