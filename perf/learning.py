@@ -76,7 +76,7 @@ def train_command(args: argparse.Namespace, seed: int, extra: list[str]) -> list
     """The train.py command line of one seed."""
     cmd = [sys.executable, os.path.join(REPO, "train.py"), "--env", args.env,
            "--seed", str(seed), "--train_dir", os.path.join(args.out, "runs"),
-           "--experiment", f"{args.env}_seed{seed}", "--summaries_every_sec", "5"]
+           "--experiment", run_name(args.env, seed), "--summaries_every_sec", "5"]
     if args.frames:
         cmd += ["--train_for_env_steps", str(int(args.frames))]
     if args.seconds:
@@ -84,10 +84,16 @@ def train_command(args: argparse.Namespace, seed: int, extra: list[str]) -> list
     return cmd + extra
 
 
+def run_name(env: str, seed: int | None = None) -> str:
+    """A file and experiment name for ``env`` (an id like ``ALE/Pong-v5`` has a slash)."""
+    name = env.replace("/", "_")
+    return name if seed is None else f"{name}_seed{seed}"
+
+
 def run_seed(args: argparse.Namespace, seed: int, extra: list[str]) -> dict[str, Any]:
     """Train one seed from scratch (its log in ``<out>/runs``); return its curve and figures."""
     runs = os.path.join(args.out, "runs")
-    experiment = f"{args.env}_seed{seed}"
+    experiment = run_name(args.env, seed)
     shutil.rmtree(os.path.join(runs, experiment), ignore_errors=True)  # never resume
     os.makedirs(runs, exist_ok=True)
     log_path = os.path.join(runs, f"{experiment}.log")
@@ -189,14 +195,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"{parser.prog}: error: give --frames and/or --seconds (budget per seed)\n")
     if args.out is None:
         args.out = os.path.join(REPO, "train_dir", "learning",
-                                f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}")
+                                f"{run_name(args.env)}-{time.strftime('%Y%m%d-%H%M%S')}")
     args.out = os.path.abspath(args.out)
     args.interrupted = False
     os.makedirs(args.out, exist_ok=True)
     runs: list[dict[str, Any]] = []
     for seed in args.seeds:
         print(f"seed {seed}: training, log {os.path.join(args.out, 'runs')}/"
-              f"{args.env}_seed{seed}.log", flush=True)
+              f"{run_name(args.env, seed)}.log", flush=True)
         r = run_seed(args, seed, extra)
         runs.append(r)
         hit = "" if args.target is None else f", target {args.target:g} " + (
