@@ -9,7 +9,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.wrappers import DtypeObservation, RecordEpisodeStatistics
 
-from fastrl.distributions import action_nvec
+from fastrl.actions import ActionSpec
 from fastrl.obs import ACTION_MASK_KEY, obs_to_dict
 
 
@@ -36,7 +36,11 @@ class InfoActionMask(gym.Wrapper, gym.utils.RecordConstructorArgs):
     def __init__(self, env: gym.Env):
         gym.utils.RecordConstructorArgs.__init__(self)
         gym.Wrapper.__init__(self, env)
-        self._size = sum(action_nvec(env.action_space))
+        spec = ActionSpec(env.action_space)
+        if not spec.maskable:
+            raise ValueError(f"an action mask needs a Discrete or MultiDiscrete action space, "
+                             f"not {env.action_space}")
+        self._size = spec.num_logits
         base = env.observation_space
         inner = dict(base.spaces) if isinstance(base, spaces.Dict) else {"obs": base}
         if self.KEY in inner:

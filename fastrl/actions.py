@@ -133,11 +133,6 @@ class ActionSpec:
         """A single Discrete or MultiDiscrete space (what an action mask may cover)."""
         return self._simple is not None and self.is_discrete
 
-    @property
-    def is_continuous(self) -> bool:
-        """Only continuous dimensions."""
-        return not self.nvec
-
     def bound(self, u: np.ndarray) -> np.ndarray:
         """Continuous samples ``[..., num_continuous]`` -> the values within the bounds."""
         u = np.asarray(u, dtype=np.float64)
@@ -157,22 +152,25 @@ class ActionSpec:
         row = np.asarray(row)
         cat = row[:len(self.nvec)].astype(np.int64)
         cont = self.bound(row[len(self.nvec):]) if self.num_continuous else row[:0]
-        cursor = {"cat": 0, "cont": 0}
+        values = []  # each leaf's value, in the order of self._leaves
+        i = j = 0
+        for leaf in self._leaves:
+            if leaf.nvec:
+                picks = cat[i:i + len(leaf.nvec)] + leaf.start
+                i += len(leaf.nvec)
+                values.append(int(picks[0]) if isinstance(leaf.space, spaces.Discrete) else picks)
+            else:
+                values.append(cont[j:j + leaf.size].astype(leaf.space.dtype)
+                              .reshape(leaf.space.shape))
+                j += leaf.size
+        leaf_values = iter(values)
 
-        def build(space: spaces.Space) -> Any:
+        def build(space: spaces.Space) -> Any:  # the same walk as _leaves
             if isinstance(space, spaces.Dict):
                 return {key: build(sub) for key, sub in space.spaces.items()}
             if isinstance(space, spaces.Tuple):
                 return tuple(build(sub) for sub in space.spaces)
-            leaf = _leaf(space, "")
-            if leaf.nvec:
-                i = cursor["cat"]
-                cursor["cat"] = i + len(leaf.nvec)
-                values = cat[i:i + len(leaf.nvec)] + leaf.start
-                return int(values[0]) if isinstance(space, spaces.Discrete) else values
-            i = cursor["cont"]
-            cursor["cont"] = i + leaf.size
-            return cont[i:i + leaf.size].astype(space.dtype).reshape(space.shape)
+            return next(leaf_values)
 
         return build(self.space)
 

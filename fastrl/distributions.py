@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 from gymnasium import spaces
 from torch import Tensor
@@ -17,20 +16,7 @@ from torch.nn import functional as F
 
 from fastrl.actions import ActionSpec
 
-__all__ = ["LOG_STD_MAX", "LOG_STD_MIN", "ActionDistribution", "action_nvec", "mask_logits"]
-
-
-def action_nvec(action_space: spaces.Space) -> tuple[int, ...]:
-    """Number of choices per action dimension: ``(n,)`` for Discrete, ``nvec`` for
-    MultiDiscrete."""
-    if isinstance(action_space, spaces.Discrete):
-        return (int(action_space.n),)
-    if isinstance(action_space, spaces.MultiDiscrete):
-        nvec = np.asarray(action_space.nvec)
-        if nvec.ndim != 1:
-            raise ValueError(f"MultiDiscrete action space must be 1-D, got nvec shape {nvec.shape}")
-        return tuple(int(n) for n in nvec)
-    raise ValueError(f"action space {action_space} is not supported: use Discrete or MultiDiscrete")
+__all__ = ["LOG_STD_MAX", "LOG_STD_MIN", "ActionDistribution", "mask_logits"]
 
 
 def mask_logits(logits: Tensor, mask: Tensor, nvec: tuple[int, ...]) -> Tensor:
