@@ -68,6 +68,10 @@ class Config:
                              "masked out of the loss", "sampling")
     policy_threads: int = _f(1, "Torch threads of each policy worker process", "sampling")
     learner_threads: int = _f(1, "Torch threads of the learner process", "sampling")
+    num_learners: int = _f(1, "Learner processes training as one torch.distributed group "
+                           "(Gloo on CPU; NCCL on GPUs, learner r on cuda:r), each on an equal "
+                           "share of every minibatch with the gradients summed: the update of "
+                           "one learner on the whole minibatch (parallel mode)", "sampling")
     decorrelate_envs_on_one_worker: bool = _f(True, "At start, env number e takes e x rollout "
                                               "random actions so that episodes do not end in "
                                               "lock-step", "sampling")
@@ -175,6 +179,12 @@ class Config:
     vtrace_c: float = _f(1.0, "V-trace c-bar (trace-cutting clip)")
     gae_lambda: float = _f(0.95, "Trace decay of the value targets and advantages (lambda-returns "
                            "inside V-trace); 1.0 = plain V-trace")
+    advantages: str = _f("minibatch", "When value targets and advantages are computed: in each "
+                         "SGD step from the critic as it trains, over minibatches of whole "
+                         "trajectories (minibatch, APPO), or once per batch before its first "
+                         "step (batch, PPO), which lets feed-forward models shuffle single "
+                         "steps into the minibatches and --rollout exceed --batch_size",
+                         choices=("minibatch", "batch"))
 
     # --- logging and checkpoints ------------------------------------------------------
     save_every_sec: float = _f(120.0, "Seconds between checkpoints (one is also written at exit)",
@@ -302,6 +312,7 @@ def validate(cfg: Config) -> list[str]:
             errors.append(f"--{name}={value}: must be > 0")
 
     for name in ("num_workers", "num_envs_per_worker", "worker_num_splits", "num_policy_workers",
+                 "num_learners",
                  "rollout", "batch_size", "policy_threads", "learner_threads",
                  "num_batches_per_epoch", "num_epochs", "learning_rate",
                  "rnn_size", "encoder_fc_size", "keep_checkpoints", "stats_avg", "env_framestack",
@@ -348,8 +359,14 @@ def validate(cfg: Config) -> list[str]:
             f"--num_envs_per_worker={cfg.num_envs_per_worker}: must be a multiple of "
             f"--worker_num_splits={cfg.worker_num_splits}"
         )
-    if cfg.rollout > 0 and cfg.batch_size > 0 and cfg.batch_size % cfg.rollout:
+    steps_minibatches = cfg.advantages == "batch" and not cfg.use_rnn
+    if (cfg.rollout > 0 and cfg.batch_size > 0 and cfg.batch_size % cfg.rollout
+            and not steps_minibatches):
         errors.append(f"--batch_size={cfg.batch_size}: "
+                      f"must be a multiple of --rollout={cfg.rollout}")
+    if (steps_minibatches and cfg.rollout > 0 and cfg.batch_size > 0
+            and (cfg.batch_size * cfg.num_batches_per_epoch) % cfg.rollout):
+        errors.append(f"--batch_size={cfg.batch_size}: batch_size x num_batches_per_epoch "
                       f"must be a multiple of --rollout={cfg.rollout}")
     if (not cfg.async_rl and cfg.rollout > 0 and cfg.batch_size > 0 and cfg.num_workers > 0
             and cfg.num_envs_per_worker > 0):
@@ -360,6 +377,18 @@ def validate(cfg: Config) -> list[str]:
                 f"num_batches_per_epoch must be a multiple of rollout x num_workers x "
                 f"num_envs_per_worker = {per_round}"
             )
+    if cfg.num_learners > 1:
+        if cfg.serial_mode:
+            errors.append(f"--num_learners={cfg.num_learners}: needs parallel mode "
+                          "(without --serial_mode)")
+        # Every learner takes the same number of whole units (single steps or trajectories).
+        unit = 1 if steps_minibatches else cfg.rollout
+        per_minibatch = cfg.batch_size // unit if cfg.rollout > 0 else 0
+        if per_minibatch % cfg.num_learners:
+            what = "steps" if unit == 1 else f"trajectories of --rollout={cfg.rollout}"
+            errors.append(f"--num_learners={cfg.num_learners}: a minibatch of "
+                          f"--batch_size={cfg.batch_size} holds {per_minibatch} {what}, which "
+                          f"must split evenly among the learners")
     dev = cfg.device
     if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
         errors.append(f"--device={dev}: must be auto, cpu, cuda or cuda:N")
@@ -392,4 +421,5 @@ ADDED_LATER = {"normalize_input": False, "normalize_returns": False, "exploratio
                "env_action_mask_from_info": False, "env_framestack": 1,
                "rnn_type": "gru", "action_log_std": "state_independent",
                "action_bounds": "clip", "actor_critic_share_weights": True,
-               "env_atari_rgb": False, "lr_schedule": "constant"}
+               "env_atari_rgb": False, "lr_schedule": "constant",
+               "advantages": "minibatch"}

@@ -143,8 +143,9 @@ _GYM_RECOMMENDED: dict[str, dict[str, Any]] = {
 _MUJOCO_RECOMMENDED: dict[str, Any] = {
     "async_rl": False, "use_rnn": False, "actor_critic_share_weights": False,
     "encoder_mlp_layers": [64, 64], "nonlinearity": "tanh", "num_workers": 2,
-    "num_envs_per_worker": 8, "rollout": 16, "batch_size": 64, "num_batches_per_epoch": 32,
-    "num_epochs": 10, "learning_rate": 3e-4, "adam_eps": 1e-5, "max_grad_norm": 0.5,
+    "num_envs_per_worker": 8, "rollout": 128, "batch_size": 64, "num_batches_per_epoch": 32,
+    "num_epochs": 10, "advantages": "batch",
+    "learning_rate": 3e-4, "adam_eps": 1e-5, "max_grad_norm": 0.5,
     "ppo_clip_ratio": 0.2, "exploration_loss_coeff": 0.0, "with_vtrace": False,
     "ppo_clip_value": 0.0, "lr_schedule": "linear_decay",
 }

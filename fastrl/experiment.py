@@ -13,6 +13,7 @@ from collections import deque
 
 import numpy as np
 
+from fastrl.bottleneck import Diagnosis, available_cores, busy_fractions, diagnose, progress_text
 from fastrl.cfg import Config
 from fastrl.cfg_io import save_config
 
@@ -79,6 +80,10 @@ class TrainingStats:
         self._warmup: tuple[float, int] | None = None
         self._measure_end: tuple[float, int] | None = None
         self._stages: dict[str, tuple[int, float]] = {}
+        # Busy seconds of each pipeline stage this run (fastrl/bottleneck.py), counted from
+        # the first report on (start-up is no stage's work) to the latest.
+        self.busy: dict[str, float] = {}
+        self._busy_span: list[float] = []
 
     @property
     def run_seconds(self) -> float:
@@ -115,6 +120,23 @@ class TrainingStats:
             return
         samples0, busy0 = self._stages.get(name, (0, 0.0))
         self._stages[name] = (samples0 + samples, busy0 + busy_seconds)
+
+    def add_busy(self, stage: str, seconds: float) -> None:
+        """Busy seconds of a pipeline stage (``fastrl.bottleneck.STAGES``)."""
+        now = time.time()
+        if not self._busy_span:  # starts the clock; what it covers came before
+            self._busy_span = [now, now]
+            return
+        self._busy_span[1] = now
+        self.busy[stage] = self.busy.get(stage, 0.0) + seconds
+
+    def stage_processes(self) -> dict[str, int]:
+        cfg = self.cfg
+        return {"env": cfg.num_workers, "inference": cfg.num_policy_workers, "learner": 1}
+
+    def diagnose(self, busy: dict[str, float], seconds: float) -> Diagnosis:
+        fractions = busy_fractions(busy, seconds, self.stage_processes())
+        return diagnose(fractions, self.cfg, self.cfg.serial_mode, available_cores())
 
     def add_episode(self, episode_return: float, length: int, truncated: bool = False) -> None:
         """A finished episode; ``truncated``: a time limit ended it, not the env."""
@@ -170,12 +192,22 @@ class TrainingStats:
             "worker_restarts": self.worker_restarts,
             "trajectories_discarded": self.trajectories_discarded,
             "measured": self.measured(),
+            "bottleneck": self._bottleneck(),
             "updated": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
+
+    def _bottleneck(self) -> dict:
+        span = self._busy_span[1] - self._busy_span[0] if self._busy_span else 0.0
+        d = self.diagnose(self.busy, span)
+        return {"stage": d.stage, "busy_fraction": {k: round(v, 3) for k, v in d.fractions.items()},
+                "advice": d.advice}
 
     def take_new_episodes(self) -> list[tuple[float, int]]:
         eps, self._episodes_since_summary = self._episodes_since_summary, []
         return eps
+
+
+BUSY_WINDOW = 30.0  # seconds of busy time behind each progress line's fractions
 
 
 class Reporter:
@@ -190,6 +222,10 @@ class Reporter:
         self.writer = SummaryWriter(log_dir=os.path.join(experiment_dir, "tb"))
         self._last_log = time.time()
         self._last_summary = time.time()
+        # (time, busy seconds per stage) at recent progress lines: the line's busy fractions
+        # cover the last BUSY_WINDOW seconds, as reports arrive in lumps (one per learner batch).
+        self._busy_history: deque[tuple[float, dict[str, float]]] = deque(
+            [(time.time(), {})])
 
     def maybe_report(self, force: bool = False) -> None:
         now = time.time()
@@ -236,8 +272,17 @@ class Reporter:
         lag_txt = (f"{lag['policy_lag_min']:.0f}/{lag['policy_lag_mean']:.1f}/"
                    f"{lag['policy_lag_max']:.0f}"
                    if "policy_lag_mean" in lag else "n/a")
+        now = time.time()
+        history = self._busy_history
+        history.append((now, dict(s.busy)))
+        while len(history) > 2 and now - history[1][0] >= BUSY_WINDOW:
+            history.popleft()
+        t0, busy0 = history[0]
+        d = s.diagnose({k: v - busy0.get(k, 0.0) for k, v in s.busy.items()}, now - t0)
+        busy_txt = progress_text(d.fractions, d.stage if not self.cfg.serial_mode else None)
         log(f"frames {s.env_frames:,} | fps {s.fps():,.0f} | return {ret_txt} | "
-            f"lag min/mean/max {lag_txt} | learner steps {s.learner_steps:,}")
+            f"lag min/mean/max {lag_txt} | learner steps {s.learner_steps:,}"
+            + (f" | {busy_txt}" if busy_txt else ""))
 
     def close(self) -> dict:
         summary = self.write_summaries()
@@ -271,6 +316,11 @@ def print_final_summary(summary: dict) -> None:
         lines.append(f"  faults          {summary['env_restarts']} env restarts, "
                      f"{summary['worker_restarts']} worker restarts, "
                      f"{summary['trajectories_discarded']} trajectories discarded")
+    bottleneck = summary.get("bottleneck")
+    if bottleneck and bottleneck["busy_fraction"]:
+        lines.append("  busy            " + progress_text(bottleneck["busy_fraction"], None)[5:]
+                     + " of the run")
+        lines.append(f"  bottleneck      {bottleneck['advice']}")
     for line in lines:
         log(line)
     sys.stdout.flush()

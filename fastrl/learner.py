@@ -1,4 +1,13 @@
-"""The learner core: APPO (PPO-clip on V-trace advantages) over complete trajectories."""
+"""The learner core: APPO (PPO-clip on V-trace advantages) over complete trajectories.
+
+Two ways to form the SGD steps (``--advantages``):
+
+- ``minibatch`` (APPO, the default): each minibatch is a set of whole trajectories; its value
+  targets and advantages are computed in the step itself, from the critic as it trains.
+- ``batch`` (PPO): the targets and advantages of the whole batch are computed once, before
+  the first step, by the model as it is then; feed-forward models then shuffle single steps
+  into the minibatches (recurrent ones still take whole trajectories).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +16,10 @@ import time
 import torch
 
 from fastrl.actions import ActionSpec
-from fastrl.algo.appo import LossParams, appo_loss
+from fastrl.algo.appo import LossParams, appo_loss, clipped_loss, return_targets_and_advantages
 from fastrl.cfg import Config
 from fastrl.device import autocast, resolve_precision
+from fastrl.distributed import LearnerGroup
 from fastrl.distributions import ActionDistribution
 from fastrl.model import NORMALIZER_FRAMES, ActorCritic
 
@@ -22,7 +32,7 @@ class Learner:
     """
 
     def __init__(self, cfg: Config, model: ActorCritic, action_space, device: torch.device,
-                 frameskip: int = 1):
+                 frameskip: int = 1, group: LearnerGroup | None = None):
         self.cfg = cfg
         self.model = model
         self.action_spec = ActionSpec(action_space)
@@ -46,14 +56,20 @@ class Learner:
         self.samples_trained = 0
         self.train_seconds = 0.0
         self.frameskip = frameskip  # env frames per sample, for --lr_schedule linear_decay
+        # Several learners (fastrl/distributed.py): this one trains on its share of each batch.
+        self.group = group
+        self.world_size = 1 if group is None else group.world_size
+        self._reduce = None if group is None else group.sum_
 
     @property
     def trajectories_per_minibatch(self) -> int:
-        return self.cfg.batch_size // self.cfg.rollout
+        """This learner's share of a minibatch (trajectory minibatches)."""
+        return self.cfg.batch_size // self.cfg.rollout // self.world_size
 
     @property
     def trajectories_per_batch(self) -> int:
-        return self.trajectories_per_minibatch * self.cfg.num_batches_per_epoch
+        """A whole batch (every learner's share)."""
+        return self.cfg.batch_size * self.cfg.num_batches_per_epoch // self.cfg.rollout
 
     def train(self, batch: dict) -> dict[str, float]:
         """Run ``num_epochs`` x ``num_batches_per_epoch`` SGD steps on ``batch``.
@@ -66,7 +82,6 @@ class Learner:
         """
         start = time.perf_counter()
         cfg = self.cfg
-        num_traj = batch["log_probs"].shape[0]
         versions = batch["policy_versions"]
         acted = versions >= 0  # negative: steps of an episode cut short by an env fault
         lag = (self.version - versions[acted]).float()
@@ -76,11 +91,24 @@ class Learner:
                          policy_lag_max=lag.max().item())
         if cfg.normalize_input:
             frames = _normalizer_frames(batch["obs"], batch["log_probs"].shape[1])
-            self.model.update_normalizers(frames)
+            self.model.update_normalizers(frames, self._reduce)
         if cfg.lr_schedule == "linear_decay":
             done = self.samples_trained * self.frameskip / cfg.train_for_env_steps
             for group in self.optimizer.param_groups:
                 group["lr"] = cfg.learning_rate * max(0.0, 1.0 - done)
+        if cfg.advantages == "batch":
+            last = self._train_on_fixed_targets(batch)
+        else:
+            last = self._train_on_trajectories(batch)
+        stats.update({k: float(v) for k, v in last.items()})
+        stats["learning_rate"] = self.optimizer.param_groups[0]["lr"]
+        self.samples_trained += int(batch["log_probs"].numel()) * self.world_size
+        self.train_seconds += time.perf_counter() - start
+        return stats
+
+    def _train_on_trajectories(self, batch: dict) -> dict[str, torch.Tensor]:
+        cfg = self.cfg
+        num_traj = batch["log_probs"].shape[0]
         mb_size = self.trajectories_per_minibatch
         last: dict[str, torch.Tensor] = {}
         for _ in range(cfg.num_epochs):
@@ -92,32 +120,84 @@ class Learner:
                 idx = None if order is None else order[start_idx:start_idx + mb_size]
                 mb = batch if idx is None else _select(batch, idx)
                 last = self._sgd_step(mb)
-        stats.update({k: float(v) for k, v in last.items()})
-        stats["learning_rate"] = self.optimizer.param_groups[0]["lr"]
-        self.samples_trained += int(batch["log_probs"].numel())
-        self.train_seconds += time.perf_counter() - start
-        return stats
+        return last
+
+    def _train_on_fixed_targets(self, batch: dict) -> dict[str, torch.Tensor]:
+        """``--advantages batch``: targets and advantages once, then shuffled minibatches of
+        single steps (feed-forward) or whole trajectories (recurrent)."""
+        cfg = self.cfg
+        prepared = self._fixed_targets(batch)
+        if self.model.rnn is None:
+            prepared = _as_single_steps(prepared)
+        units, unit_len = prepared["log_probs"].shape
+        mb_units = max(1, cfg.batch_size // unit_len // self.world_size)
+        last: dict[str, torch.Tensor] = {}
+        for _ in range(cfg.num_epochs):
+            order = torch.randperm(units, device=self.device)
+            for start_idx in range(0, units, mb_units):
+                idx = order[start_idx:start_idx + mb_units]
+                last = self._sgd_step_fixed(_select(prepared, idx))
+        return last
+
+    @torch.no_grad()
+    def _fixed_targets(self, batch: dict) -> dict:
+        """The batch's value targets (critic units) and advantages from the model as it is,
+        with the steps that take part (``valid``) and what the SGD steps read."""
+        cfg = self.cfg
+        dones = batch["dones"]
+        b, t = dones.shape
+        normalizer = self.model.returns_normalizer
+        logits, values, rewards, value_norm = self._forward_trajectories(batch)
+        logits, values = logits.float(), values.float()
+        dist = ActionDistribution(logits[:, :t].reshape(b * t, -1), self.action_spec)
+        log_ratio = dist.log_prob(batch["actions"].reshape(b * t, -1)).reshape(b, t)
+        log_ratio = log_ratio - batch["log_probs"]
+        versions = batch["policy_versions"]
+        valid = (versions >= 0) & ((self.version - versions) <= cfg.max_policy_lag)
+        vs, advantages = return_targets_and_advantages(
+            log_ratio, values[:, :t], values[:, t], rewards, dones, valid, self.params, value_norm)
+        if normalizer is not None:
+            normalizer.update(vs[valid], self._reduce)
+            mean, std = normalizer.mean_std()
+            targets = (vs - mean) / std
+        else:
+            targets = vs
+        moments = torch.stack([torch.where(valid, vs, 0.0).sum(), valid.sum()]).double()
+        if self._reduce is not None:
+            self._reduce(moments)
+        self._value_target_mean = (moments[0] / moments[1].clamp(min=1)).float()
+        return {
+            "obs": {k: v[:, :t] for k, v in batch["obs"].items()},
+            "rnn_states": batch["rnn_states"], "actions": batch["actions"],
+            "log_probs": batch["log_probs"], "values": batch["values"], "dones": dones,
+            "advantages": advantages, "targets": targets, "valid": valid,
+        }
+
+    def _sgd_step_fixed(self, mb: dict) -> dict[str, torch.Tensor]:
+        cfg = self.cfg
+        b, t = mb["log_probs"].shape
+        resets = torch.zeros((b, t), device=self.device)
+        resets[:, 1:] = mb["dones"][:, :-1].float()
+        with autocast(self.precision, self.device):
+            logits, values = self.model.forward_sequence(mb["obs"], mb["rnn_states"], resets)
+        dist = ActionDistribution(logits.reshape(b * t, -1), self.action_spec)
+        target_log_probs = dist.log_prob(mb["actions"].reshape(b * t, -1)).reshape(b, t)
+        exploration = None
+        if cfg.exploration_loss == "symmetric_kl":
+            exploration = dist.symmetric_kl_to_uniform().reshape(b, t)
+        loss, stats = clipped_loss(
+            target_log_probs, dist.entropy().reshape(b, t), mb["log_probs"], values.float(),
+            mb["advantages"], mb["targets"], mb["valid"], self.params, exploration=exploration,
+            behaviour_values=mb["values"], reduce=self._reduce)
+        stats["value_target_mean"] = self._value_target_mean
+        return self._apply(loss, stats)
 
     def _sgd_step(self, mb: dict) -> dict[str, torch.Tensor]:
         cfg = self.cfg
         dones = mb["dones"]
         b, t = dones.shape
-        # The hidden state is zeroed before step t+1 when step t ended an episode.
-        resets = torch.zeros((b, t + 1), device=self.device)
-        resets[:, 1:] = dones.float()
         normalizer = self.model.returns_normalizer
-        value_norm = None if normalizer is None else normalizer.mean_std()
-        rewards = mb["rewards"]
-        bootstrap = cfg.value_bootstrap and "final_step" in mb
-        with autocast(self.precision, self.device):
-            if bootstrap:
-                logits, values, final_values = self.model.forward_sequence(
-                    mb["obs"], mb["rnn_states"], resets, mb["final_obs"], mb["final_step"])
-            else:
-                logits, values = self.model.forward_sequence(mb["obs"], mb["rnn_states"], resets)
-        if bootstrap:
-            rewards = _add_time_limit_bootstrap(rewards, mb["final_step"], final_values.detach(),
-                                                cfg.gamma, value_norm)
+        logits, values, rewards, value_norm = self._forward_trajectories(mb)
         dist = ActionDistribution(logits[:, :t].reshape(b * t, -1), self.action_spec)
         actions = mb["actions"].reshape(b * t, -1)
         target_log_probs = dist.log_prob(actions).reshape(b, t)
@@ -130,11 +210,41 @@ class Learner:
         loss, stats, targets = appo_loss(
             target_log_probs, entropy, mb["log_probs"], values, rewards, dones, valid, self.params,
             exploration=exploration, behaviour_values=mb.get("values"), value_normalizer=value_norm,
-            return_targets=True)
+            return_targets=True, reduce=self._reduce)
         if normalizer is not None:
-            normalizer.update(targets[valid])
+            normalizer.update(targets[valid], self._reduce)
+        return self._apply(loss, stats)
+
+    def _forward_trajectories(self, batch: dict) -> tuple:
+        """The model over whole trajectories (``obs`` ``[B, T + 1, ...]``): logits
+        ``[B, T + 1, P]`` and values ``[B, T + 1]`` (with gradient), the rewards with the
+        time-limit bootstrap added, and the return normaliser's ``(mean, std)`` (or None)."""
+        cfg = self.cfg
+        dones = batch["dones"]
+        b, t = dones.shape
+        # The hidden state is zeroed before step t+1 when step t ended an episode.
+        resets = torch.zeros((b, t + 1), device=self.device)
+        resets[:, 1:] = dones.float()
+        normalizer = self.model.returns_normalizer
+        value_norm = None if normalizer is None else normalizer.mean_std()
+        rewards = batch["rewards"]
+        bootstrap = cfg.value_bootstrap and "final_step" in batch
+        with autocast(self.precision, self.device):
+            out = self.model.forward_sequence(
+                batch["obs"], batch["rnn_states"], resets,
+                *((batch["final_obs"], batch["final_step"]) if bootstrap else ()))
+        if bootstrap:
+            rewards = _add_time_limit_bootstrap(rewards, batch["final_step"], out[2].detach(),
+                                                cfg.gamma, value_norm)
+        return out[0], out[1], rewards, value_norm
+
+    def _apply(self, loss: torch.Tensor, stats: dict) -> dict[str, torch.Tensor]:
+        """One optimizer step on ``loss``; ``stats`` plus the gradient norm and the loss."""
+        cfg = self.cfg
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if self.group is not None:
+            self.group.sum_grads(list(self.model.parameters()))
         if cfg.max_grad_norm > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
         else:
@@ -183,6 +293,21 @@ def _normalizer_frames(obs: dict, t: int) -> dict:
     b = next(iter(obs.values())).shape[0]
     step = max(1, min(t, b * t // NORMALIZER_FRAMES))
     return {k: v[:, :t:step].reshape(-1, *v.shape[2:]) for k, v in obs.items()}
+
+
+def _as_single_steps(prepared: dict) -> dict:
+    """``[B, T, ...]`` entries as ``B * T`` one-step trajectories ``[B * T, 1, ...]`` (for
+    feed-forward models, whose steps do not depend on each other)."""
+    b, t = prepared["log_probs"].shape
+    out: dict = {}
+    for key, value in prepared.items():
+        if key == "obs":
+            out[key] = {k: v.reshape(b * t, 1, *v.shape[2:]) for k, v in value.items()}
+        elif key == "rnn_states":
+            out[key] = value.new_zeros((b * t, value.shape[-1]))
+        else:
+            out[key] = value.reshape(b * t, 1, *value.shape[2:])
+    return out
 
 
 def _select(batch: dict, idx: torch.Tensor) -> dict:

@@ -120,6 +120,13 @@ class LearnerReady(NamedTuple):
     version: int
 
 
+class TrainShare(NamedTuple):
+    """Learner rank 0 -> learner rank r (``--num_learners``): train on these trajectory slots,
+    rank r's share of the batch rank 0 is training on."""
+
+    slots: list[int]
+
+
 class SaveCheckpoint(NamedTuple):
     """Runner -> learner: write a checkpoint with these run counters."""
 
@@ -138,11 +145,13 @@ class CheckpointSaved(NamedTuple):
 
 
 class RolloutReport(NamedTuple):
-    """Rollout worker -> runner: episodes finished and env faults since the last report."""
+    """Rollout worker -> runner: episodes finished, env faults and busy time since the last
+    report."""
 
     episodes: list[EpisodeStats]
     env_restarts: int
     steps_discarded: int
+    busy_seconds: float = 0.0  # time spent stepping envs and routing their output
 
 
 class LearnerReport(NamedTuple):

@@ -55,7 +55,7 @@ from torch import Tensor, nn
 
 from fastrl.actions import ActionSpec
 from fastrl.distributions import LOG_STD_MAX, LOG_STD_MIN, mask_logits
-from fastrl.normalize import ReturnNormalizer, merge_moments
+from fastrl.normalize import ReturnNormalizer, merge_moments, summed_moments
 from fastrl.obs import ACTION_MASK_KEY, as_dict_space, has_action_mask, obs_to_dict
 from fastrl.recurrent import make_rnn, rnn_step, rnn_unroll, state_size
 
@@ -152,10 +152,19 @@ class _ImageEncoder(nn.Module):
         return self.fc(self.convs(x))
 
     @torch.no_grad()
-    def update_statistics(self, x: Tensor) -> None:
+    def update_statistics(self, x: Tensor, reduce=None) -> None:
         """Merge the per-pixel mean and variance of ``x`` (``[N, C, H, W]``, pixel values in
-        ``[0, 255]``) into the running ones (Chan et al.'s parallel update)."""
-        if not self.normalize or x.shape[0] == 0:
+        ``[0, 255]``) into the running ones (Chan et al.'s parallel update); with ``reduce``,
+        those of every learner's frames (``fastrl.normalize.summed_moments``)."""
+        if not self.normalize:
+            return
+        if reduce is not None:
+            mean, var, n = summed_moments(x.to(torch.float32).mul_(1.0 / 255.0), reduce)
+            if n:
+                merge_moments(self.pixel_mean, self.pixel_var, self.pixel_count,
+                              mean.unsqueeze(0).float(), var.unsqueeze(0).float(), n)
+            return
+        if x.shape[0] == 0:
             return
         # By hand: torch.var_mean over dim 0 measured 10x slower (22 ms against 2.3 ms for
         # 128 frames of 3x72x128 on one CPU thread).
@@ -203,9 +212,18 @@ class _VectorEncoder(nn.Module):
         return self.mlp(x)
 
     @torch.no_grad()
-    def update_statistics(self, x: Tensor) -> None:
-        """Merge the per-entry mean and variance of ``x`` (``[N, size]``) into the running ones."""
-        if not self.normalize or x.shape[0] == 0:
+    def update_statistics(self, x: Tensor, reduce=None) -> None:
+        """Merge the per-entry mean and variance of ``x`` (``[N, size]``) into the running ones
+        (with ``reduce``, those of every learner's rows)."""
+        if not self.normalize:
+            return
+        if reduce is not None:
+            mean, var, n = summed_moments(x, reduce)
+            if n:
+                merge_moments(self.obs_mean, self.obs_var, self.obs_count, mean.float(),
+                              var.float(), n)
+            return
+        if x.shape[0] == 0:
             return
         x = x.to(torch.float32)
         batch_mean = x.mean(dim=0)
@@ -325,16 +343,17 @@ class ActorCritic(nn.Module):
         return torch.zeros(batch_size, self.rnn_state_size, dtype=torch.float32, device=device)
 
     @torch.no_grad()
-    def update_normalizers(self, obs: Mapping[str, Tensor] | Tensor) -> None:
+    def update_normalizers(self, obs: Mapping[str, Tensor] | Tensor, reduce=None) -> None:
         """Update the running input statistics (image and vector keys, with
         ``normalize_input``) from ``obs``: dict of ``[N, ...]`` observations. A no-op without
-        ``normalize_input``."""
+        ``normalize_input``. ``reduce``: with several learners, the statistics are those of
+        every learner's ``obs`` (see ``fastrl.normalize.summed_moments``)."""
         obs = obs_to_dict(obs)
         sets = [self.encoders] if self.critic_encoders is None else [self.encoders,
                                                                      self.critic_encoders]
         for encoders in sets:
             for key, enc in zip(self._obs_keys, encoders, strict=True):
-                enc.update_statistics(obs[key])
+                enc.update_statistics(obs[key], reduce)
 
     def _encode(self, obs: Mapping[str, Tensor], encoders: nn.ModuleList | None = None) -> Tensor:
         """obs: dict of ``[N, ...]`` -> features ``[N, encoded_size]`` (by default through the

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["RETURN_VAR_EPS", "ReturnNormalizer", "merge_moments"]
+__all__ = ["RETURN_VAR_EPS", "ReturnNormalizer", "merge_moments", "summed_moments"]
 
 RETURN_VAR_EPS = 1e-4  # variance floor of the return normaliser: std >= 0.01 (return units)
 
@@ -24,6 +24,22 @@ def merge_moments(mean: Tensor, var: Tensor, count: Tensor, batch_mean: Tensor,
     mean.add_(delta * (n / total))
     var.copy_(merged_m2 / total)
     count.fill_(total)
+
+
+@torch.no_grad()
+def summed_moments(x: Tensor, reduce) -> tuple[Tensor, Tensor, int]:
+    """Mean and population variance over dim 0 of ``x`` ``[N, ...]`` and the count, over the
+    rows every learner holds: ``reduce`` sums a float64 tensor over the learners in place.
+    Every learner must call it, with or without rows of its own."""
+    x64 = x.detach().double()
+    packed = torch.cat([x64.new_tensor([x.shape[0]]), x64.sum(0).reshape(-1),
+                        x64.square().sum(0).reshape(-1)])
+    reduce(packed)
+    k = (packed.numel() - 1) // 2
+    n = int(packed[0].item())
+    mean = packed[1:1 + k] / max(n, 1)
+    var = (packed[1 + k:] / max(n, 1) - mean.square()).clamp(min=0.0)
+    return mean.reshape(x.shape[1:]), var.reshape(x.shape[1:]), n
 
 
 class ReturnNormalizer(nn.Module):
@@ -47,12 +63,18 @@ class ReturnNormalizer(nn.Module):
         return self.mean.float(), std.float()
 
     @torch.no_grad()
-    def update(self, x: Tensor) -> None:
+    def update(self, x: Tensor, reduce=None) -> None:
         """Merge the mean and variance of the values ``x`` (any shape) into the running ones
-        (Chan et al.'s parallel update)."""
+        (Chan et al.'s parallel update); with ``reduce``, those of every learner's values
+        (see :func:`summed_moments`)."""
+        x = x.detach().double().reshape(-1)
+        if reduce is not None:
+            batch_mean, batch_var, n = summed_moments(x.reshape(-1, 1), reduce)
+            if n:
+                merge_moments(self.mean, self.var, self.count, batch_mean[0], batch_var[0], n)
+            return
         if x.numel() == 0:
             return
-        x = x.detach().double().reshape(-1)
         batch_mean = x.mean()
         batch_var = (x - batch_mean).square().mean()
         merge_moments(self.mean, self.var, self.count, batch_mean, batch_var, x.numel())

@@ -25,7 +25,8 @@ class CountingEnv(gym.Env):
     def __init__(self, env_tag: int | None = None, episode_len: int = 7,
                  crash_at: int | None = None, hang_at: int | None = None,
                  fail_after_instances: int | None = None,
-                 nvec: tuple[int, ...] | None = None, truncate: bool = False):
+                 nvec: tuple[int, ...] | None = None, truncate: bool = False,
+                 step_seconds: float = 0.0):
         CountingEnv.instances += 1
         if fail_after_instances is not None and CountingEnv.instances > fail_after_instances:
             raise RuntimeError(
@@ -42,6 +43,7 @@ class CountingEnv(gym.Env):
         self.episode_len = episode_len
         self.crash_at = crash_at
         self.hang_at = hang_at
+        self.step_seconds = step_seconds  # a slow env: each step sleeps this long
         self.global_step = 0
         self.episode_step = 0
         self.actions: list[int] = []
@@ -61,6 +63,8 @@ class CountingEnv(gym.Env):
             )
         if self.hang_at is not None and self.global_step >= self.hang_at:
             time.sleep(3600)
+        if self.step_seconds:
+            time.sleep(self.step_seconds)
         self.actions.append(int(action) if np.ndim(action) == 0 else tuple(int(a) for a in action))
         self.global_step += 1
         self.episode_step += 1
@@ -72,6 +76,7 @@ class CountingEnv(gym.Env):
 # ("tests.counting_env:CountingEnv-v0" imports this module first).
 gym.register("CountingEnv-v0", entry_point=CountingEnv)
 gym.register("MultiCountingEnv-v0", entry_point=CountingEnv, kwargs={"nvec": (3, 2)})
+gym.register("SlowCountingEnv-v0", entry_point=CountingEnv, kwargs={"step_seconds": 0.004})
 gym.register("CrashingCountingEnv-v0", entry_point=CountingEnv, kwargs={"crash_at": 40})
 gym.register("HangingCountingEnv-v0", entry_point=CountingEnv, kwargs={"hang_at": 40})
 # Crashes, and every replacement fails: the rollout worker itself goes down.

@@ -6,6 +6,7 @@ Inputs are batch-major ``[B, T]``, as stored in the trajectory buffers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +17,9 @@ from fastrl.algo.vtrace import vtrace
 # Keeps the advantage normalisation finite when all valid advantages are equal.
 ADV_STD_EPS = 1e-8
 
+# Sums a float64 tensor over the learners in place and returns it (several learners).
+Reduce = Callable[[Tensor], Tensor]
+
 
 @dataclass
 class LossParams:
@@ -23,7 +27,8 @@ class LossParams:
 
     ``vtrace_rho`` clips the importance ratio both in the value-target deltas and in the
     policy-gradient advantages; ``vtrace_c`` clips the trace coefficients. With
-    ``with_vtrace=False`` the targets are plain discounted returns (all ratios taken as 1).
+    ``with_vtrace=False`` the targets are lambda-returns (all ratios taken as 1) and the
+    advantages GAE(lambda), as in PPO.
     ``gae_lambda`` decays the traces (lambda-returns; 1.0 is plain V-trace).
     ``ppo_clip_value`` > 0 clips the new value to ``behaviour_values +- ppo_clip_value`` and
     takes the larger of the clipped and unclipped squared errors (needs ``behaviour_values``).
@@ -106,6 +111,7 @@ def appo_loss(
     behaviour_values: Tensor | None = None,
     value_normalizer: tuple[Tensor, Tensor] | None = None,
     return_targets: bool = False,
+    reduce: Reduce | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]] | tuple[Tensor, dict[str, Tensor], Tensor]:
     """APPO loss over a batch of ``B`` trajectories of ``T`` steps.
 
@@ -131,6 +137,8 @@ def appo_loss(
             ``(vs - mean) / std``.
         return_targets: also return the V-trace targets ``vs`` ``[B, T]`` in return units
             (detached), e.g. to update a return normaliser.
+        reduce: with several learners, sums a tensor over them in place (see
+            :func:`clipped_loss`); None for one learner.
 
     Returns:
         ``(loss, stats)``: the scalar loss
@@ -153,54 +161,123 @@ def appo_loss(
     """
     _check_shapes(target_log_probs, entropy, behaviour_log_probs, values, rewards, dones, valid)
     num_steps = target_log_probs.shape[1]
+    # Sanitise first: torch.where also routes zero gradient (never NaN) to invalid entries.
+    step_values = torch.where(valid, values[:, :num_steps], 0.0)
+    log_ratio = torch.where(valid, target_log_probs, 0.0) - torch.where(
+        valid, behaviour_log_probs, 0.0).detach()
+    vs, pg_adv = return_targets_and_advantages(
+        log_ratio.detach(), step_values.detach(), values[:, num_steps].detach(), rewards, dones,
+        valid, params, value_normalizer)
+    targets = vs if value_normalizer is None else (vs - value_normalizer[0]) / value_normalizer[1]
+    loss, stats = clipped_loss(
+        target_log_probs, entropy, behaviour_log_probs, values[:, :num_steps], pg_adv, targets,
+        valid, params, exploration=exploration, behaviour_values=behaviour_values, reduce=reduce)
+    target_sum = torch.where(valid, vs, 0.0).sum().double().reshape(1)
+    if reduce is not None:
+        reduce(target_sum)
+    stats["value_target_mean"] = (target_sum[0] / stats["num_valid"].clamp(min=1)).to(vs.dtype)
+    if return_targets:
+        return loss, stats, vs.detach()
+    return loss, stats
 
+
+@torch.no_grad()
+def return_targets_and_advantages(
+    log_ratio: Tensor,
+    values: Tensor,
+    bootstrap: Tensor,
+    rewards: Tensor,
+    dones: Tensor,
+    valid: Tensor,
+    params: LossParams,
+    value_normalizer: tuple[Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Value targets ``vs`` and advantages ``[B, T]`` (return units, no gradient) of a batch of
+    trajectories: V-trace with ``params.gae_lambda``-decayed traces, or with every ratio taken
+    as 1 (``with_vtrace=False``: GAE(lambda) targets and advantages).
+
+    ``log_ratio`` is target minus behaviour log-prob ``[B, T]``; ``values`` ``[B, T]`` and
+    ``bootstrap`` ``[B]`` (the value after the last step) are the critic's, in normalised units
+    when ``value_normalizer`` is given. Invalid steps act as terminal steps with zero reward
+    and value (see :func:`appo_loss`).
+    """
+    step_values = torch.where(valid, values, 0.0)
+    boot = torch.where(valid[:, -1], bootstrap, 0.0)
+    if value_normalizer is not None:
+        ret_mean, ret_std = value_normalizer
+        step_values = torch.where(valid, step_values * ret_std + ret_mean, 0.0)
+        boot = torch.where(valid[:, -1], boot * ret_std + ret_mean, 0.0)
+    rew = torch.where(valid, rewards, 0.0)
+    done = dones | ~valid
+    discounts = params.gamma * (~done).to(step_values.dtype)
+    if params.with_vtrace:
+        log_rhos = torch.where(valid, log_ratio, 0.0)
+        rho_clip, c_clip = params.vtrace_rho, params.vtrace_c
+    else:
+        log_rhos, rho_clip, c_clip = torch.zeros_like(step_values), None, None
+    vs, pg_adv = vtrace(
+        log_rhos.t(), discounts.t(), rew.t(), step_values.t(), boot,
+        clip_rho_threshold=rho_clip, clip_pg_rho_threshold=rho_clip, clip_c_threshold=c_clip,
+        lambda_=params.gae_lambda,
+    )
+    vs, pg_adv = vs.t(), pg_adv.t()
+    if not params.with_vtrace:
+        # PPO's GAE(lambda) advantage is the lambda-return minus the value. V-trace's
+        # ``r + gamma * vs[t+1] - V`` would give the first step's successor a trace of 1.
+        pg_adv = torch.where(valid, vs - step_values, 0.0)
+    return vs, pg_adv
+
+
+def clipped_loss(
+    target_log_probs: Tensor,
+    entropy: Tensor,
+    behaviour_log_probs: Tensor,
+    values: Tensor,
+    advantages: Tensor,
+    targets: Tensor,
+    valid: Tensor,
+    params: LossParams,
+    *,
+    exploration: Tensor | None = None,
+    behaviour_values: Tensor | None = None,
+    reduce: Reduce | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The PPO-clip surrogate on ``advantages`` (normalised here over the valid samples), the
+    (optionally clipped) squared error of ``values`` against ``targets`` (both in critic
+    units) and the exploration term. Every tensor has one shape (any, e.g. ``[B, T]`` or
+    ``[N]``); ``advantages``, ``targets`` and ``behaviour_*`` carry no gradient.
+
+    With several learners, each holding a share of the minibatch, ``reduce`` sums a float64
+    tensor over them in place. The advantage statistics and the number of valid samples are
+    then the whole minibatch's, and each learner's loss is its share's sum over the whole
+    minibatch's count: the sum of the learners' gradients is the gradient of one learner on
+    the whole minibatch. The statistics returned are the whole minibatch's too.
+
+    Returns the loss and the statistics :func:`appo_loss` lists, but ``value_target_mean``.
+    """
     # Sanitise first: torch.where also routes zero gradient (never NaN) to invalid entries.
     target_lp = torch.where(valid, target_log_probs, 0.0)
     behaviour_lp = torch.where(valid, behaviour_log_probs, 0.0).detach()
     ent = torch.where(valid, entropy, 0.0)
-    step_values = torch.where(valid, values[:, :num_steps], 0.0)
-    bootstrap = torch.where(valid[:, -1], values[:, num_steps], 0.0)
-    rew = torch.where(valid, rewards, 0.0)
-    done = dones | ~valid
-
-    num_valid = valid.sum()
+    step_values = torch.where(valid, values, 0.0)
+    adv_raw = torch.where(valid, advantages, 0.0).detach()
+    targets = torch.where(valid, targets, 0.0).detach()
+    adv64 = adv_raw.double()
+    moments = torch.stack([valid.sum().double(), adv64.sum(), adv64.square().sum()])
+    if reduce is not None:
+        reduce(moments)
+    num_valid = moments[0]
     denom = num_valid.clamp(min=1).to(target_lp.dtype)
 
     def masked_mean(x: Tensor) -> Tensor:
         return torch.where(valid, x, 0.0).sum() / denom
 
-    if value_normalizer is None:
-        critic_values = step_values.detach()
-        critic_bootstrap = bootstrap.detach()
-    else:
-        ret_mean, ret_std = value_normalizer
-        critic_values = torch.where(valid, step_values.detach() * ret_std + ret_mean, 0.0)
-        critic_bootstrap = torch.where(valid[:, -1], bootstrap.detach() * ret_std + ret_mean, 0.0)
+    adv_mean64 = moments[1] / moments[0].clamp(min=1)
+    adv_var = (moments[2] / moments[0].clamp(min=1) - adv_mean64.square()).clamp(min=0)
+    adv_mean, adv_std = adv_mean64.to(adv_raw.dtype), adv_var.sqrt().to(adv_raw.dtype)
+    adv = (adv_raw - adv_mean) / (adv_std + ADV_STD_EPS)
 
     log_ratio = target_lp - behaviour_lp
-    discounts = params.gamma * (~done).to(target_lp.dtype)
-    if params.with_vtrace:
-        log_rhos = log_ratio.detach()
-        rho_clip, c_clip = params.vtrace_rho, params.vtrace_c
-    else:
-        log_rhos, rho_clip, c_clip = torch.zeros_like(log_ratio), None, None
-    vs, pg_adv = vtrace(
-        log_rhos.t(),
-        discounts.t(),
-        rew.t(),
-        critic_values.t(),
-        critic_bootstrap,
-        clip_rho_threshold=rho_clip,
-        clip_pg_rho_threshold=rho_clip,
-        clip_c_threshold=c_clip,
-        lambda_=params.gae_lambda,
-    )
-    vs, pg_adv = vs.t(), pg_adv.t()
-
-    adv_mean = masked_mean(pg_adv)
-    adv_std = masked_mean((pg_adv - adv_mean) ** 2).sqrt()
-    adv = (pg_adv - adv_mean) / (adv_std + ADV_STD_EPS)
-
     ratio = torch.exp(log_ratio)
     if params.ratio_clamp:
         ratio = torch.clamp(ratio, 1.0 / params.ratio_clamp, params.ratio_clamp)
@@ -208,7 +285,6 @@ def appo_loss(
     surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1.0 - clip, 1.0 + clip) * adv)
     policy_loss = -masked_mean(surrogate)
 
-    targets = vs if value_normalizer is None else (vs - value_normalizer[0]) / value_normalizer[1]
     value_error = (targets - step_values) ** 2
     if params.ppo_clip_value:
         if behaviour_values is None:
@@ -229,7 +305,7 @@ def appo_loss(
     loss = policy_loss + value_loss + entropy_loss
 
     with torch.no_grad():
-        stats = {
+        shares = {  # this learner's part of each whole-minibatch mean
             "policy_loss": policy_loss,
             "value_loss": value_loss,
             "entropy_loss": entropy_loss,
@@ -237,12 +313,10 @@ def appo_loss(
             "kl": masked_mean(-log_ratio),
             "ratio_mean": masked_mean(ratio),
             "clip_fraction": masked_mean(((ratio - 1.0).abs() > clip).to(ratio.dtype)),
-            "adv_mean": adv_mean,
-            "adv_std": adv_std,
-            "value_target_mean": masked_mean(vs),
-            "num_valid": num_valid.to(target_lp.dtype),
         }
-    stats = {k: v.detach() for k, v in stats.items()}
-    if return_targets:
-        return loss, stats, vs.detach()
-    return loss, stats
+        if reduce is not None:
+            summed = reduce(torch.stack(list(shares.values())).double())
+            shares = dict(zip(shares, summed.to(target_lp.dtype)))
+        stats = {**shares, "adv_mean": adv_mean, "adv_std": adv_std,
+                 "num_valid": num_valid.to(target_lp.dtype)}
+    return loss, {k: v.detach() for k, v in stats.items()}

@@ -62,15 +62,18 @@ class RunLoop:
                 stats.add_episode(ep.episode_return, ep.length, ep.truncated)
             stats.env_restarts += msg.env_restarts
             stats.steps_discarded += msg.steps_discarded
+            stats.add_busy("env", msg.busy_seconds)
         elif isinstance(msg, LearnerReport):
             stats.env_frames += msg.samples * stats.frameskip
             if msg.stats:
                 stats.add_learner_stats(msg.stats, msg.version)
             if not self.cfg.sampling_only:
                 stats.add_stage_time("learner", msg.samples, msg.busy_seconds)
+            stats.add_busy("learner", msg.busy_seconds)
         elif isinstance(msg, PolicyReport):
             stats.add_stage_time(f"policy_worker_{msg.policy_id}", msg.samples,
                                  msg.busy_seconds)
+            stats.add_busy("inference", msg.busy_seconds)
         elif isinstance(msg, Fenced):
             stats.trajectories_discarded += msg.trajectories
         elif isinstance(msg, CheckpointSaved) and msg.path:

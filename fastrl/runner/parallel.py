@@ -28,8 +28,10 @@ import torch.multiprocessing as tmp
 from fastrl.cfg import Config
 from fastrl.checkpoint import restore_counters
 from fastrl.device import resolve_precision
+from fastrl.distributed import LearnerGroup, learner_device
 from fastrl.evaluation import PeriodicEvaluator
 from fastrl.experiment import (
+    ExperimentError,
     Reporter,
     TrainingStats,
     log,
@@ -48,6 +50,7 @@ from fastrl.runner.common import (
 )
 from fastrl.runner.loop import RunLoop
 from fastrl.runner.stations import (
+    LearnerRankStation,
     LearnerStation,
     PolicyStation,
     RolloutStation,
@@ -102,14 +105,30 @@ def policy_worker_main(wiring: Wiring, policy_id: int) -> None:
         station.poll(POLL)
 
 
-def learner_main(wiring: Wiring, _index: int) -> None:
+def learner_main(wiring: Wiring, rank: int) -> None:
+    """Learner rank ``rank`` (0 unless --num_learners > 1): rank 0 runs the learner station,
+    the others train on the shares it hands them (fastrl/distributed.py)."""
     cfg = wiring.cfg
     seed_everything(cfg.seed)
-    learner, counters, path = make_learner(cfg, wiring.info, resolve_device(cfg.device))
-    station = LearnerStation(wiring, learner, REPORT_EVERY["learner"])
-    station.announce(counters, path)
-    while not wiring.should_stop():
-        station.poll(POLL)
+    device = resolve_device(cfg.device)
+    group = None
+    if cfg.num_learners > 1:
+        device = learner_device(device, rank)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        group = LearnerGroup(rank, cfg.num_learners, wiring.learner_port, device)
+    try:
+        learner, counters, path = make_learner(cfg, wiring.info, device, group)
+        if rank == 0:
+            station = LearnerStation(wiring, learner, REPORT_EVERY["learner"])
+            station.announce(counters, path)
+        else:
+            station = LearnerRankStation(wiring, learner, rank)
+        while not wiring.should_stop():
+            station.poll(POLL)
+    finally:
+        if group is not None:
+            group.close()
 
 
 # --- the runner -------------------------------------------------------------------------
@@ -146,7 +165,11 @@ class ParallelRunner:
     def setup(self) -> Wiring:
         """Validate, prepare the experiment folder and allocate every shared buffer and queue."""
         cfg = self.cfg
-        resolve_device(cfg.device)  # fail early on a bad device
+        device = resolve_device(cfg.device)  # fail early on a bad device
+        if device.type == "cuda" and cfg.num_learners > torch.cuda.device_count():
+            raise ExperimentError(f"--num_learners={cfg.num_learners}: each learner needs a "
+                                  f"GPU of its own and this machine has "
+                                  f"{torch.cuda.device_count()}")
         self.exp_dir = prepare_experiment_dir(cfg)
         seed_everything(cfg.seed)
         info = probe_env(cfg)
@@ -180,6 +203,9 @@ class ParallelRunner:
             stats = TrainingStats(cfg, wiring.info.frameskip)
             self.supervisor.start(Child("fastrl-learner", "learner", 0, cfg.learner_threads,
                                         learner_main))
+            for rank in range(1, cfg.num_learners):
+                self.supervisor.start(Child(f"fastrl-learner-{rank}", "learner", rank,
+                                            cfg.learner_threads, learner_main))
             ready = self._wait_for_learner(timeout=120)
             if ready.counters:
                 restore_counters(stats, ready.counters, ready.version)
@@ -241,7 +267,9 @@ class ParallelRunner:
         mode = "sampling only" if cfg.sampling_only else ("async" if cfg.async_rl else "sync")
         log(f"parallel mode ({mode}): {cfg.env}, {cfg.num_workers} workers x "
             f"{cfg.num_envs_per_worker} envs in {cfg.worker_num_splits} splits, "
-            f"{cfg.num_policy_workers} policy worker(s), device {device} "
+            f"{cfg.num_policy_workers} policy worker(s), "
+            + (f"{cfg.num_learners} learners, " if cfg.num_learners > 1 else "")
+            + f"device {device} "
             f"({resolve_precision(cfg.precision, device)}), {layout.num_buffers} trajectory "
             f"buffers ({layout.nbytes() / 2**20:.0f} MiB), experiment {self.exp_dir}")
 

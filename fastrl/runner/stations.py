@@ -14,6 +14,7 @@ import time
 import torch
 
 from fastrl.checkpoint import checkpoint_state, restore_learner, save_checkpoint
+from fastrl.distributed import LearnerGroup
 from fastrl.experiment import log
 from fastrl.inference import PolicyWorker
 from fastrl.learner import Learner
@@ -31,6 +32,7 @@ from fastrl.messages import (
     Resume,
     RolloutReport,
     SaveCheckpoint,
+    TrainShare,
     TrajectoriesReady,
 )
 from fastrl.rollout import RolloutWorker, StepOutput
@@ -91,6 +93,7 @@ class RolloutStation:
         return how many messages there were."""
         worker = self.worker
         msgs = self.inbox.get_many(timeout)
+        start = time.perf_counter()
         for msg in msgs:
             if isinstance(msg, ActionsReady):
                 if worker.accepts(msg):
@@ -106,7 +109,10 @@ class RolloutStation:
             else:
                 raise TypeError(f"{self.name}: unexpected message {msg!r}")
         report = self._report
-        if ((report.episodes or report.env_restarts)
+        if msgs:
+            report = self._report = report._replace(
+                busy_seconds=report.busy_seconds + time.perf_counter() - start)
+        if ((report.episodes or report.env_restarts or report.busy_seconds)
                 and time.monotonic() - self._last_report >= self.report_every):
             self.wiring.runner_queue.put(report)
             self._report = RolloutReport([], 0, 0)
@@ -135,7 +141,8 @@ class RolloutStation:
             r = self._report
             self._report = RolloutReport(r.episodes + out.episodes,
                                          r.env_restarts + out.env_restarts,
-                                         r.steps_discarded + out.steps_discarded)
+                                         r.steps_discarded + out.steps_discarded,
+                                         r.busy_seconds)
 
 
 class PolicyStation:
@@ -223,7 +230,10 @@ class LearnerStation:
                 self._free(slots)
                 work += 1
         else:
-            while (slots := self.pending.take(self.learner.trajectories_per_batch)) is not None:
+            # A backlog of batches is trained one by one, but not past a stop request: the
+            # runner gives the children a few seconds to exit.
+            while (not w.should_stop() and (slots := self.pending.take(
+                    self.learner.trajectories_per_batch)) is not None):
                 self._train(slots)
                 work += 1
         if self._samples and time.monotonic() - self._last_report >= self.report_every:
@@ -236,7 +246,14 @@ class LearnerStation:
     def _train(self, slots: list[int]) -> None:
         w, learner = self.wiring, self.learner
         start = time.perf_counter()
-        batch = w.buffers.gather(slots, learner.device)
+        group = learner.group
+        if group is not None:  # every rank trains on its share: rank r on slots r, r + N, ...
+            for rank, q in enumerate(w.rank_queues, start=1):
+                q.put(TrainShare(slots[rank::group.world_size]))
+            batch = w.buffers.gather(slots[::group.world_size], learner.device)
+            group.barrier()  # every rank has copied its share out
+        else:
+            batch = w.buffers.gather(slots, learner.device)
         self._free(slots)  # the data is copied out: the slots can be refilled while we train
         self._stats = learner.train(batch)
         self._samples += len(slots) * w.cfg.rollout
@@ -260,17 +277,41 @@ class LearnerStation:
         w.runner_queue.put(CheckpointSaved(path, msg.final))
 
 
+class LearnerRankStation:
+    """Learner rank r > 0 (``--num_learners``): trains on the shares rank 0 hands it, in step
+    with the other ranks; rank 0 does everything else."""
+
+    def __init__(self, wiring: Wiring, learner: Learner, rank: int):
+        self.wiring = wiring
+        self.learner = learner
+        self.inbox = wiring.rank_queues[rank - 1]
+
+    def poll(self, timeout: float) -> int:
+        msgs = self.inbox.get_many(timeout)
+        for msg in msgs:
+            if not isinstance(msg, TrainShare):
+                raise TypeError(f"learner rank: unexpected message {msg!r}")
+            batch = self.wiring.buffers.gather(msg.slots, self.learner.device)
+            self.learner.group.barrier()
+            self.learner.train(batch)
+        return len(msgs)
+
+
 def make_policy_worker(wiring: Wiring, model: torch.nn.Module, device: torch.device,
                        precision: str) -> PolicyWorker:
     return PolicyWorker(model, wiring.info.action_space, wiring.buffers, wiring.rnn_state,
                         device, weights=wiring.weights, precision=precision)
 
 
-def make_learner(cfg, info: EnvInfo,
-                 device: torch.device) -> tuple[Learner, dict | None, str | None]:
+def make_learner(cfg, info: EnvInfo, device: torch.device, group: LearnerGroup | None = None,
+                 ) -> tuple[Learner, dict | None, str | None]:
     """The learner, with the experiment's newest checkpoint restored if there is one; also
-    that checkpoint's run counters and path (None, None without one)."""
+    that checkpoint's run counters and path (None, None without one). In a ``group`` every
+    rank restores the same checkpoint and then takes rank 0's weights and statistics, so that
+    a fresh start (unseeded) begins alike too."""
     learner = Learner(cfg, build_model(cfg, info, device), info.action_space, device,
-                      frameskip=info.frameskip)
+                      frameskip=info.frameskip, group=group)
     counters, path = restore_learner(learner, cfg, info, device)
+    if group is not None:
+        group.broadcast_module(learner.model)
     return learner, counters, path

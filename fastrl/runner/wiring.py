@@ -8,6 +8,7 @@ Who talks to whom (``fastrl/messages.py`` has every message; tensors stay in the
     learner          --BuffersFreed, Resume-----> worker_queues[w]
     runner           --Fence, SaveCheckpoint----> learner_queue
     runner           --Reissue------------------> worker_queues[w]   (every w)
+    learner (rank 0) --TrainShare---------------> rank_queues[r - 1]  (--num_learners > 1)
     learner          --LearnerReady, Fenced,
                        CheckpointSaved----------> runner_queue
     everyone         --reports, ChildFailed-----> runner_queue
@@ -23,7 +24,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing import sharedctypes
 from typing import Any
 
@@ -31,6 +32,7 @@ import torch
 
 from fastrl.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.cfg import Config
+from fastrl.distributed import free_port
 from fastrl.experiment import ExperimentError
 from fastrl.mailbox import Mailbox
 from fastrl.queues import LocalQueue, MessageQueue
@@ -62,6 +64,10 @@ class Wiring:
     policy_epoch: Any  # .value: policy worker restarts so far
     heartbeat: Any  # float64 per rollout worker, then per policy worker: monotonic time
     policy_ticks: Any  # int64 per policy worker: loop turns
+    # Several learners (--num_learners): the inboxes of ranks 1.. and the port of their
+    # torch.distributed rendezvous.
+    rank_queues: list[MessageQueue] = field(default_factory=list)
+    learner_port: int = 0
 
     @property
     def num_envs(self) -> int:
@@ -88,7 +94,8 @@ class Wiring:
         return self.parent_pid is not None and os.getppid() != self.parent_pid
 
     def queues(self) -> list[MessageQueue]:
-        return [self.policy_queue, self.learner_queue, self.runner_queue, *self.worker_queues]
+        return [self.policy_queue, self.learner_queue, self.runner_queue, *self.worker_queues,
+                *self.rank_queues]
 
     def close(self) -> None:
         for q in self.queues():
@@ -123,11 +130,13 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
         runner_queue = Mailbox(QUEUE_BYTES, doorbell=False)
         weights: WeightsSource = SharedWeights(model, ctx)
         stop = ctx.Event()
+        rank_queues = [Mailbox(QUEUE_BYTES, doorbell=False) for _ in range(cfg.num_learners - 1)]
     else:
         policy_queue, learner_queue, runner_queue = LocalQueue(), LocalQueue(), LocalQueue()
         worker_queues = [LocalQueue() for _ in range(num_workers)]
         weights = LocalWeights(model)
         stop = threading.Event()
+        rank_queues = []
     rnn_state = torch.zeros((num_envs, model.rnn_state_size))
     return Wiring(
         cfg=cfg, info=info, num_workers=num_workers, envs_per_worker=envs_per_worker,
@@ -140,6 +149,8 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
         policy_epoch=sharedctypes.RawValue("q", 0) if parallel else _Counter(),
         heartbeat=sharedctypes.RawArray("d", num_workers + n_policy),
         policy_ticks=sharedctypes.RawArray("q", n_policy),
+        rank_queues=rank_queues,
+        learner_port=free_port() if rank_queues else 0,
     )
 
 

@@ -1,0 +1,163 @@
+"""Several learners (``--num_learners``): two Gloo ranks, each on half of a batch, make the
+same update as one learner on the whole batch; and the whole run from train.py."""
+
+from __future__ import annotations
+
+import copy
+import json
+import multiprocessing
+import os
+import signal
+
+import pytest
+import torch
+from gymnasium import spaces
+
+from fastrl.cfg import Config
+from fastrl.checkpoint import load_latest_checkpoint
+from fastrl.distributed import LearnerGroup, free_port
+from fastrl.learner import Learner
+from fastrl.model import ActorCritic
+from tests.test_faults import Training, assert_nothing_left, wait_until
+from tests.test_parallel import base_args, run_train, shm_files
+from tests.test_ppo_batch import _batch
+
+VEC = spaces.Box(-1.0, 1.0, (5,))
+BOX = spaces.Box(-1.0, 1.0, (3,))
+DISCRETE = spaces.Discrete(4)
+
+# (name, action space, settings): trajectory minibatches with and without a GRU, single-step
+# minibatches; the normalisers on, so that their statistics must be summed over the ranks too.
+CASES = [
+    ("trajectories-ff", DISCRETE, {}),
+    ("trajectories-gru", BOX, {"use_rnn": True, "rnn_size": 8, "with_vtrace": False}),
+    ("steps-ff", BOX, {"advantages": "batch", "normalize_returns": True}),
+]
+
+
+def _cfg(settings: dict) -> Config:
+    base = dict(rollout=8, batch_size=64, num_batches_per_epoch=1, num_epochs=3,
+                use_rnn=False, encoder_mlp_layers=[16], device="cpu", precision="fp32",
+                normalize_input=True, normalize_returns=True, exploration_loss_coeff=0.01)
+    base.update(settings)
+    return Config(**base)
+
+
+def _rank_main(rank: int, world: int, port: int, jobs: list, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    group = LearnerGroup(rank, world, port, torch.device("cpu"))
+    try:
+        for name, space, settings, state, batch in jobs:
+            cfg = _cfg(settings)
+            model = ActorCritic(VEC, space, cfg)
+            model.load_state_dict(state)
+            learner = Learner(cfg, model, space, torch.device("cpu"), group=group)
+            share = _share(batch, rank, world)
+            stats = learner.train(share)
+            if rank == 0:
+                torch.save({"state": model.state_dict(), "stats": stats,
+                            "samples": learner.samples_trained},
+                           os.path.join(out_dir, f"{name}.pt"))
+    finally:
+        group.close()
+
+
+def _share(batch: dict, rank: int, world: int) -> dict:
+    def cut(x):
+        if isinstance(x, dict):
+            return {k: cut(v) for k, v in x.items()}
+        return x[rank::world].clone()
+    return {k: cut(v) for k, v in batch.items()}
+
+
+@pytest.mark.multiprocess
+def test_two_ranks_on_halves_make_the_update_of_one_learner_on_the_whole(tmp_path):
+    jobs, expected = [], {}
+    for name, space, settings in CASES:
+        torch.manual_seed(1)
+        cfg = _cfg(settings)
+        model = ActorCritic(VEC, space, cfg)
+        state = copy.deepcopy(model.state_dict())
+        batch = _batch(8, 8, space, seed=3, rnn_size=model.rnn_state_size)
+        stats = Learner(cfg, model, space, torch.device("cpu")).train(batch)
+        expected[name] = (model.state_dict(), stats)
+        jobs.append((name, space, settings, state, batch))
+    ctx = multiprocessing.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, 2, port, jobs, str(tmp_path)))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    for name, _, _ in CASES:
+        got = torch.load(tmp_path / f"{name}.pt")
+        want_state, want_stats = expected[name]
+        assert got["samples"] == 64
+        for key, value in want_state.items():
+            torch.testing.assert_close(got["state"][key], value, rtol=1e-4, atol=1e-5,
+                                       msg=f"{name}: {key}")
+        for key in ("policy_loss", "value_loss", "entropy", "kl", "clip_fraction", "num_valid",
+                    "adv_std", "value_target_mean"):
+            assert got["stats"][key] == pytest.approx(want_stats[key], rel=1e-4, abs=1e-5), \
+                f"{name}: {key}"
+
+
+@pytest.mark.multiprocess
+def test_two_learners_train_and_stop_cleanly(tmp_path):
+    before = shm_files()
+    args = base_args(tmp_path, "tests.counting_env:CountingEnv-v0", "--batch_size", "64",
+                     "--num_learners", "2", "--train_for_env_steps", "3000")
+    run = Training(args)
+    try:
+        code = run.wait(180)
+        run.pid("fastrl-learner-1")
+    finally:
+        run.kill()
+    assert code == 0, run.output[-3000:]
+    assert "2 learners" in run.output
+    summary = json.loads((tmp_path / "x" / "summary.json").read_text())
+    assert summary["env_frames"] >= 3000 and summary["learner_steps"] > 0
+    assert list((tmp_path / "x" / "checkpoints").glob("checkpoint_*.pt"))
+    assert_nothing_left(run.kids, before)
+
+
+@pytest.mark.multiprocess
+def test_a_killed_learner_rank_stops_the_run_and_one_learner_resumes_it(tmp_path):
+    before = shm_files()
+    args = base_args(tmp_path, "tests.counting_env:CountingEnv-v0", "--batch_size", "64",
+                     "--num_learners", "2", "--save_every_sec", "1")
+    run = Training(args)
+    ckpts = tmp_path / "x" / "checkpoints"
+    try:
+        wait_until(lambda: len(list(ckpts.glob("checkpoint_*.pt"))) >= 2, 90, "two checkpoints")
+        os.kill(run.pid("fastrl-learner-1"), signal.SIGKILL)
+        code = run.wait(90)
+    finally:
+        run.kill()
+    assert code == 1
+    assert "fastrl-learner-1 died unexpectedly (signal SIGKILL)" in run.output
+    assert_nothing_left(run.kids, before)
+    # Every rank holds the same weights: a checkpoint of two learners resumes with one.
+    state, _ = load_latest_checkpoint(str(tmp_path / "x"))
+    frames = state["counters"]["env_frames"]
+    args[args.index("--num_learners") + 1] = "1"
+    again = run_train([*args, "--train_for_env_steps", str(frames + 2000)])
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"at {frames:,} frames" in again.stdout
+    assert json.loads((tmp_path / "x" / "summary.json").read_text())["env_frames"] >= frames + 2000
+
+
+def test_learner_settings_that_cannot_split_are_one_line_errors():
+    from fastrl.cfg import validate
+
+    assert validate(Config(num_learners=2, rollout=8, batch_size=64)) == []
+    errors = validate(Config(num_learners=2, serial_mode=True, rollout=8, batch_size=64))
+    assert any("--num_learners=2: needs parallel mode" in e for e in errors)
+    errors = validate(Config(num_learners=3, rollout=8, batch_size=64))
+    assert any("8 trajectories of --rollout=8, which must split evenly" in e for e in errors)
+    errors = validate(Config(num_learners=4, rollout=128, batch_size=66, num_batches_per_epoch=64,
+                             advantages="batch", use_rnn=False))
+    assert any("66 steps" in e for e in errors)
+    assert any("--num_learners=0" in e for e in validate(Config(num_learners=0)))
