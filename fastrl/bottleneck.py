@@ -78,7 +78,12 @@ def _advice(stage: str, cfg: Any, cores: int) -> str:
         if cfg.num_epochs * cfg.num_batches_per_epoch > 1:
             tips.append(f"fewer SGD steps per batch (--num_epochs {cfg.num_epochs} x "
                         f"--num_batches_per_epoch {cfg.num_batches_per_epoch})")
-        tips.append(f"more --learner_threads (now {cfg.learner_threads}) if cores are idle")
+        if str(cfg.device).startswith("cuda"):
+            tips.append(f"a bigger --batch_size (now {cfg.batch_size}) uses the GPU better")
+            tips.append(f"--num_learners (now {cfg.num_learners}) up to the number of GPUs")
+        else:
+            tips.append(f"more --learner_threads (now {cfg.learner_threads}) or "
+                        f"--num_learners (now {cfg.num_learners}) if cores are idle")
         return "; ".join(tips)
     if stage == "inference":
         return (f"inference limits the run; more --num_policy_workers (now "

@@ -25,6 +25,10 @@ def test_a_saturated_learner_is_named_with_what_to_change():
     assert d.stage == "learner"
     assert "learner busy 95%" in d.advice and "--num_epochs 4" in d.advice
     assert "--device cuda" in d.advice
+    assert "--num_learners (now 1) if cores are idle" in d.advice
+    d = diagnose({"learner": 0.9}, Config(device="cuda", batch_size=512), serial=False, cores=16)
+    assert "--batch_size (now 512)" in d.advice and "up to the number of GPUs" in d.advice
+    assert "--device cuda" not in d.advice
 
 
 def test_saturated_envs_ask_for_workers_or_cores():

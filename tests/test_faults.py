@@ -19,12 +19,12 @@ from fastrl.buffers import FILL_INT
 from fastrl.cfg_io import parse_config
 from fastrl.messages import BuffersFreed, Fence, Fenced, TrajectoriesReady
 from fastrl.procs import alive, process_title
+from fastrl.procs import descendants as children_of
 from fastrl.runner.parallel import POLL, ParallelRunner
 from tests.test_parallel import (
     COUNTING,
     REPO,
     base_args,
-    children_of,
     publish_first_weights,
     run_train,
     shm_files,

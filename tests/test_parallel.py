@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,8 +14,6 @@ import torch
 
 from fastrl.cfg_io import parse_config
 from fastrl.messages import BuffersFreed, TrajectoriesReady
-from fastrl.procs import alive
-from fastrl.procs import descendants as children_of
 from fastrl.runner.common import buffers_per_env, build_model
 from fastrl.runner.parallel import POLL, ParallelRunner
 
@@ -125,31 +122,3 @@ def test_crashing_child_brings_the_run_down_with_its_traceback(tmp_path):
     assert err and "fastrl-rollout-" in err[-1] and "EnvBroken" in err[-1]
     assert "refuses to be made" in err[-1]
     assert not (shm_files() - before)
-
-
-def test_ctrl_c_saves_and_leaves_nothing_behind(tmp_path):
-    before = shm_files()
-    proc = subprocess.Popen([sys.executable, "train.py", *base_args(tmp_path, COUNTING)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    kids: set[int] = set()
-    try:
-        deadline = time.time() + 60
-        summary = tmp_path / "x" / "summary.json"
-        while time.time() < deadline:
-            kids |= children_of(proc.pid)
-            if summary.exists() and json.loads(summary.read_text())["learner_steps"] > 0:
-                break
-            time.sleep(0.2)
-        kids |= children_of(proc.pid)
-        assert len(kids) >= 4, "expected learner, policy and two rollout workers"
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out
-    assert "interrupted" in out and "saved" in out
-    assert list((tmp_path / "x" / "checkpoints").glob("checkpoint_*.pt"))
-    time.sleep(0.5)
-    assert not alive(kids), f"processes left behind: {alive(kids)}"
-    assert not (shm_files() - before), f"shared memory left behind: {shm_files() - before}"
