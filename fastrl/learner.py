@@ -36,9 +36,9 @@ class Learner:
         self.cfg = cfg
         self.model = model
         self.action_spec = ActionSpec(action_space)
-        if cfg.exploration_loss == "symmetric_kl" and self.action_spec.num_continuous:
-            raise ValueError(f"--exploration_loss symmetric_kl needs categorical actions; "
-                             f"{action_space} has continuous ones (use entropy)")
+        problem = exploration_problem(cfg.exploration_loss, self.action_spec)
+        if problem:
+            raise ValueError(f"{problem} ({action_space})")
         self.device = device
         self.optimizer = torch.optim.Adam(
             model.parameters(), lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
@@ -174,7 +174,6 @@ class Learner:
         }
 
     def _sgd_step_fixed(self, mb: dict) -> dict[str, torch.Tensor]:
-        cfg = self.cfg
         b, t = mb["log_probs"].shape
         resets = torch.zeros((b, t), device=self.device)
         resets[:, 1:] = mb["dones"][:, :-1].float()
@@ -182,9 +181,7 @@ class Learner:
             logits, values = self.model.forward_sequence(mb["obs"], mb["rnn_states"], resets)
         dist = ActionDistribution(logits.reshape(b * t, -1), self.action_spec)
         target_log_probs = dist.log_prob(mb["actions"].reshape(b * t, -1)).reshape(b, t)
-        exploration = None
-        if cfg.exploration_loss == "symmetric_kl":
-            exploration = dist.symmetric_kl_to_uniform().reshape(b, t)
+        exploration = self._exploration(dist, b, t)
         loss, stats = clipped_loss(
             target_log_probs, dist.entropy().reshape(b, t), mb["log_probs"], values.float(),
             mb["advantages"], mb["targets"], mb["valid"], self.params, exploration=exploration,
@@ -202,9 +199,7 @@ class Learner:
         actions = mb["actions"].reshape(b * t, -1)
         target_log_probs = dist.log_prob(actions).reshape(b, t)
         entropy = dist.entropy().reshape(b, t)
-        exploration = None
-        if cfg.exploration_loss == "symmetric_kl":
-            exploration = dist.symmetric_kl_to_uniform().reshape(b, t)
+        exploration = self._exploration(dist, b, t)
         versions = mb["policy_versions"]
         valid = (versions >= 0) & ((self.version - versions) <= cfg.max_policy_lag)
         loss, stats, targets = appo_loss(
@@ -214,6 +209,12 @@ class Learner:
         if normalizer is not None:
             normalizer.update(targets[valid], self._reduce)
         return self._apply(loss, stats)
+
+    def _exploration(self, dist: ActionDistribution, b: int, t: int) -> torch.Tensor | None:
+        """The per-sample exploration penalty ``[B, T]`` (None: the entropy bonus)."""
+        if self.cfg.exploration_loss == "symmetric_kl":
+            return dist.symmetric_kl_to_uniform().reshape(b, t)
+        return None
 
     def _forward_trajectories(self, batch: dict) -> tuple:
         """The model over whole trajectories (``obs`` ``[B, T + 1, ...]``): logits
@@ -270,6 +271,14 @@ class Learner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         self.samples_trained = int(state["samples_trained"])
+
+
+def exploration_problem(exploration_loss: str, spec: ActionSpec) -> str | None:
+    """Why ``--exploration_loss`` cannot work with these actions (None when it can)."""
+    if exploration_loss == "symmetric_kl" and spec.num_continuous:
+        return ("--exploration_loss symmetric_kl needs categorical actions, and these have "
+                "continuous ones: use --exploration_loss entropy")
+    return None
 
 
 def _add_time_limit_bootstrap(rewards: torch.Tensor, final_step: torch.Tensor,

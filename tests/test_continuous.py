@@ -188,9 +188,9 @@ def test_symmetric_kl_with_continuous_actions_is_a_one_line_error(tmp_path):
                       "symmetric_kl"], timeout=120)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
-        "train.py: error: --exploration_loss symmetric_kl needs categorical actions; env "
-        f"{REACH['box']!r} has continuous ones (Box(-2.0, 2.0, (2,), float32)): use "
-        "--exploration_loss entropy"]
+        f"train.py: error: env {REACH['box']!r} (Box(-2.0, 2.0, (2,), float32)): "
+        "--exploration_loss symmetric_kl needs categorical actions, and these have continuous "
+        "ones: use --exploration_loss entropy"]
 
 
 @pytest.mark.learning

@@ -15,6 +15,7 @@ from fastrl.actions import ActionSpec
 from fastrl.cfg import Config
 from fastrl.device import resolve_device  # noqa: F401 - re-exported for the runners
 from fastrl.env_registry import make_env, recommended_settings
+from fastrl.learner import exploration_problem
 from fastrl.model import ActorCritic
 from fastrl.obs import as_dict_space
 
@@ -83,10 +84,9 @@ def check_env_settings(cfg: Config, info: EnvInfo) -> None:
         spec = ActionSpec(info.action_space, cfg.action_bounds)
     except ValueError as exc:
         raise EnvSettingsError(f"env {cfg.env!r}: {exc}") from None
-    if cfg.exploration_loss == "symmetric_kl" and spec.num_continuous:
-        raise EnvSettingsError(
-            f"--exploration_loss symmetric_kl needs categorical actions; env {cfg.env!r} has "
-            f"continuous ones ({info.action_space}): use --exploration_loss entropy")
+    problem = exploration_problem(cfg.exploration_loss, spec)
+    if problem:
+        raise EnvSettingsError(f"env {cfg.env!r} ({info.action_space}): {problem}")
 
 
 def probe_env(cfg: Config) -> EnvInfo:
