@@ -46,13 +46,13 @@ def busy_fractions(busy_seconds: dict[str, float], seconds: float,
     return out
 
 
-def diagnose(fractions: dict[str, float], cfg: Any, serial: bool, cores: int) -> Diagnosis:
+def diagnose(fractions: dict[str, float], cfg: Any, cores: int) -> Diagnosis:
     """Name the stage that limits the run and what to change, from the busy fractions."""
     if not fractions:
         return Diagnosis(None, fractions, "no stage has reported yet")
     stage = max(fractions, key=lambda s: fractions[s])
     share = f"{fractions[stage]:.0%}"
-    if serial:
+    if cfg.serial_mode:
         return Diagnosis(stage, fractions, (
             f"serial mode: the {_NAMES[stage]} take{'s' if stage == 'learner' else ''} {share} "
             f"of the one process's time; parallel mode (without --serial_mode) runs the stages "

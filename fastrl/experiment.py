@@ -10,6 +10,7 @@ import shutil
 import sys
 import time
 from collections import deque
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +50,21 @@ def prepare_experiment_dir(cfg: Config) -> str:
 # --- statistics, summaries, progress --------------------------------------------------
 
 
+class _Trailing:
+    """Timed samples ``(time, value)``: :meth:`push` adds one and returns the oldest of those
+    at most ``window`` seconds old, or the newest older one (a rate over a recent window)."""
+
+    def __init__(self, first: tuple[float, Any] | None = None):
+        self._samples: deque[tuple[float, Any]] = deque([first] if first else [])
+
+    def push(self, now: float, value: Any, window: float) -> tuple[float, Any]:
+        samples = self._samples
+        samples.append((now, value))
+        while len(samples) > 2 and now - samples[1][0] >= window:
+            samples.popleft()
+        return samples[0]
+
+
 class TrainingStats:
     """Counters and recent statistics of a run, shared by the serial and parallel runners."""
 
@@ -68,7 +84,7 @@ class TrainingStats:
         self.lag_max = -math.inf
         self.lag_sum = 0.0
         self.lag_batches = 0
-        self._fps_window: deque[tuple[float, int]] = deque()
+        self._fps_window = _Trailing()
         # Faults survived in this run (see docs/reliability.md).
         self.env_restarts = 0  # envs closed and recreated after raising or hanging
         self.steps_discarded = 0  # steps of episodes those env faults cut short
@@ -136,7 +152,7 @@ class TrainingStats:
 
     def diagnose(self, busy: dict[str, float], seconds: float) -> Diagnosis:
         fractions = busy_fractions(busy, seconds, self.stage_processes())
-        return diagnose(fractions, self.cfg, self.cfg.serial_mode, available_cores())
+        return diagnose(fractions, self.cfg, available_cores())
 
     def add_episode(self, episode_return: float, length: int, truncated: bool = False) -> None:
         """A finished episode; ``truncated``: a time limit ended it, not the env."""
@@ -158,10 +174,7 @@ class TrainingStats:
     def fps(self, window: float = 30.0) -> float:
         """Frames per second over the last ``window`` seconds."""
         now = time.time()
-        self._fps_window.append((now, self.env_frames))
-        while len(self._fps_window) > 2 and now - self._fps_window[1][0] >= window:
-            self._fps_window.popleft()
-        t0, f0 = self._fps_window[0]
+        t0, f0 = self._fps_window.push(now, self.env_frames, window)
         return (self.env_frames - f0) / (now - t0) if now > t0 else 0.0
 
     def mean_return(self) -> float | None:
@@ -224,8 +237,7 @@ class Reporter:
         self._last_summary = time.time()
         # (time, busy seconds per stage) at recent progress lines: the line's busy fractions
         # cover the last BUSY_WINDOW seconds, as reports arrive in lumps (one per learner batch).
-        self._busy_history: deque[tuple[float, dict[str, float]]] = deque(
-            [(time.time(), {})])
+        self._busy_history = _Trailing((time.time(), {}))
 
     def maybe_report(self, force: bool = False) -> None:
         now = time.time()
@@ -273,11 +285,7 @@ class Reporter:
                    f"{lag['policy_lag_max']:.0f}"
                    if "policy_lag_mean" in lag else "n/a")
         now = time.time()
-        history = self._busy_history
-        history.append((now, dict(s.busy)))
-        while len(history) > 2 and now - history[1][0] >= BUSY_WINDOW:
-            history.popleft()
-        t0, busy0 = history[0]
+        t0, busy0 = self._busy_history.push(now, dict(s.busy), BUSY_WINDOW)
         d = s.diagnose({k: v - busy0.get(k, 0.0) for k, v in s.busy.items()}, now - t0)
         busy_txt = progress_text(d.fractions, d.stage if not self.cfg.serial_mode else None)
         log(f"frames {s.env_frames:,} | fps {s.fps():,.0f} | return {ret_txt} | "

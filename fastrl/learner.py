@@ -107,43 +107,46 @@ class Learner:
         return stats
 
     def _train_on_trajectories(self, batch: dict) -> dict[str, torch.Tensor]:
-        cfg = self.cfg
-        num_traj = batch["log_probs"].shape[0]
-        mb_size = self.trajectories_per_minibatch
         last: dict[str, torch.Tensor] = {}
-        for _ in range(cfg.num_epochs):
-            if cfg.num_batches_per_epoch > 1:
-                order = torch.randperm(num_traj, device=self.device)
-            else:
-                order = None
-            for start_idx in range(0, num_traj, mb_size):
-                idx = None if order is None else order[start_idx:start_idx + mb_size]
-                mb = batch if idx is None else _select(batch, idx)
-                last = self._sgd_step(mb)
+        for mb in self._minibatches(batch, self.trajectories_per_minibatch):
+            last = self._sgd_step(mb)
         return last
 
     def _train_on_fixed_targets(self, batch: dict) -> dict[str, torch.Tensor]:
         """``--advantages batch``: targets and advantages once, then shuffled minibatches of
         single steps (feed-forward) or whole trajectories (recurrent)."""
-        cfg = self.cfg
         prepared = self._fixed_targets(batch)
         if self.model.rnn is None:
             prepared = _as_single_steps(prepared)
-        units, unit_len = prepared["log_probs"].shape
-        mb_units = max(1, cfg.batch_size // unit_len // self.world_size)
+        unit_len = prepared["log_probs"].shape[1]
         last: dict[str, torch.Tensor] = {}
-        for _ in range(cfg.num_epochs):
-            order = torch.randperm(units, device=self.device)
-            for start_idx in range(0, units, mb_units):
-                idx = order[start_idx:start_idx + mb_units]
-                last = self._sgd_step_fixed(_select(prepared, idx))
+        for mb in self._minibatches(
+                prepared, max(1, self.cfg.batch_size // unit_len // self.world_size)):
+            last = self._sgd_step_fixed(mb)
         return last
+
+    def _minibatches(self, data: dict, per_minibatch: int):
+        """``num_epochs`` passes over ``data`` (entries ``[units, ...]``), each in a new random
+        order, in minibatches of ``per_minibatch`` units (the whole of it, unshuffled, when
+        it fits in one)."""
+        units = data["log_probs"].shape[0]
+        for _ in range(self.cfg.num_epochs):
+            if units <= per_minibatch:
+                yield data
+                continue
+            order = torch.randperm(units, device=self.device)
+            for start_idx in range(0, units, per_minibatch):
+                yield _select(data, order[start_idx:start_idx + per_minibatch])
+
+    def _valid(self, versions: torch.Tensor) -> torch.Tensor:
+        """The samples that take part in the loss: acted (not cut short by an env fault) and
+        at most ``--max_policy_lag`` versions old."""
+        return (versions >= 0) & ((self.version - versions) <= self.cfg.max_policy_lag)
 
     @torch.no_grad()
     def _fixed_targets(self, batch: dict) -> dict:
         """The batch's value targets (critic units) and advantages from the model as it is,
         with the steps that take part (``valid``) and what the SGD steps read."""
-        cfg = self.cfg
         dones = batch["dones"]
         b, t = dones.shape
         normalizer = self.model.returns_normalizer
@@ -152,8 +155,7 @@ class Learner:
         dist = ActionDistribution(logits[:, :t].reshape(b * t, -1), self.action_spec)
         log_ratio = dist.log_prob(batch["actions"].reshape(b * t, -1)).reshape(b, t)
         log_ratio = log_ratio - batch["log_probs"]
-        versions = batch["policy_versions"]
-        valid = (versions >= 0) & ((self.version - versions) <= cfg.max_policy_lag)
+        valid = self._valid(batch["policy_versions"])
         vs, advantages = return_targets_and_advantages(
             log_ratio, values[:, :t], values[:, t], rewards, dones, valid, self.params, value_norm)
         if normalizer is not None:
@@ -190,7 +192,6 @@ class Learner:
         return self._apply(loss, stats)
 
     def _sgd_step(self, mb: dict) -> dict[str, torch.Tensor]:
-        cfg = self.cfg
         dones = mb["dones"]
         b, t = dones.shape
         normalizer = self.model.returns_normalizer
@@ -200,8 +201,7 @@ class Learner:
         target_log_probs = dist.log_prob(actions).reshape(b, t)
         entropy = dist.entropy().reshape(b, t)
         exploration = self._exploration(dist, b, t)
-        versions = mb["policy_versions"]
-        valid = (versions >= 0) & ((self.version - versions) <= cfg.max_policy_lag)
+        valid = self._valid(mb["policy_versions"])
         loss, stats, targets = appo_loss(
             target_log_probs, entropy, mb["log_probs"], values, rewards, dones, valid, self.params,
             exploration=exploration, behaviour_values=mb.get("values"), value_normalizer=value_norm,

@@ -55,7 +55,7 @@ from torch import Tensor, nn
 
 from fastrl.actions import ActionSpec
 from fastrl.distributions import LOG_STD_MAX, LOG_STD_MIN, mask_logits
-from fastrl.normalize import ReturnNormalizer, merge_moments, summed_moments
+from fastrl.normalize import ReturnNormalizer, merge_moments, merge_summed_moments
 from fastrl.obs import ACTION_MASK_KEY, as_dict_space, has_action_mask, obs_to_dict
 from fastrl.recurrent import make_rnn, rnn_step, rnn_unroll, state_size
 
@@ -155,14 +155,12 @@ class _ImageEncoder(nn.Module):
     def update_statistics(self, x: Tensor, reduce=None) -> None:
         """Merge the per-pixel mean and variance of ``x`` (``[N, C, H, W]``, pixel values in
         ``[0, 255]``) into the running ones (Chan et al.'s parallel update); with ``reduce``,
-        those of every learner's frames (``fastrl.normalize.summed_moments``)."""
+        those of every learner's frames (``fastrl.normalize.merge_summed_moments``)."""
         if not self.normalize:
             return
         if reduce is not None:
-            mean, var, n = summed_moments(x.to(torch.float32).mul_(1.0 / 255.0), reduce)
-            if n:
-                merge_moments(self.pixel_mean, self.pixel_var, self.pixel_count,
-                              mean.unsqueeze(0).float(), var.unsqueeze(0).float(), n)
+            merge_summed_moments(self.pixel_mean, self.pixel_var, self.pixel_count,
+                                 x.to(torch.float32).mul_(1.0 / 255.0), reduce)
             return
         if x.shape[0] == 0:
             return
@@ -218,10 +216,7 @@ class _VectorEncoder(nn.Module):
         if not self.normalize:
             return
         if reduce is not None:
-            mean, var, n = summed_moments(x, reduce)
-            if n:
-                merge_moments(self.obs_mean, self.obs_var, self.obs_count, mean.float(),
-                              var.float(), n)
+            merge_summed_moments(self.obs_mean, self.obs_var, self.obs_count, x, reduce)
             return
         if x.shape[0] == 0:
             return

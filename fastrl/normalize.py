@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["RETURN_VAR_EPS", "ReturnNormalizer", "merge_moments", "summed_moments"]
+__all__ = ["RETURN_VAR_EPS", "ReturnNormalizer", "merge_moments", "merge_summed_moments",
+           "summed_moments"]
 
 RETURN_VAR_EPS = 1e-4  # variance floor of the return normaliser: std >= 0.01 (return units)
 
@@ -42,6 +43,17 @@ def summed_moments(x: Tensor, reduce) -> tuple[Tensor, Tensor, int]:
     return mean.reshape(x.shape[1:]), var.reshape(x.shape[1:]), n
 
 
+@torch.no_grad()
+def merge_summed_moments(mean: Tensor, var: Tensor, count: Tensor, x: Tensor, reduce) -> None:
+    """Merge the moments of every learner's rows of ``x`` ``[N, ...]`` (see
+    :func:`summed_moments`) into the running statistics ``mean``, ``var`` and ``count``, in
+    place, in the buffers' shape and dtype."""
+    batch_mean, batch_var, n = summed_moments(x, reduce)
+    if n:
+        merge_moments(mean, var, count, batch_mean.reshape(mean.shape).to(mean.dtype),
+                      batch_var.reshape(var.shape).to(var.dtype), n)
+
+
 class ReturnNormalizer(nn.Module):
     """Running mean and variance of the value targets (return units), kept as buffers so that
     checkpoints carry them. With it the critic predicts ``(return - mean) / std``.
@@ -69,9 +81,7 @@ class ReturnNormalizer(nn.Module):
         (see :func:`summed_moments`)."""
         x = x.detach().double().reshape(-1)
         if reduce is not None:
-            batch_mean, batch_var, n = summed_moments(x.reshape(-1, 1), reduce)
-            if n:
-                merge_moments(self.mean, self.var, self.count, batch_mean[0], batch_var[0], n)
+            merge_summed_moments(self.mean, self.var, self.count, x.reshape(-1, 1), reduce)
             return
         if x.numel() == 0:
             return

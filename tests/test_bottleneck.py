@@ -21,39 +21,39 @@ def test_busy_fractions_average_over_each_stage_processes():
 
 def test_a_saturated_learner_is_named_with_what_to_change():
     cfg = Config(device="cpu", num_epochs=4, num_batches_per_epoch=2)
-    d = diagnose({"env": 0.3, "inference": 0.1, "learner": 0.95}, cfg, serial=False, cores=2)
+    d = diagnose({"env": 0.3, "inference": 0.1, "learner": 0.95}, cfg, cores=2)
     assert d.stage == "learner"
     assert "learner busy 95%" in d.advice and "--num_epochs 4" in d.advice
     assert "--device cuda" in d.advice
     assert "--num_learners (now 1) if cores are idle" in d.advice
-    d = diagnose({"learner": 0.9}, Config(device="cuda", batch_size=512), serial=False, cores=16)
+    d = diagnose({"learner": 0.9}, Config(device="cuda", batch_size=512), cores=16)
     assert "--batch_size (now 512)" in d.advice and "up to the number of GPUs" in d.advice
     assert "--device cuda" not in d.advice
 
 
 def test_saturated_envs_ask_for_workers_or_cores():
     cfg = Config(num_workers=2, num_policy_workers=1)
-    d = diagnose({"env": 0.9, "inference": 0.2, "learner": 0.4}, cfg, serial=False, cores=16)
+    d = diagnose({"env": 0.9, "inference": 0.2, "learner": 0.4}, cfg, cores=16)
     assert d.stage == "env" and "--num_workers (now 2)" in d.advice
-    d = diagnose({"env": 0.9, "inference": 0.2, "learner": 0.4}, cfg, serial=False, cores=2)
+    d = diagnose({"env": 0.9, "inference": 0.2, "learner": 0.4}, cfg, cores=2)
     assert "more cores: 4 processes already share 2" in d.advice
 
 
 def test_saturated_inference_asks_for_policy_workers():
-    d = diagnose({"env": 0.5, "inference": 0.85, "learner": 0.4}, Config(), serial=False,
+    d = diagnose({"env": 0.5, "inference": 0.85, "learner": 0.4}, Config(),
                  cores=8)
     assert d.stage == "inference" and "--num_policy_workers (now 1)" in d.advice
 
 
 def test_no_saturated_stage_names_none_and_sync_mode_says_why():
     d = diagnose({"env": 0.5, "inference": 0.2, "learner": 0.6}, Config(async_rl=False),
-                 serial=False, cores=2)
+                 cores=2)
     assert d.stage is None
     assert "no stage is saturated" in d.advice and "take turns" in d.advice
 
 
 def test_serial_mode_reports_shares_of_one_process():
-    d = diagnose({"env": 0.2, "inference": 0.1, "learner": 0.7}, Config(), serial=True, cores=2)
+    d = diagnose({"env": 0.2, "inference": 0.1, "learner": 0.7}, Config(serial_mode=True), cores=2)
     assert d.stage == "learner" and "serial mode" in d.advice and "70%" in d.advice
     assert progress_text(d.fractions, None) == "busy env 20% inf 10% learn 70%"
     assert progress_text(d.fractions, "learner").endswith("(learner)")

@@ -281,29 +281,38 @@ def test_restart_fences_off_the_dead_workers_data(tmp_path):
 # --- learner faults and signals ------------------------------------------------------------
 
 
-def test_killed_learner_stops_the_run_and_the_command_resumes(tmp_path):
+def kill_learner_then_resume(tmp_path, args: list[str], title: str, resume_args: list[str],
+                             timeout: float) -> None:
+    """Run ``args`` and SIGKILL the learner process ``title`` once two checkpoints exist: the
+    run must stop with exit status 1, name the death, and leave nothing behind. Then
+    ``resume_args`` must resume from the last checkpoint and train 2,000 frames more."""
     before = shm_files()
-    args = base_args(tmp_path, COUNTING, "--save_every_sec", "1")
     run = Training(args)
     ckpts = tmp_path / "x" / "checkpoints"
     try:
-        wait_until(lambda: len(list(ckpts.glob("checkpoint_*.pt"))) >= 2, 60, "two checkpoints")
-        os.kill(run.pid("fastrl-learner"), signal.SIGKILL)
-        code = run.wait(60)
+        wait_until(lambda: len(list(ckpts.glob("checkpoint_*.pt"))) >= 2, timeout,
+                   "two checkpoints")
+        os.kill(run.pid(title), signal.SIGKILL)
+        code = run.wait(timeout)
     finally:
         run.kill()
     assert code == 1
-    assert "fastrl-learner died unexpectedly (signal SIGKILL)" in run.output
+    assert f"{title} died unexpectedly (signal SIGKILL)" in run.output
     assert_nothing_left(run.kids, before)
     from fastrl.checkpoint import load_latest_checkpoint
 
-    state, path = load_latest_checkpoint(str(tmp_path / "x"))
+    state, _ = load_latest_checkpoint(str(tmp_path / "x"))
     frames = state["counters"]["env_frames"]
     assert frames > 0
-    again = run_train([*args, "--train_for_env_steps", str(frames + 2000)])
+    again = run_train([*resume_args, "--train_for_env_steps", str(frames + 2000)])
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"at {frames:,} frames" in again.stdout
     assert summary_of(tmp_path)["env_frames"] >= frames + 2000
+
+
+def test_killed_learner_stops_the_run_and_the_command_resumes(tmp_path):
+    args = base_args(tmp_path, COUNTING, "--save_every_sec", "1")
+    kill_learner_then_resume(tmp_path, args, "fastrl-learner", args, timeout=60)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

@@ -7,19 +7,17 @@ import copy
 import json
 import multiprocessing
 import os
-import signal
 
 import pytest
 import torch
 from gymnasium import spaces
 
 from fastrl.cfg import Config
-from fastrl.checkpoint import load_latest_checkpoint
 from fastrl.distributed import LearnerGroup, free_port
 from fastrl.learner import Learner
 from fastrl.model import ActorCritic
-from tests.test_faults import Training, assert_nothing_left, wait_until
-from tests.test_parallel import base_args, run_train, shm_files
+from tests.test_faults import Training, assert_nothing_left, kill_learner_then_resume
+from tests.test_parallel import base_args, shm_files
 from tests.test_ppo_batch import _batch
 
 VEC = spaces.Box(-1.0, 1.0, (5,))
@@ -125,28 +123,12 @@ def test_two_learners_train_and_stop_cleanly(tmp_path):
 
 @pytest.mark.multiprocess
 def test_a_killed_learner_rank_stops_the_run_and_one_learner_resumes_it(tmp_path):
-    before = shm_files()
     args = base_args(tmp_path, "tests.counting_env:CountingEnv-v0", "--batch_size", "64",
                      "--num_learners", "2", "--save_every_sec", "1")
-    run = Training(args)
-    ckpts = tmp_path / "x" / "checkpoints"
-    try:
-        wait_until(lambda: len(list(ckpts.glob("checkpoint_*.pt"))) >= 2, 90, "two checkpoints")
-        os.kill(run.pid("fastrl-learner-1"), signal.SIGKILL)
-        code = run.wait(90)
-    finally:
-        run.kill()
-    assert code == 1
-    assert "fastrl-learner-1 died unexpectedly (signal SIGKILL)" in run.output
-    assert_nothing_left(run.kids, before)
     # Every rank holds the same weights: a checkpoint of two learners resumes with one.
-    state, _ = load_latest_checkpoint(str(tmp_path / "x"))
-    frames = state["counters"]["env_frames"]
-    args[args.index("--num_learners") + 1] = "1"
-    again = run_train([*args, "--train_for_env_steps", str(frames + 2000)])
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert f"at {frames:,} frames" in again.stdout
-    assert json.loads((tmp_path / "x" / "summary.json").read_text())["env_frames"] >= frames + 2000
+    resume = list(args)
+    resume[resume.index("--num_learners") + 1] = "1"
+    kill_learner_then_resume(tmp_path, args, "fastrl-learner-1", resume, timeout=90)
 
 
 def test_learner_settings_that_cannot_split_are_one_line_errors():

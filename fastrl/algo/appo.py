@@ -161,13 +161,10 @@ def appo_loss(
     """
     _check_shapes(target_log_probs, entropy, behaviour_log_probs, values, rewards, dones, valid)
     num_steps = target_log_probs.shape[1]
-    # Sanitise first: torch.where also routes zero gradient (never NaN) to invalid entries.
-    step_values = torch.where(valid, values[:, :num_steps], 0.0)
-    log_ratio = torch.where(valid, target_log_probs, 0.0) - torch.where(
-        valid, behaviour_log_probs, 0.0).detach()
+    # Both callees replace invalid entries (which may be NaN or inf) before any arithmetic.
     vs, pg_adv = return_targets_and_advantages(
-        log_ratio.detach(), step_values.detach(), values[:, num_steps].detach(), rewards, dones,
-        valid, params, value_normalizer)
+        (target_log_probs - behaviour_log_probs).detach(), values[:, :num_steps].detach(),
+        values[:, num_steps].detach(), rewards, dones, valid, params, value_normalizer)
     targets = vs if value_normalizer is None else (vs - value_normalizer[0]) / value_normalizer[1]
     loss, stats = clipped_loss(
         target_log_probs, entropy, behaviour_log_probs, values[:, :num_steps], pg_adv, targets,
