@@ -1,11 +1,12 @@
 """Which pipeline stage limits a run, from the time each stage spends working.
 
-Three stages report their busy seconds: the rollout workers (stepping envs and writing the
-buffers), the policy workers (batched inference) and the learner (gathering a batch and
-training on it). A stage's *busy fraction* is its busy time over the wall time, averaged
-over its processes. In parallel mode the stages run side by side, so the one that is busy
-nearly all the time holds the others back; in serial mode one process runs them in turn,
-and the fractions are the shares of its time.
+The stages report their busy seconds: the rollout workers (stepping envs and writing the
+buffers), the policy workers (batched inference), the learner (gathering a batch and
+training on it) and, with sampler nodes, the links that receive the nodes' trajectories on
+the learner node (one per node). A stage's *busy fraction* is its busy time over the wall
+time, averaged over its processes. In parallel mode the stages run side by side, so the
+one that is busy nearly all the time holds the others back; in serial mode one process
+runs them in turn, and the fractions are the shares of its time.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
-STAGES = ("env", "inference", "learner")
-LABELS = {"env": "env", "inference": "inf", "learner": "learn"}
+STAGES = ("env", "inference", "learner", "transfer")
+LABELS = {"env": "env", "inference": "inf", "learner": "learn", "transfer": "xfer"}
 # A stage busy at least this much of the time limits the run (parallel mode).
 SATURATED = 0.8
 
@@ -67,7 +68,8 @@ def diagnose(fractions: dict[str, float], cfg: Any, cores: int) -> Diagnosis:
     return Diagnosis(stage, fractions, advice)
 
 
-_NAMES = {"env": "rollout workers", "inference": "policy workers", "learner": "learner"}
+_NAMES = {"env": "rollout workers", "inference": "policy workers", "learner": "learner",
+          "transfer": "links to the sampler nodes"}
 
 
 def _advice(stage: str, cfg: Any, cores: int) -> str:
@@ -85,6 +87,9 @@ def _advice(stage: str, cfg: Any, cores: int) -> str:
             tips.append(f"more --learner_threads (now {cfg.learner_threads}) or "
                         f"--num_learners (now {cfg.num_learners}) if cores are idle")
         return "; ".join(tips)
+    if stage == "transfer":
+        return ("receiving trajectories from the sampler nodes limits the run; a faster "
+                "network between the nodes, or fewer nodes with more envs each")
     if stage == "inference":
         return (f"inference limits the run; more --num_policy_workers (now "
                 f"{cfg.num_policy_workers}) or --policy_threads (now {cfg.policy_threads}), or "

@@ -72,6 +72,15 @@ class Config:
                            "(Gloo on CPU; NCCL on GPUs, learner r on cuda:r), each on an equal "
                            "share of every minibatch with the gradients summed: the update of "
                            "one learner on the whole minibatch (parallel mode)", "sampling")
+    num_sampler_nodes: int = _f(0, "Sampler nodes: each runs --num_workers rollout workers and "
+                                "--num_policy_workers policy workers with shared memory of its "
+                                "own, and ships whole trajectories to this learner node over "
+                                "torch.distributed (Gloo); 0: sample on this node", "nodes")
+    start_sampler_nodes: bool = _f(True, "Start the sampler nodes on this machine; False: wait "
+                                   "for nodes started elsewhere with python -m fastrl.node "
+                                   "--connect HOST:PORT --node_rank K", "nodes")
+    node_port: int = _f(0, "TCP port on which this learner node waits for its sampler nodes "
+                        "(0: a free port, printed at start)", "nodes")
     decorrelate_envs_on_one_worker: bool = _f(True, "At start, env number e takes e x rollout "
                                               "random actions so that episodes do not end in "
                                               "lock-step", "sampling")
@@ -321,7 +330,8 @@ def validate(cfg: Config) -> list[str]:
                  "vtrace_rho", "vtrace_c",
                  "reward_clip", "worker_timeout", "restart_window"):
         positive(name)
-    for name in ("max_policy_lag", "eval_every_env_frames", "env_timeout", "max_worker_restarts"):
+    for name in ("max_policy_lag", "eval_every_env_frames", "env_timeout", "max_worker_restarts",
+                 "num_sampler_nodes"):
         if getattr(cfg, name) < 0:
             errors.append(f"--{name}={getattr(cfg, name)}: must be >= 0")
     if not 0.0 <= cfg.gae_lambda <= 1.0:
@@ -377,6 +387,15 @@ def validate(cfg: Config) -> list[str]:
                 f"num_batches_per_epoch must be a multiple of rollout x num_workers x "
                 f"num_envs_per_worker = {per_round}"
             )
+    if cfg.num_sampler_nodes:
+        if cfg.serial_mode:
+            errors.append(f"--num_sampler_nodes={cfg.num_sampler_nodes}: needs parallel mode "
+                          "(without --serial_mode)")
+        if not cfg.async_rl:
+            errors.append(f"--num_sampler_nodes={cfg.num_sampler_nodes}: needs --async_rl True "
+                          "(the nodes sample while the learner trains)")
+    if not 0 <= cfg.node_port <= 65535:
+        errors.append(f"--node_port={cfg.node_port}: must be a TCP port, 0 to 65535")
     if cfg.num_learners > 1:
         if cfg.serial_mode:
             errors.append(f"--num_learners={cfg.num_learners}: needs parallel mode "

@@ -24,7 +24,9 @@ class ExperimentError(RuntimeError):
 
 
 def log(msg: str) -> None:
-    print(f"[fastrl {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    # A sampler node's processes name their node (fastrl/runner/node.py sets the variable).
+    who = os.environ.get("FASTRL_LOG_PREFIX", "fastrl")
+    print(f"[{who} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def prepare_experiment_dir(cfg: Config) -> str:
@@ -65,6 +67,32 @@ class _Trailing:
         return samples[0]
 
 
+class NodeStats:
+    """One sampler node, as its link on the learner node sees it."""
+
+    def __init__(self):
+        self.connected = False
+        self.trajectories = 0  # received
+        self.losses = 0  # connections lost (the node died, hung or was cut off)
+        self.trajectories_dropped = 0  # lost with them: untrained or on the wire
+        self.lag_mean: float | None = None  # over the link's last report
+        self.lag_max: int | None = None
+        self.lag_max_run = 0  # over the run
+
+    def report(self, connected: bool, trajectories: int, lag_mean: float | None,
+               lag_max: int | None) -> None:
+        self.connected = connected
+        self.trajectories += trajectories
+        if lag_mean is not None:
+            self.lag_mean, self.lag_max = lag_mean, lag_max
+            self.lag_max_run = max(self.lag_max_run, lag_max or 0)
+
+    def summary(self, node: int) -> dict:
+        return {"node": node, "connected": self.connected, "trajectories": self.trajectories,
+                "losses": self.losses, "trajectories_dropped": self.trajectories_dropped,
+                "lag_mean": self.lag_mean, "lag_max": self.lag_max_run}
+
+
 class TrainingStats:
     """Counters and recent statistics of a run, shared by the serial and parallel runners."""
 
@@ -100,6 +128,8 @@ class TrainingStats:
         # the first report on (start-up is no stage's work) to the latest.
         self.busy: dict[str, float] = {}
         self._busy_span: list[float] = []
+        # Sampler nodes (--num_sampler_nodes): what each link reports.
+        self.nodes = [NodeStats() for _ in range(cfg.num_sampler_nodes)]
 
     @property
     def run_seconds(self) -> float:
@@ -148,7 +178,9 @@ class TrainingStats:
 
     def stage_processes(self) -> dict[str, int]:
         cfg = self.cfg
-        return {"env": cfg.num_workers, "inference": cfg.num_policy_workers, "learner": 1}
+        nodes = max(cfg.num_sampler_nodes, 1)  # every node runs the workers the flags say
+        return {"env": cfg.num_workers * nodes, "inference": cfg.num_policy_workers * nodes,
+                "learner": 1, "transfer": cfg.num_sampler_nodes}
 
     def diagnose(self, busy: dict[str, float], seconds: float) -> Diagnosis:
         fractions = busy_fractions(busy, seconds, self.stage_processes())
@@ -206,6 +238,8 @@ class TrainingStats:
             "trajectories_discarded": self.trajectories_discarded,
             "measured": self.measured(),
             "bottleneck": self._bottleneck(),
+            **({"sampler_nodes": [n.summary(i) for i, n in enumerate(self.nodes)]}
+               if self.nodes else {}),
             "updated": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
 
@@ -290,7 +324,7 @@ class Reporter:
         busy_txt = progress_text(d.fractions, d.stage if not self.cfg.serial_mode else None)
         log(f"frames {s.env_frames:,} | fps {s.fps():,.0f} | return {ret_txt} | "
             f"lag min/mean/max {lag_txt} | learner steps {s.learner_steps:,}"
-            + (f" | {busy_txt}" if busy_txt else ""))
+            + (f" | {busy_txt}" if busy_txt else "") + node_text(s.nodes))
 
     def close(self) -> dict:
         summary = self.write_summaries()
@@ -303,6 +337,17 @@ def write_json_atomic(path: str, data: dict) -> None:
     with open(tmp, "w") as fh:
         json.dump(data, fh, indent=2)
     os.replace(tmp, path)
+
+
+def node_text(nodes: list[NodeStats]) -> str:
+    """The progress line's part about sampler nodes: how many are connected, and each one's
+    policy lag (mean/max over its last second), e.g. ``| nodes 2/2 up, lag 0: 1.2/3 1: 1.4/4``."""
+    if not nodes:
+        return ""
+    up = sum(n.connected for n in nodes)
+    lags = " ".join(f"{i}: {n.lag_mean:.1f}/{n.lag_max}" for i, n in enumerate(nodes)
+                    if n.connected and n.lag_mean is not None)
+    return f" | nodes {up}/{len(nodes)} up" + (f", lag {lags}" if lags else "")
 
 
 def print_final_summary(summary: dict) -> None:
@@ -324,6 +369,10 @@ def print_final_summary(summary: dict) -> None:
         lines.append(f"  faults          {summary['env_restarts']} env restarts, "
                      f"{summary['worker_restarts']} worker restarts, "
                      f"{summary['trajectories_discarded']} trajectories discarded")
+    for node in summary.get("sampler_nodes", []):
+        lines.append(f"  sampler node {node['node']}  {node['trajectories']:,} trajectories, "
+                     f"lag max {node['lag_max']}, {node['losses']} connection(s) lost, "
+                     f"{node['trajectories_dropped']} trajectories dropped")
     bottleneck = summary.get("bottleneck")
     if bottleneck and bottleneck["busy_fraction"]:
         lines.append("  busy            " + progress_text(bottleneck["busy_fraction"], None)[5:]

@@ -163,6 +163,28 @@ class LearnerReport(NamedTuple):
     busy_seconds: float  # time spent in gather + train since the last report
 
 
+class NodeReport(NamedTuple):
+    """A sampler node's link (on the learner node) -> runner, about once a second."""
+
+    node: int
+    connected: bool
+    trajectories: int  # received since the last report
+    lag_mean: float | None  # policy lag of their samples (learner version - acting version)
+    lag_max: int | None
+    busy_seconds: float  # time spent receiving and unpacking trajectories
+
+
+class NodeLost(NamedTuple):
+    """A sampler node's link -> runner: the node's connection ``generation`` ended with
+    ``cause``; ``in_flight`` trajectories were on the wire (the learner's untrained ones are
+    counted by the ``Fenced`` that preceded this)."""
+
+    node: int
+    generation: int
+    cause: str
+    in_flight: int
+
+
 class PolicyReport(NamedTuple):
     """Policy worker -> runner."""
 

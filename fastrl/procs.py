@@ -85,21 +85,46 @@ def vizdoom_instance_id(pid: int) -> str | None:
     return None
 
 
+def session_members(sid: int) -> list[int]:
+    """Live (non-zombie) processes of session ``sid``, read from /proc."""
+    return [pid for pid, f in _stat_fields().items()
+            if _running(f) and len(f) > 3 and int(f[3]) == sid]
+
+
 def kill_group(pgid: int, wait: float = 2.0) -> int:
     """SIGKILL every process left in group ``pgid``, wait for them to go, and remove the
     shared memory of the VizDoom engines among them. Returns how many processes it killed."""
     if pgid == os.getpgrp():  # a child that failed to start its own group: never kill ours
         return 0
-    members = group_members(pgid)
+    return _kill_all(lambda: group_members(pgid), lambda _: os.killpg(pgid, signal.SIGKILL), wait)
+
+
+def kill_session(sid: int, wait: float = 2.0) -> int:
+    """:func:`kill_group` for a whole session: a sampler node leads one, and each of its
+    workers leads a process group inside it (fastrl/runner/node.py)."""
+    if sid == os.getsid(0):  # never our own session
+        return 0
+    def kill_members(members: list[int]) -> None:
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    return _kill_all(lambda: session_members(sid), kill_members, wait)
+
+
+def _kill_all(members_now, kill, wait: float) -> int:
+    members = members_now()
     if not members:
         return 0
     engine_ids = [i for i in map(vizdoom_instance_id, members) if i]
     try:
-        os.killpg(pgid, signal.SIGKILL)
+        kill(members)
     except (ProcessLookupError, PermissionError):
         pass
     deadline = time.monotonic() + wait
-    while time.monotonic() < deadline and group_members(pgid):
+    while time.monotonic() < deadline and members_now():
         time.sleep(0.02)
     remove_vizdoom_shm(engine_ids)
     return len(members)

@@ -48,8 +48,12 @@ class PendingSlots:
         taken, self.waiting = self.waiting[:n], self.waiting[n:]
         return taken
 
-    def take_all(self) -> list[int]:
-        taken, self.waiting = self.waiting, []
+    def take_all(self, limit: int | None = None) -> list[int]:
+        """Every waiting slot (at most ``limit``, the oldest first)."""
+        if limit is None:
+            taken, self.waiting = self.waiting, []
+        else:
+            taken, self.waiting = self.waiting[:limit], self.waiting[limit:]
         return taken
 
     def freed(self, slots: list[int]) -> list[tuple[int, BuffersFreed]]:

@@ -47,6 +47,18 @@ class SharedWeights:
             self.flat.copy_(cpu)
             self._version.value = version
 
+    def publish_flat(self, flat: torch.Tensor, version: int) -> None:
+        """Publish weights that arrive already flat (a sampler node's copy of the learner's)."""
+        with self._lock:
+            self.flat.copy_(flat)
+            self._version.value = version
+
+    def snapshot(self, out: torch.Tensor) -> int:
+        """Copy the newest flat weights into ``out``; return their version."""
+        with self._lock:
+            out.copy_(self.flat)
+            return int(self._version.value)
+
     def load_into(self, model: torch.nn.Module) -> int:
         with self._lock:
             flat = self.flat.clone()

@@ -39,9 +39,27 @@ def base_args(tmp_path, env=COUNTING, *extra):
             "--decorrelate_envs_on_one_worker", "False", *extra]
 
 
-def publish_first_weights(shared) -> None:
+def publish_first_weights(shared, version: int = 0) -> None:
     """Do the learner's first act: policy workers wait for published weights before acting."""
-    shared.weights.publish(build_model(shared.cfg, shared.info, torch.device("cpu")), 0)
+    shared.weights.publish(build_model(shared.cfg, shared.info, torch.device("cpu")), version)
+
+
+def check_trajectory_steps(shared, cfg, slots, steps_by_env: dict[int, list[int]]) -> dict:
+    """Check the trajectories in ``slots`` of CountingEnv envs (one env each, consecutive
+    steps, the policy's output written), add their steps to ``steps_by_env`` (by env tag) and
+    return the gathered data."""
+    data = shared.buffers.gather(list(slots))
+    obs = data["obs"]["obs"]  # [B, T+1, 3]
+    for b in range(obs.shape[0]):
+        tag = int(obs[b, 0, 0])
+        assert torch.all(obs[b, :, 0] == tag), "a trajectory mixes envs"
+        steps = obs[b, :cfg.rollout, 1].long().tolist()
+        assert steps == list(range(steps[0], steps[0] + cfg.rollout))
+        assert int(obs[b, cfg.rollout, 1]) == steps[-1] + 1
+        steps_by_env.setdefault(tag, []).extend(steps)
+    assert torch.all(data["policy_versions"] != -42), "unwritten policy output"
+    assert torch.all(data["log_probs"] <= 0)
+    return data
 
 
 def test_every_step_lands_in_exactly_one_trajectory(tmp_path):
@@ -60,17 +78,7 @@ def test_every_step_lands_in_exactly_one_trajectory(tmp_path):
             runner._check_children()
             for msg in shared.learner_queue.get_many(POLL):
                 assert isinstance(msg, TrajectoriesReady)
-                data = shared.buffers.gather(list(msg.buffers))
-                obs = data["obs"]["obs"]  # [B, T+1, 3]
-                for b in range(obs.shape[0]):
-                    tag = int(obs[b, 0, 0])
-                    assert torch.all(obs[b, :, 0] == tag), "a trajectory mixes envs"
-                    steps = obs[b, :cfg.rollout, 1].long().tolist()
-                    assert steps == list(range(steps[0], steps[0] + cfg.rollout))
-                    assert int(obs[b, cfg.rollout, 1]) == steps[-1] + 1
-                    steps_by_env.setdefault(tag, []).extend(steps)
-                assert torch.all(data["policy_versions"] != -42), "unwritten policy output"
-                assert torch.all(data["log_probs"] <= 0)
+                check_trajectory_steps(shared, cfg, msg.buffers, steps_by_env)
                 trajectories += len(msg.buffers)
                 per_worker = shared.per_worker_buffers
                 shared.worker_queues[msg.buffers[0] // per_worker].put(BuffersFreed(msg.buffers, 0))

@@ -17,6 +17,8 @@ from fastrl.messages import (
     CheckpointSaved,
     Fenced,
     LearnerReport,
+    NodeLost,
+    NodeReport,
     PolicyReport,
     RolloutReport,
     SaveCheckpoint,
@@ -76,6 +78,20 @@ class RunLoop:
             stats.add_busy("inference", msg.busy_seconds)
         elif isinstance(msg, Fenced):
             stats.trajectories_discarded += msg.trajectories
+            if stats.nodes:  # rollout worker k stands for sampler node k
+                stats.nodes[msg.worker_id].trajectories_dropped += msg.trajectories
+        elif isinstance(msg, NodeReport):
+            stats.nodes[msg.node].report(msg.connected, msg.trajectories, msg.lag_mean,
+                                         msg.lag_max)
+            stats.add_busy("transfer", msg.busy_seconds)
+        elif isinstance(msg, NodeLost):
+            node = stats.nodes[msg.node]
+            node.losses += 1
+            node.trajectories_dropped += msg.in_flight
+            stats.trajectories_discarded += msg.in_flight
+            log(f"sampler node {msg.node} lost (connection {msg.generation}: {msg.cause}); "
+                f"{node.trajectories_dropped} of its trajectories dropped so far; training "
+                "goes on with the other nodes")
         elif isinstance(msg, CheckpointSaved) and msg.path:
             log(f"saved {msg.path}")
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -38,6 +39,7 @@ from fastrl.experiment import (
     prepare_experiment_dir,
     print_final_summary,
 )
+from fastrl.link import NodeLink, host_store, publish_config
 from fastrl.messages import LearnerReady
 from fastrl.procs import check_queue_layout
 from fastrl.runner.common import (
@@ -131,6 +133,15 @@ def learner_main(wiring: Wiring, rank: int) -> None:
             group.close()
 
 
+def start_sampling(cfg: Config, supervisor: Supervisor) -> None:
+    """Start the policy workers, then the rollout workers."""
+    for p in range(cfg.num_policy_workers):
+        supervisor.start(Child(f"fastrl-policy-{p}", "policy", p, cfg.policy_threads,
+                               policy_worker_main))
+    for w in range(cfg.num_workers):
+        supervisor.start(Child(f"fastrl-rollout-{w}", "rollout", w, 1, rollout_worker_main))
+
+
 # --- the runner -------------------------------------------------------------------------
 
 
@@ -145,6 +156,8 @@ class ParallelRunner:
         self.loop: RunLoop | None = None
         self.exp_dir: str | None = None
         self._interrupted = False
+        self.store = None  # the learner node's store, where sampler nodes connect
+        self.links: list[NodeLink] = []
 
     # The tests drive these directly (they play the learner).
     @property
@@ -175,8 +188,20 @@ class ParallelRunner:
         info = probe_env(cfg)
         check_env_settings(cfg, info)
         model = build_model(cfg, info, torch.device("cpu"))
-        self.shared = wiring = build_wiring(cfg, info, model, cfg.num_workers,
-                                            cfg.num_envs_per_worker, ctx=self.ctx)
+        if cfg.num_sampler_nodes:
+            # Sampler node k plays rollout worker k: it owns the slots of a node's envs.
+            self.shared = wiring = build_wiring(cfg, info, model, cfg.num_sampler_nodes,
+                                                cfg.num_envs, ctx=self.ctx)
+            try:
+                self.store = host_store(cfg.node_port)
+            except RuntimeError as exc:
+                raise ExperimentError(f"--node_port={cfg.node_port}: cannot listen there "
+                                      f"({str(exc).splitlines()[0]})") from None
+            publish_config(self.store, cfg)
+            wiring.node_port = self.store.port
+        else:
+            self.shared = wiring = build_wiring(cfg, info, model, cfg.num_workers,
+                                                cfg.num_envs_per_worker, ctx=self.ctx)
         check_queue_layout(wiring.learner_queue.q)  # the lock repair must know the layout
         self.supervisor = Supervisor(wiring, self.ctx, self._pump)
         if cfg.eval_every_env_frames:
@@ -187,12 +212,23 @@ class ParallelRunner:
         return wiring
 
     def start_sampling(self) -> None:
-        """Start the policy workers, then the rollout workers."""
-        cfg, start = self.cfg, self.supervisor.start
-        for p in range(cfg.num_policy_workers):
-            start(Child(f"fastrl-policy-{p}", "policy", p, cfg.policy_threads, policy_worker_main))
-        for w in range(cfg.num_workers):
-            start(Child(f"fastrl-rollout-{w}", "rollout", w, 1, rollout_worker_main))
+        cfg = self.cfg
+        if not cfg.num_sampler_nodes:
+            start_sampling(cfg, self.supervisor)
+            return
+        from fastrl.runner.node import local_node_main
+
+        for node in range(cfg.num_sampler_nodes):
+            link = NodeLink(self.shared, self.store, node, self.supervisor.fenced)
+            link.start()
+            self.links.append(link)
+            if cfg.start_sampler_nodes:
+                self.supervisor.start(Child(f"fastrl-node-{node}", "node", node, 1,
+                                            local_node_main))
+        if not cfg.start_sampler_nodes:
+            log(f"waiting for {cfg.num_sampler_nodes} sampler node(s); on each machine run: "
+                f"python -m fastrl.node --connect {socket.gethostname()}:{self.store.port} "
+                f"--node_rank K  (K = 0 to {cfg.num_sampler_nodes - 1})")
 
     def run(self) -> dict:
         cfg = self.cfg
@@ -265,7 +301,8 @@ class ParallelRunner:
         cfg, layout = self.cfg, wiring.layout
         device = resolve_device(cfg.device)
         mode = "sampling only" if cfg.sampling_only else ("async" if cfg.async_rl else "sync")
-        log(f"parallel mode ({mode}): {cfg.env}, {cfg.num_workers} workers x "
+        nodes = (f"{cfg.num_sampler_nodes} sampler nodes of " if cfg.num_sampler_nodes else "")
+        log(f"parallel mode ({mode}): {cfg.env}, {nodes}{cfg.num_workers} workers x "
             f"{cfg.num_envs_per_worker} envs in {cfg.worker_num_splits} splits, "
             f"{cfg.num_policy_workers} policy worker(s), "
             + (f"{cfg.num_learners} learners, " if cfg.num_learners > 1 else "")
@@ -300,10 +337,16 @@ class ParallelRunner:
         if self.evaluator is not None:
             self.evaluator.close()
             self.evaluator = None
+        for link in self.links:  # the nodes stop their own workers when told goodbye
+            link.stopping.set()
+        for link in self.links:
+            link.stop()
+        self.links = []
         if self.supervisor is not None:
             self.supervisor.stop_all()
         if self.shared is not None:
             self.shared.close()
+        self.store = None
 
 
 def run_parallel(cfg: Config, warmup_seconds: float = 0.0) -> dict:

@@ -31,7 +31,7 @@ import torch
 from fastrl.experiment import log
 from fastrl.malloc import keep_freed_memory
 from fastrl.messages import ChildFailed, Fence, Fenced, Reissue
-from fastrl.procs import kill_group, release_queue_locks
+from fastrl.procs import kill_group, kill_session, release_queue_locks
 from fastrl.runner.wiring import Wiring
 
 LOCK_WATCH_INTERVAL = 0.1  # seconds between the watchdog's looks at the children
@@ -46,15 +46,25 @@ class Child:
     """A child process the runner supervises, and how to start it again."""
 
     name: str
-    kind: str  # "learner", "policy" or "rollout"
+    kind: str  # "learner", "policy", "rollout" or "node" (a sampler node on this machine)
     index: int
     threads: int
     target: Callable[[Wiring, int], None]
     proc: Any = None
     failures: deque = field(default_factory=deque)  # times of its past crashes
 
+    @property
+    def session(self) -> bool:
+        """Whether it leads a session (a sampler node, whose workers lead groups in it)
+        rather than a process group."""
+        return self.kind == "node"
 
-def _child_setup(name: str, threads: int) -> None:
+    def kill(self, wait: float = 2.0) -> None:
+        """Kill what is left of it: its group, or its whole session."""
+        (kill_session if self.session else kill_group)(self.proc.pid, wait)
+
+
+def _child_setup(name: str, threads: int, session: bool) -> None:
     # Children ignore Ctrl-C: the runner stops them with a message and joins them, so that
     # every checkpoint and engine is closed in order. A new process group also keeps the
     # terminal's SIGINT away from their own children (the VizDoom engine processes).
@@ -62,7 +72,10 @@ def _child_setup(name: str, threads: int) -> None:
     # `kill -USR1 <pid>` prints where a worker is (for a run that seems stuck).
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
-        os.setpgrp()
+        if session:
+            os.setsid()
+        else:
+            os.setpgrp()
     except OSError:
         pass
     try:
@@ -75,9 +88,10 @@ def _child_setup(name: str, threads: int) -> None:
     keep_freed_memory()
 
 
-def run_child(name: str, threads: int, target, wiring: Wiring, index: int) -> None:
+def run_child(name: str, threads: int, target, wiring: Wiring, index: int,
+              session: bool = False) -> None:
     """A child process's entry point: set up, run ``target``, report a failure and exit 1."""
-    _child_setup(name, threads)
+    _child_setup(name, threads, session)
     try:
         target(wiring, index)
     except BaseException as exc:  # noqa: BLE001 - report everything, then exit non-zero
@@ -127,14 +141,22 @@ class Supervisor:
     # -- starting -------------------------------------------------------------------------
 
     def slot(self, child: Child) -> int:
-        return child.index if child.kind == "rollout" else self.wiring.policy_slot(child.index)
+        """Its heartbeat slot (a sampler node's link beats for it on the learner node)."""
+        if child.kind in ("rollout", "node"):
+            return child.index
+        return self.wiring.policy_slot(child.index)
+
+    def fenced(self, worker_id: int) -> int | None:
+        """The generation of ``worker_id`` whose fence the learner last confirmed."""
+        return self._fenced.get(worker_id)
 
     def start(self, child: Child) -> None:
         if child.kind != "learner":
             self.wiring.beat(self.slot(child))  # its clock starts now, not at its first beat
         child.proc = self.ctx.Process(
             target=run_child, name=child.name, daemon=False,
-            args=(child.name, child.threads, child.target, self.wiring, child.index))
+            args=(child.name, child.threads, child.target, self.wiring, child.index,
+                  child.session))
         child.proc.start()
         self.children[child.name] = child
 
@@ -148,7 +170,7 @@ class Supervisor:
             if self.check_exit(child):
                 continue
             if child.kind != "learner" and now - self.wiring.heartbeat[self.slot(child)] > timeout:
-                kill_group(child.proc.pid)
+                child.kill()
                 child.proc.join(timeout=5)
                 self._on_death(child, f"sent no heartbeat for {timeout:.0f} s (hung) and was "
                                       "killed", reported=False)
@@ -186,7 +208,7 @@ class Supervisor:
         self._await_lock_repair(child.proc)
         failure = self._take_failure(child.name, wait=1.0 if reported else 0.0)
         # What it left outside Python: env engines in its process group, their shared memory.
-        kill_group(child.proc.pid)
+        child.kill()
         cause = f"failed: {failure.error}" if failure is not None else how
         if child.kind == "learner" or not self.restart_workers:
             raise ChildError(f"{child.name} {cause}")
@@ -204,6 +226,8 @@ class Supervisor:
         start = time.monotonic()
         if child.kind == "rollout":
             self._restart_rollout(child)
+        elif child.kind == "node":
+            self.start(child)  # its link fences the lost node's data off by itself
         else:
             self._restart_policy(child)
         self.restarts += 1
@@ -266,7 +290,7 @@ class Supervisor:
     def kill_all(self) -> None:
         for child in self.children.values():
             if child.proc is not None and child.proc.pid is not None:
-                kill_group(child.proc.pid, wait=0.5)
+                child.kill(wait=0.5)
 
     def stop_all(self) -> None:
         """Stop every child: the stop flag, a join with a timeout, then kill; then clear what
@@ -277,12 +301,12 @@ class Supervisor:
             return
         self.wiring.stop.set()
         deadline = time.monotonic() + 10
-        procs = [(c.name, c.proc) for c in self.children.values()]
-        for _, proc in procs:
-            proc.join(timeout=max(0.1, deadline - time.monotonic()))
-        for name, proc in procs:
-            if proc.is_alive():
-                log(f"{name} did not stop in time; killing it")
-            kill_group(proc.pid)
-            proc.join(timeout=3)
+        children = list(self.children.values())
+        for child in children:
+            child.proc.join(timeout=max(0.1, deadline - time.monotonic()))
+        for child in children:
+            if child.proc.is_alive():
+                log(f"{child.name} did not stop in time; killing it")
+            child.kill()
+            child.proc.join(timeout=3)
         self.children = {}

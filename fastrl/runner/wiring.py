@@ -9,6 +9,8 @@ Who talks to whom (``fastrl/messages.py`` has every message; tensors stay in the
     runner           --Fence, SaveCheckpoint----> learner_queue
     runner           --Reissue------------------> worker_queues[w]   (every w)
     learner (rank 0) --TrainShare---------------> rank_queues[r - 1]  (--num_learners > 1)
+    sampler node k   --trajectories, reports----> its link, which plays rollout worker k
+                       (--num_sampler_nodes; fastrl/link.py, fastrl/runner/node.py)
     learner          --LearnerReady, Fenced,
                        CheckpointSaved----------> runner_queue
     everyone         --reports, ChildFailed-----> runner_queue
@@ -68,6 +70,9 @@ class Wiring:
     # torch.distributed rendezvous.
     rank_queues: list[MessageQueue] = field(default_factory=list)
     learner_port: int = 0
+    # Sampler nodes (--num_sampler_nodes): the port of the learner node's store, where they
+    # connect. On the learner node "rollout worker" k stands for sampler node k.
+    node_port: int = 0
 
     @property
     def num_envs(self) -> int:
@@ -110,14 +115,17 @@ class _Counter:
 
 
 def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers: int,
-                 envs_per_worker: int, ctx=None) -> Wiring:
+                 envs_per_worker: int, ctx=None, slots_per_env: int | None = None) -> Wiring:
     """Allocate buffers and queues for ``num_workers`` rollout workers of ``envs_per_worker``
     envs. With a multiprocessing context ``ctx`` everything lives in shared memory (parallel
     mode, the weights published by copy); without, in this process (serial mode, where the
-    policy acts with ``model`` itself)."""
+    policy acts with ``model`` itself). ``slots_per_env``: trajectory slots per env (default:
+    room for two learner batches, see ``buffers_per_env``)."""
     num_envs = num_workers * envs_per_worker
+    if slots_per_env is None:
+        slots_per_env = buffers_per_env(cfg, num_envs)
     layout = BufferLayout.from_spaces(info.obs_space, info.action_space,
-                                      num_envs * buffers_per_env(cfg, num_envs), cfg.rollout,
+                                      num_envs * slots_per_env, cfg.rollout,
                                       model.rnn_state_size)
     parallel = ctx is not None
     n_policy = cfg.num_policy_workers if parallel else 1

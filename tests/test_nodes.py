@@ -1,0 +1,208 @@
+"""Sampler nodes (``--num_sampler_nodes``): the payload codec against a slow reference, every
+step through two real nodes, a node killed mid-run, a node started by hand, and the
+settings that cannot work."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from fastrl.buffers import BufferLayout, TrajectoryBuffers
+from fastrl.cfg import Config, validate
+from fastrl.cfg_io import parse_config
+from fastrl.distributed import free_port
+from fastrl.link import SlotCodec
+from fastrl.messages import BuffersFreed, TrajectoriesReady
+from fastrl.procs import session_members
+from fastrl.runner.parallel import POLL, ParallelRunner
+from tests.test_faults import Training, assert_nothing_left, summary_of, wait_until
+from tests.test_parallel import (
+    COUNTING,
+    REPO,
+    base_args,
+    check_trajectory_steps,
+    publish_first_weights,
+    shm_files,
+)
+
+
+def _layout(num_buffers: int) -> BufferLayout:
+    # Odd row sizes (a 5-byte image row, 3 bool steps) so that the sections need padding.
+    obs = spaces.Dict({"obs": spaces.Box(0, 255, (5,), np.uint8),
+                       "vec": spaces.Box(-1.0, 1.0, (3,), np.float32)})
+    return BufferLayout.from_spaces(obs, spaces.MultiDiscrete([3, 2]), num_buffers, 3, 4)
+
+
+def _random_buffers(num_buffers: int, seed: int) -> TrajectoryBuffers:
+    buffers = TrajectoryBuffers(_layout(num_buffers))
+    g = torch.Generator().manual_seed(seed)
+    for t in buffers.tensors():
+        if t.dtype == torch.bool:
+            t.copy_(torch.rand(t.shape, generator=g) < 0.5)
+        elif t.dtype.is_floating_point:
+            t.copy_(torch.randn(t.shape, generator=g))
+        else:
+            t.copy_(torch.randint(0, 200, t.shape, generator=g).to(t.dtype))
+    return buffers
+
+
+def test_codec_moves_slots_between_buffers_exactly():
+    src, dst = _random_buffers(8, seed=1), _random_buffers(10, seed=2)
+    before = [t.clone() for t in dst.tensors()]
+    codec_out, codec_in = SlotCodec(src, max_slots=4), SlotCodec(dst, max_slots=4)
+    src_slots, dst_slots = [5, 0, 7], [9, 2, 3]
+    codec_in.unpack(codec_out.pack(src_slots).clone(), dst_slots)
+    moved = dict(zip(dst_slots, src_slots))
+    # The slow way: every slot of every tensor, one by one.
+    for s, d, b in zip(src.tensors(), dst.tensors(), before):
+        for slot in range(d.shape[0]):
+            expect = s[moved[slot]] if slot in moved else b[slot]
+            assert torch.equal(d[slot], expect)
+
+
+def test_codec_refuses_what_does_not_fit():
+    buffers = _random_buffers(8, seed=3)
+    codec = SlotCodec(buffers, max_slots=2)
+    with pytest.raises(ValueError, match="cannot pack 3 slots"):
+        codec.pack([0, 1, 2])
+    with pytest.raises(ValueError, match="does not hold 2 trajectories"):
+        codec.unpack(codec.pack([0]), [0, 1])
+
+
+def test_node_settings_that_cannot_work_are_one_line_errors():
+    errors = validate(Config(num_sampler_nodes=2, serial_mode=True))
+    assert any("--num_sampler_nodes=2: needs parallel mode" in e for e in errors)
+    errors = validate(Config(num_sampler_nodes=2, async_rl=False))
+    assert any("--num_sampler_nodes=2: needs --async_rl True" in e for e in errors)
+    assert any("--node_port=70000" in e for e in validate(Config(node_port=70000)))
+    assert any("--num_sampler_nodes=-1" in e for e in validate(Config(num_sampler_nodes=-1)))
+    proc = subprocess.run([sys.executable, "-m", "fastrl.node", "--connect", "nohost",
+                           "--node_rank", "0"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2
+    assert "--connect=nohost: must be HOST:PORT" in proc.stderr.strip().splitlines()[-1]
+
+
+NODE_ARGS = ("--num_sampler_nodes", "2", "--num_workers", "1")
+
+
+@pytest.mark.multiprocess
+def test_every_step_through_two_nodes_lands_in_exactly_one_trajectory(tmp_path):
+    """Two real sampler nodes; this test plays the learner on the learner node, checks every
+    slot that arrives, and publishes new weights that must reach both nodes."""
+    cfg = parse_config(base_args(tmp_path, COUNTING, *NODE_ARGS))
+    runner = ParallelRunner(cfg)
+    shared = runner.setup()
+    publish_first_weights(shared)
+    steps_by_env: dict[int, list[int]] = {}
+    versions_by_node: dict[int, set[int]] = {0: set(), 1: set()}
+    trajectories = 0
+    try:
+        runner.start_sampling()
+        deadline = time.time() + 60
+        while ((trajectories < 300 or len(steps_by_env) < 2 * cfg.num_envs
+                or any(5 not in v for v in versions_by_node.values()))
+               and time.time() < deadline):
+            runner._check_children()
+            if trajectories >= 100 and shared.weights.version() == 0:
+                publish_first_weights(shared, version=5)
+            for msg in shared.learner_queue.get_many(POLL):
+                assert isinstance(msg, TrajectoriesReady)
+                data = check_trajectory_steps(shared, cfg, msg.buffers, steps_by_env)
+                versions_by_node[msg.worker_id] |= set(data["policy_versions"].view(-1).tolist())
+                trajectories += len(msg.buffers)
+                shared.worker_queues[msg.worker_id].put(BuffersFreed(msg.buffers,
+                                                                     msg.generation))
+    finally:
+        runner.shutdown()
+    assert trajectories >= 300
+    assert len(steps_by_env) == 2 * cfg.num_envs, "an env of a node never delivered"
+    for tag, steps in steps_by_env.items():
+        assert sorted(steps) == list(range(len(steps))), \
+            f"env {tag}: a step was dropped or duplicated"
+    for node, versions in versions_by_node.items():
+        assert versions <= {0, 5} and 5 in versions, f"node {node} acted with {versions}"
+
+
+def _kill_session(leader: int) -> None:
+    for pid in session_members(leader):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.multiprocess
+def test_a_killed_node_loses_only_its_data_and_comes_back(tmp_path):
+    before = shm_files()
+    run = Training(base_args(tmp_path, COUNTING, *NODE_ARGS,
+                             "--train_for_seconds", "28"))
+    try:
+        wait_until(lambda: "sampler node 1 connected (connection 1)" in run.output
+                   and (tmp_path / "x" / "summary.json").exists()
+                   and summary_of(tmp_path)["learner_steps"] > 0, 60, "training")
+        node = run.pid("fastrl-node-1")
+        assert node is not None, run.output
+        run.kids |= set(session_members(node))
+        _kill_session(node)  # the node and every worker it started
+        wait_until(lambda: "sampler node 1 connected (connection 2)" in run.output, 60,
+                   "node 1 to come back")
+        run.pid("fastrl-node-1")
+        frames_back = summary_of(tmp_path)["env_frames"]
+        received_back = summary_of(tmp_path)["sampler_nodes"][1]["trajectories"]
+        code = run.wait(120)
+    finally:
+        run.kill()
+    out = run.output
+    assert code == 0, out
+    assert "fastrl-node-1 died unexpectedly (signal SIGKILL); restarting it" in out
+    assert "sampler node 1 lost (connection 1: " in out
+    final = summary_of(tmp_path)
+    node0, node1 = final["sampler_nodes"]
+    assert node0["losses"] == 0 and node1["losses"] == 1
+    assert node1["trajectories_dropped"] <= final["trajectories_discarded"]
+    assert final["env_frames"] > frames_back + 5_000, "training did not go on"
+    assert node1["trajectories"] > received_back, "the restarted node sent nothing"
+    assert node0["lag_max"] is not None and node1["lag_max"] is not None
+    assert_nothing_left(run.kids, before)
+
+
+@pytest.mark.multiprocess
+def test_a_node_started_by_hand_joins_by_address(tmp_path):
+    port = free_port()
+    run = Training(base_args(tmp_path, COUNTING,
+                             "--num_sampler_nodes", "1", "--start_sampler_nodes", "False",
+                             "--node_port", str(port), "--num_workers", "1",
+                             "--train_for_env_steps", "4000"))
+    node = None
+    try:
+        wait_until(lambda: "python -m fastrl.node --connect" in run.output, 60,
+                   "the learner node to wait for nodes")
+        cmd = [sys.executable, "-m", "fastrl.node", "--connect", f"127.0.0.1:{port}"]
+        wrong = subprocess.run([*cmd, "--node_rank", "3"], cwd=REPO, capture_output=True,
+                               text=True, timeout=60)
+        assert wrong.returncode == 1
+        assert wrong.stderr.strip().splitlines()[-1] == (
+            "fastrl.node: error: --node_rank=3: the run has 1 sampler nodes (0 to 0)")
+        node = subprocess.Popen([*cmd, "--node_rank", "0"], cwd=REPO, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        code = run.wait(120)
+        node_out, _ = node.communicate(timeout=60)
+    finally:
+        run.kill()
+        if node is not None and node.poll() is None:
+            node.kill()
+    assert code == 0, run.output
+    assert node.returncode == 0, node_out
+    assert "sampler node 0 stopped after shipping" in node_out
+    assert summary_of(tmp_path)["sampler_nodes"][0]["trajectories"] > 0
+    assert json.loads((tmp_path / "x" / "summary.json").read_text())["env_frames"] >= 4000
