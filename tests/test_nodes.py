@@ -95,6 +95,21 @@ def test_node_settings_that_cannot_work_are_one_line_errors():
 NODE_ARGS = ("--num_sampler_nodes", "2", "--num_workers", "1")
 
 
+def test_each_node_has_room_for_a_whole_batch_on_the_learner_node(tmp_path):
+    """Else, with more than half of the nodes gone, the learner would wait for a batch that
+    the remaining nodes' slots cannot hold, and they for slots it never frees."""
+    cfg = parse_config(base_args(tmp_path, COUNTING, "--num_sampler_nodes", "4",
+                                 "--num_workers", "1", "--batch_size", "128"))
+    runner = ParallelRunner(cfg)
+    shared = runner.setup()
+    try:
+        per_batch = cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout
+        assert shared.num_workers == 4
+        assert shared.per_worker_buffers >= per_batch + cfg.num_envs
+    finally:
+        runner.shutdown()
+
+
 @pytest.mark.multiprocess
 def test_every_step_through_two_nodes_lands_in_exactly_one_trajectory(tmp_path):
     """Two real sampler nodes; this test plays the learner on the learner node, checks every

@@ -43,6 +43,7 @@ from fastrl.link import NodeLink, host_store, publish_config
 from fastrl.messages import LearnerReady
 from fastrl.procs import check_queue_layout
 from fastrl.runner.common import (
+    buffers_per_env,
     build_model,
     check_env_settings,
     create_env,
@@ -189,9 +190,15 @@ class ParallelRunner:
         check_env_settings(cfg, info)
         model = build_model(cfg, info, torch.device("cpu"))
         if cfg.num_sampler_nodes:
-            # Sampler node k plays rollout worker k: it owns the slots of a node's envs.
+            # Sampler node k plays rollout worker k: it owns the slots of a node's envs, at
+            # least enough for a whole batch, so that training goes on while only one node
+            # is connected.
+            traj_per_batch = cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout
+            slots_per_env = max(buffers_per_env(cfg, cfg.num_sampler_nodes * cfg.num_envs),
+                                -(-traj_per_batch // cfg.num_envs) + 1)
             self.shared = wiring = build_wiring(cfg, info, model, cfg.num_sampler_nodes,
-                                                cfg.num_envs, ctx=self.ctx)
+                                                cfg.num_envs, ctx=self.ctx,
+                                                slots_per_env=slots_per_env)
             try:
                 self.store = host_store(cfg.node_port)
             except RuntimeError as exc:
