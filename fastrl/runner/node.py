@@ -57,7 +57,7 @@ from fastrl.runner.wiring import Wiring, build_wiring
 from fastrl.slots import PendingSlots
 
 REPORTS_EVERY = 0.5  # seconds between the gateway's report messages (the node's heartbeat)
-NODE_SLOTS_PER_ENV = 2
+NODE_SLOTS_PER_ENV = 1
 
 
 class Gateway:
@@ -122,9 +122,9 @@ class NodeRunner:
         seed_everything(cfg.seed)
         info = probe_env(cfg)
         model = build_model(cfg, info, torch.device("cpu"))
-        # The gateway ships a trajectory as soon as it is complete, so an env needs only the
-        # slot it fills and one on its way: the batches wait on the learner node. More slots
-        # here would only hold older trajectories back (more policy lag).
+        # The gateway ships a trajectory as soon as it is complete and frees its slot once
+        # packed, so an env needs only the slot it fills: the batches wait on the learner
+        # node. More slots here would only hold older trajectories back (more policy lag).
         self.wiring = wiring = build_wiring(cfg, info, model, cfg.num_workers,
                                             cfg.num_envs_per_worker, ctx=ctx,
                                             slots_per_env=NODE_SLOTS_PER_ENV)
@@ -157,9 +157,10 @@ class NodeRunner:
             "trajectories")
 
     def _pump(self, timeout: float) -> None:
-        """Ship what is ready, then read the node's runner queue once."""
-        self.gateway.poll(0.0)
-        for msg in self.wiring.runner_queue.get_many(timeout):
+        """Ship what is ready (waiting up to ``timeout`` for it), then read the node's runner
+        queue once."""
+        self.gateway.poll(timeout)
+        for msg in self.wiring.runner_queue.get_many(0.0):
             if isinstance(msg, ChildFailed | Fenced):
                 self.supervisor.note(msg)
             else:

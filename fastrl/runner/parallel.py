@@ -190,11 +190,12 @@ class ParallelRunner:
         check_env_settings(cfg, info)
         model = build_model(cfg, info, torch.device("cpu"))
         if cfg.num_sampler_nodes:
-            # Sampler node k plays rollout worker k: it owns the slots of a node's envs, at
-            # least enough for a whole batch, so that training goes on while only one node
-            # is connected.
+            # Sampler node k plays rollout worker k: it owns the slots of a node's envs. Each
+            # node fills one slot per env of its own, so together they hold what one machine's
+            # slots would, unless that is less than a whole batch per node: training must go
+            # on while only one node is connected.
             traj_per_batch = cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout
-            slots_per_env = max(buffers_per_env(cfg, cfg.num_sampler_nodes * cfg.num_envs),
+            slots_per_env = max(buffers_per_env(cfg, cfg.num_sampler_nodes * cfg.num_envs) - 1,
                                 -(-traj_per_batch // cfg.num_envs) + 1)
             self.shared = wiring = build_wiring(cfg, info, model, cfg.num_sampler_nodes,
                                                 cfg.num_envs, ctx=self.ctx,
