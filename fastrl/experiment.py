@@ -296,6 +296,10 @@ class Reporter:
         w.add_scalar("faults/env_restarts", s.env_restarts, step)
         w.add_scalar("faults/worker_restarts", s.worker_restarts, step)
         w.add_scalar("faults/trajectories_discarded", s.trajectories_discarded, step)
+        for i, node in enumerate(s.nodes):
+            w.add_scalar(f"nodes/{i}/connection_losses", node.losses, step)
+            if node.lag_mean is not None:
+                w.add_scalar(f"nodes/{i}/policy_lag_mean", node.lag_mean, step)
         names = {"policy_loss": "train/policy_loss", "value_loss": "train/value_loss",
                  "entropy": "train/entropy", "kl": "train/kl",
                  "clip_fraction": "train/clip_fraction",

@@ -3,7 +3,7 @@ shared memory and queues, as on one machine, and a gateway in place of the learn
 
 The gateway (:class:`Gateway`, in this process's main thread) takes the trajectory slots the
 rollout workers hand in, ships them to the learner node in messages of raw tensor bytes
-(``fastrl.link``), and frees the slots at once; it forwards the workers' reports the same
+(``fastrl.link``), and frees each slot once sent; it forwards the workers' reports the same
 way, twice a second, which also tells the learner that the node lives. A second thread
 receives each new weights version and publishes it to the node's policy workers.
 
