@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,6 +32,7 @@ from tests.test_parallel import (
     base_args,
     check_trajectory_steps,
     publish_first_weights,
+    run_train,
     shm_files,
 )
 
@@ -93,6 +95,18 @@ def test_node_settings_that_cannot_work_are_one_line_errors():
 
 
 NODE_ARGS = ("--num_sampler_nodes", "2", "--num_workers", "1")
+
+
+def test_a_node_port_in_use_is_a_one_line_error(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = run_train(base_args(tmp_path, COUNTING, "--num_sampler_nodes", "1",
+                                   "--node_port", str(port)), timeout=120)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"train.py: error: --node_port={port}: cannot listen there"), last
 
 
 def test_each_node_has_room_for_a_whole_batch_on_the_learner_node(tmp_path):
