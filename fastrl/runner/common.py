@@ -112,22 +112,6 @@ def buffers_per_env(cfg: Config, num_envs: int) -> int:
     return 2 * math.ceil(traj_per_batch / num_envs) + 1
 
 
-# What a fork server imports once, so that each child it forks starts without importing
-# torch again (spawn costs every child 1.5-2 s of CPU for that).
-FORKSERVER_PRELOAD = ["torch", "fastrl.runner.parallel", "fastrl.runner.node", "envs"]
-
-
-def process_context():
-    """The multiprocessing context for the parallel runner's children: ``forkserver``, with
-    torch and fastrl already imported in the server. A child is then a fork of a process that
-    has started no threads and touched no GPU, as safe as spawn and much faster to start."""
-    import torch.multiprocessing as tmp
-
-    ctx = tmp.get_context("forkserver")
-    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
-    return ctx
-
-
 def seed_everything(seed: int | None) -> None:
     if seed is None:
         return

@@ -91,9 +91,6 @@ def _child_setup(name: str, threads: int, session: bool) -> None:
 def run_child(name: str, threads: int, target, wiring: Wiring, index: int,
               session: bool = False) -> None:
     """A child process's entry point: set up, run ``target``, report a failure and exit 1."""
-    # The process that started this one: the runner, or the fork server that forked this one
-    # for it (which exits when the runner does). Either way, when it goes, so does this.
-    wiring.parent_pid = os.getppid()
     _child_setup(name, threads, session)
     try:
         target(wiring, index)

@@ -61,9 +61,7 @@ class Wiring:
     learner_queue: MessageQueue
     runner_queue: MessageQueue
     stop: Any  # an Event: set when the children must stop
-    # Parallel mode: the pid of the process that started this child (the runner, or the fork
-    # server that forked the child for it; set in the child): the child stops when it goes.
-    parent_pid: int | None
+    parent_pid: int | None  # the runner's pid in parallel mode: a child stops when it goes
     worker_gen: Any  # int64 per rollout worker: its restarts so far
     policy_epoch: Any  # .value: policy worker restarts so far
     heartbeat: Any  # float64 per rollout worker, then per policy worker: monotonic time
