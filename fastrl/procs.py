@@ -130,6 +130,28 @@ def _kill_all(members_now, kill, wait: float) -> int:
     return len(members)
 
 
+def exit_when_orphaned(parent: int, grace: float, poll: float = 1.0) -> None:
+    """Run in a daemon thread of a child: once its parent ``parent`` is gone and the child
+    has not exited on its own within ``grace`` seconds (its main thread is stuck where it
+    never checks, say on a queue lock that a killed process held, or in an env call without
+    a timeout), kill the rest of its process group (the env engines it started, whose
+    shared memory is removed too) and exit. Nobody else is left to do it."""
+    while os.getppid() == parent:
+        time.sleep(poll)
+    time.sleep(grace)
+    me, group = os.getpid(), os.getpgrp()
+    if group == me:  # only a group this process leads: never the runner's
+        others = [pid for pid in group_members(group) if pid != me]
+        engine_ids = [i for i in map(vizdoom_instance_id, others) if i]
+        for pid in others:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        remove_vizdoom_shm(engine_ids)
+    os._exit(1)
+
+
 def remove_vizdoom_shm(instance_ids) -> None:
     for instance_id in instance_ids:
         for prefix in VIZDOOM_SHM_PREFIXES:

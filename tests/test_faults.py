@@ -165,6 +165,30 @@ def test_killed_workers_are_restarted_and_training_goes_on(tmp_path):
     assert_nothing_left(run.kids, before)
 
 
+def test_stuck_workers_of_a_killed_runner_exit_by_themselves(tmp_path):
+    """Rollout workers stuck in an env call without a timeout never check whether the runner
+    lives. When it is killed, their orphan watch ends them, ORPHAN_GRACE seconds later."""
+    from fastrl.runner.supervisor import ORPHAN_GRACE
+
+    before = shm_files()
+    run = Training(base_args(tmp_path, HANGING, "--train_for_seconds", "300", "--env_timeout",
+                             "0", "--worker_timeout", "600", "--log_every_sec", "0.5"))
+    try:
+        # Every env hangs at its step 40: 5 trajectories of 8 steps, so 40 in all.
+        wait_until(lambda: "frames " in run.output and run.pid("fastrl-rollout-1") is not None,
+                   60, "the workers")
+        time.sleep(3)
+        run.pid("fastrl-learner")  # note every child while they are still below the runner
+        stuck = [run.pid(f"fastrl-rollout-{w}") for w in (0, 1)]
+        run.proc.kill()
+        time.sleep(ORPHAN_GRACE / 2)
+        assert all(alive([pid]) for pid in stuck), "the workers were not stuck"
+        wait_until(lambda: not alive(run.kids), ORPHAN_GRACE + 20, "every child to exit")
+    finally:
+        run.kill()
+    assert_nothing_left(run.kids, before)
+
+
 def test_hung_worker_is_killed_and_restarted(tmp_path):
     """A worker stuck where no Python timeout reaches it (here: stopped) misses heartbeats."""
     before = shm_files()
