@@ -220,6 +220,11 @@ class Config:
         return self.num_workers * self.num_envs_per_worker
 
     @property
+    def trajectories_per_batch(self) -> int:
+        """Trajectories of --rollout steps in one learner batch (all its minibatches)."""
+        return self.batch_size * self.num_batches_per_epoch // self.rollout
+
+    @property
     def envs_per_split(self) -> int:
         return self.num_envs_per_worker // self.worker_num_splits
 

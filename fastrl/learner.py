@@ -69,7 +69,7 @@ class Learner:
     @property
     def trajectories_per_batch(self) -> int:
         """A whole batch (every learner's share)."""
-        return self.cfg.batch_size * self.cfg.num_batches_per_epoch // self.cfg.rollout
+        return self.cfg.trajectories_per_batch
 
     def train(self, batch: dict) -> dict[str, float]:
         """Run ``num_epochs`` x ``num_batches_per_epoch`` SGD steps on ``batch``.

@@ -128,8 +128,8 @@ class Channel:
         if nbytes:
             self.group.send([payload], self.peer, 0).wait(self.timeout)
 
-    def recv_header(self, timeout: datetime.timedelta | None = None) -> tuple[int, int, int]:
-        self.group.recv([self._header], self.peer, 0).wait(timeout or self.timeout)
+    def recv_header(self) -> tuple[int, int, int]:
+        self.group.recv([self._header], self.peer, 0).wait(self.timeout)
         kind, count, nbytes, _ = (int(v) for v in self._header)
         if kind not in KIND_NAMES:
             raise RuntimeError(f"unknown message kind {kind} on the link")

@@ -108,8 +108,7 @@ def build_model(cfg: Config, info: EnvInfo, device: torch.device) -> ActorCritic
 
 def buffers_per_env(cfg: Config, num_envs: int) -> int:
     """Trajectory slots per env: one being filled plus room for two learner batches."""
-    traj_per_batch = cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout
-    return 2 * math.ceil(traj_per_batch / num_envs) + 1
+    return 2 * math.ceil(cfg.trajectories_per_batch / num_envs) + 1
 
 
 def seed_everything(seed: int | None) -> None:

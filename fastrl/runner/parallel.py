@@ -194,9 +194,8 @@ class ParallelRunner:
             # node fills one slot per env of its own, so together they hold what one machine's
             # slots would, unless that is less than a whole batch per node: training must go
             # on while only one node is connected.
-            traj_per_batch = cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout
             slots_per_env = max(buffers_per_env(cfg, cfg.num_sampler_nodes * cfg.num_envs) - 1,
-                                -(-traj_per_batch // cfg.num_envs) + 1)
+                                -(-cfg.trajectories_per_batch // cfg.num_envs) + 1)
             self.shared = wiring = build_wiring(cfg, info, model, cfg.num_sampler_nodes,
                                                 cfg.num_envs, ctx=self.ctx,
                                                 slots_per_env=slots_per_env)

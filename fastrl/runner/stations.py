@@ -74,7 +74,7 @@ class RolloutStation:
         first = self.worker_id * w.per_worker_buffers
         per_round = None
         if not cfg.async_rl:  # sync mode: one learner batch per round, shared by every env
-            per_round = (cfg.batch_size * cfg.num_batches_per_epoch // cfg.rollout) // w.num_envs
+            per_round = cfg.trajectories_per_batch // w.num_envs
         seed = None
         if cfg.seed is not None:  # a restarted worker must not replay its predecessor's episodes
             seed = cfg.seed + 1_000_003 * self.generation
