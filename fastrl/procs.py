@@ -130,13 +130,40 @@ def _kill_all(members_now, kill, wait: float) -> int:
     return len(members)
 
 
-def exit_when_orphaned(parent: int, grace: float, poll: float = 1.0) -> None:
-    """Run in a daemon thread of a child: once its parent ``parent`` is gone and the child
-    has not exited on its own within ``grace`` seconds (its main thread is stuck where it
-    never checks, say on a queue lock that a killed process held, or in an env call without
-    a timeout), kill the rest of its process group (the env engines it started, whose
-    shared memory is removed too) and exit. Nobody else is left to do it."""
-    while os.getppid() == parent:
+class Lifeline:
+    """Whether one process (the runner that started a child) still runs, checked from any
+    process by its pid and start time, so a reused pid never passes for it; pickles into
+    children. Unlike ``os.getppid()`` it works whatever started the child: the runner itself,
+    or a fork server that forked the child for it and may outlive the runner.
+
+    :meth:`alive` reads /proc at most every ``every`` seconds (it is called from hot loops);
+    once the process is gone, it stays gone."""
+
+    def __init__(self, pid: int | None = None, every: float = 0.25):
+        self.pid = os.getpid() if pid is None else pid
+        self.every = every
+        self.start = self._start_time()
+        self._next = 0.0
+        self._alive = self.start is not None
+
+    def _start_time(self) -> str | None:
+        fields = _stat(self.pid)
+        return fields[19] if _running(fields) and len(fields) > 19 else None
+
+    def alive(self) -> bool:
+        if self._alive and (now := time.monotonic()) >= self._next:
+            self._next = now + self.every
+            self._alive = self._start_time() == self.start
+        return self._alive
+
+
+def exit_when_orphaned(parent: Lifeline, grace: float, poll: float = 1.0) -> None:
+    """Run in a daemon thread of a child: once the process that started it (``parent``) is
+    gone and the child has not exited on its own within ``grace`` seconds (its main thread is
+    stuck where it never checks, say on a queue lock that a killed process held, or in an
+    env call without a timeout), kill the rest of its process group (the env engines it
+    started, whose shared memory is removed too) and exit. Nobody else is left to do it."""
+    while parent.alive():
         time.sleep(poll)
     time.sleep(grace)
     me, group = os.getpid(), os.getpgrp()

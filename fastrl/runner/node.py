@@ -24,7 +24,6 @@ from dataclasses import replace
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as tmp
 
 from fastrl.cfg import Config
 from fastrl.experiment import log
@@ -50,7 +49,7 @@ from fastrl.messages import (
     TrajectoriesReady,
 )
 from fastrl.procs import check_queue_layout
-from fastrl.runner.common import build_model, probe_env, seed_everything
+from fastrl.runner.common import build_model, probe_env, process_context, seed_everything
 from fastrl.runner.parallel import POLL, start_sampling
 from fastrl.runner.supervisor import Supervisor
 from fastrl.runner.wiring import Wiring, build_wiring
@@ -118,7 +117,7 @@ class NodeRunner:
 
     def run(self) -> None:
         cfg = self.cfg
-        ctx = tmp.get_context("spawn")
+        ctx = process_context()
         seed_everything(cfg.seed)
         info = probe_env(cfg)
         model = build_model(cfg, info, torch.device("cpu"))

@@ -24,7 +24,6 @@ import threading
 import time
 
 import torch
-import torch.multiprocessing as tmp
 
 from fastrl.cfg import Config
 from fastrl.checkpoint import restore_counters
@@ -48,6 +47,7 @@ from fastrl.runner.common import (
     check_env_settings,
     create_env,
     probe_env,
+    process_context,
     resolve_device,
     seed_everything,
 )
@@ -150,7 +150,7 @@ class ParallelRunner:
     def __init__(self, cfg: Config, warmup_seconds: float = 0.0):
         self.cfg = cfg
         self.warmup_seconds = warmup_seconds
-        self.ctx = tmp.get_context("spawn")
+        self.ctx = process_context()
         self.shared: Wiring | None = None
         self.supervisor: Supervisor | None = None
         self.evaluator: PeriodicEvaluator | None = None

@@ -31,7 +31,13 @@ import torch
 from fastrl.experiment import log
 from fastrl.malloc import keep_freed_memory
 from fastrl.messages import ChildFailed, Fence, Fenced, Reissue
-from fastrl.procs import exit_when_orphaned, kill_group, kill_session, release_queue_locks
+from fastrl.procs import (
+    Lifeline,
+    exit_when_orphaned,
+    kill_group,
+    kill_session,
+    release_queue_locks,
+)
 from fastrl.runner.wiring import Wiring
 
 LOCK_WATCH_INTERVAL = 0.1  # seconds between the watchdog's looks at the children
@@ -67,7 +73,7 @@ class Child:
 ORPHAN_GRACE = 10.0  # seconds a child whose runner died has to exit on its own
 
 
-def _child_setup(name: str, threads: int, session: bool, parent: int) -> None:
+def _child_setup(name: str, threads: int, session: bool, parent: Lifeline) -> None:
     # Children ignore Ctrl-C: the runner stops them with a message and joins them, so that
     # every checkpoint and engine is closed in order. A new process group also keeps the
     # terminal's SIGINT away from their own children (the VizDoom engine processes).
@@ -96,7 +102,7 @@ def _child_setup(name: str, threads: int, session: bool, parent: int) -> None:
 def run_child(name: str, threads: int, target, wiring: Wiring, index: int,
               session: bool = False) -> None:
     """A child process's entry point: set up, run ``target``, report a failure and exit 1."""
-    _child_setup(name, threads, session, os.getppid())
+    _child_setup(name, threads, session, wiring.parent)
     try:
         target(wiring, index)
     except BaseException as exc:  # noqa: BLE001 - report everything, then exit non-zero

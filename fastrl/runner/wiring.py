@@ -37,6 +37,7 @@ from fastrl.cfg import Config
 from fastrl.distributed import free_port
 from fastrl.experiment import ExperimentError
 from fastrl.mailbox import Mailbox
+from fastrl.procs import Lifeline
 from fastrl.queues import LocalQueue, MessageQueue
 from fastrl.runner.common import EnvInfo, buffers_per_env
 from fastrl.weights import LocalWeights, SharedWeights, WeightsSource
@@ -61,7 +62,8 @@ class Wiring:
     learner_queue: MessageQueue
     runner_queue: MessageQueue
     stop: Any  # an Event: set when the children must stop
-    parent_pid: int | None  # the runner's pid in parallel mode: a child stops when it goes
+    # Parallel mode: the runner that built this wiring; a child stops when it goes.
+    parent: Lifeline | None
     worker_gen: Any  # int64 per rollout worker: its restarts so far
     policy_epoch: Any  # .value: policy worker restarts so far
     heartbeat: Any  # float64 per rollout worker, then per policy worker: monotonic time
@@ -96,7 +98,7 @@ class Wiring:
     def should_stop(self) -> bool:
         if self.stop.is_set():
             return True
-        return self.parent_pid is not None and os.getppid() != self.parent_pid
+        return self.parent is not None and not self.parent.alive()
 
     def queues(self) -> list[MessageQueue]:
         return [self.policy_queue, self.learner_queue, self.runner_queue, *self.worker_queues,
@@ -152,7 +154,7 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
         rnn_state=rnn_state.share_memory_() if parallel else rnn_state,
         weights=weights, policy_queue=policy_queue, worker_queues=worker_queues,
         learner_queue=learner_queue, runner_queue=runner_queue, stop=stop,
-        parent_pid=os.getpid() if parallel else None,
+        parent=Lifeline() if parallel else None,
         worker_gen=sharedctypes.RawArray("q", num_workers),
         policy_epoch=sharedctypes.RawValue("q", 0) if parallel else _Counter(),
         heartbeat=sharedctypes.RawArray("d", num_workers + n_policy),
