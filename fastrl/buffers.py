@@ -15,6 +15,7 @@ import torch
 from gymnasium import spaces
 
 from fastrl.actions import ActionSpec
+from fastrl.staging import Staging
 
 # Values no env or policy can produce, written into fresh buffers so that a read of data
 # that was never written shows up in tests instead of passing silently.
@@ -109,31 +110,31 @@ class TrajectoryBuffers:
                 self.dones, self.policy_versions, self.rnn_states, *self.final_obs.values(),
                 self.final_step]
 
-    def gather(self, indices: list[int] | torch.Tensor, device: torch.device | str = "cpu") -> dict:
+    def gather(self, indices: list[int] | torch.Tensor, staging: Staging | None = None) -> dict:
         """Copy the trajectories at ``indices`` out of the buffers (one indexed read per key).
 
         Returns a dict with ``obs`` (dict of ``[B, T+1, ...]``) and ``[B, T]`` tensors,
         ``rnn_states`` ``[B, H]``, ``final_obs`` (dict of ``[B, ...]``) and ``final_step``
-        ``[B]``; all on ``device``.
+        ``[B]``. Without ``staging`` they are new CPU tensors; with one, they are on its
+        device, in its kept buffers (valid for its ``depth`` calls: see
+        :class:`fastrl.staging.Staging`).
         """
         idx = torch.as_tensor(indices, dtype=torch.int64)
-        non_blocking = torch.device(device).type == "cuda"
-
-        def take(x: torch.Tensor) -> torch.Tensor:
-            out = x.index_select(0, idx)
-            if non_blocking:
-                out = out.pin_memory()
-            return out.to(device, non_blocking=non_blocking)
-
-        return {
-            "obs": {k: take(v) for k, v in self.obs.items()},
-            "actions": take(self.actions),
-            "log_probs": take(self.log_probs),
-            "values": take(self.values),
-            "rewards": take(self.rewards),
-            "dones": take(self.dones),
-            "policy_versions": take(self.policy_versions),
-            "rnn_states": take(self.rnn_states),
-            "final_obs": {k: take(v) for k, v in self.final_obs.items()},
-            "final_step": take(self.final_step),
-        }
+        flat = {f"obs/{k}": v for k, v in self.obs.items()}
+        flat.update(actions=self.actions, log_probs=self.log_probs, values=self.values,
+                    rewards=self.rewards, dones=self.dones,
+                    policy_versions=self.policy_versions, rnn_states=self.rnn_states,
+                    final_step=self.final_step)
+        flat.update({f"final_obs/{k}": v for k, v in self.final_obs.items()})
+        if staging is None:
+            out = {key: v.index_select(0, idx) for key, v in flat.items()}
+        else:
+            out = staging.take({key: (v, idx) for key, v in flat.items()})
+        batch: dict = {"obs": {}, "final_obs": {}}
+        for key, value in out.items():
+            group, _, name = key.partition("/")
+            if name:
+                batch[group][name] = value
+            else:
+                batch[key] = value
+        return batch

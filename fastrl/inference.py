@@ -16,6 +16,7 @@ from fastrl.device import autocast
 from fastrl.distributions import ActionDistribution
 from fastrl.messages import ActionsReady, InferenceRequest
 from fastrl.model import ActorCritic
+from fastrl.staging import Staging
 from fastrl.weights import WeightsSource
 
 
@@ -45,7 +46,10 @@ class PolicyWorker:
         # -1 until weights are loaded: the model's own initial weights are never used to act
         # (they are not the learner's, whatever their version says).
         self.policy_version = -1
-        self._non_blocking = device.type == "cuda"
+        # Observations and memory reach the device through buffers kept from call to call.
+        self.staging = Staging(device)
+        self._flat_obs = {k: v.view(-1, *v.shape[2:]) for k, v in buffers.obs.items()}
+        self._steps = buffers.obs[next(iter(buffers.obs))].shape[1]  # T + 1 per slot
 
     def maybe_update_weights(self) -> None:
         """Load the newest published weights if their version differs from the loaded ones
@@ -76,8 +80,11 @@ class PolicyWorker:
         b_idx = torch.tensor(bufs, dtype=torch.int64)
         t_idx = torch.tensor(steps, dtype=torch.int64)
         e_idx = torch.tensor(env_ids, dtype=torch.int64)
-        obs = {k: self._to_device(v[b_idx, t_idx]) for k, v in self.buffers.obs.items()}
-        h = self._to_device(self.rnn_state[e_idx])
+        rows = b_idx * self._steps + t_idx  # row of (slot, step) in the flattened obs
+        staged = self.staging.take({"rnn": (self.rnn_state, e_idx),
+                                    **{f"obs/{k}": (v, rows) for k, v in self._flat_obs.items()}})
+        h = staged.pop("rnn")
+        obs = {key[4:]: value for key, value in staged.items()}
         with torch.inference_mode(), autocast(self.precision, self.device):
             logits, values, new_h = self.model.forward_step(obs, h)
             dist = ActionDistribution(logits, self.action_spec)
@@ -92,7 +99,3 @@ class PolicyWorker:
         return [ActionsReady(req.worker_id, req.split_id, req.t, req.generation, req.epoch)
                 for req in requests]
 
-    def _to_device(self, x: torch.Tensor) -> torch.Tensor:
-        if self._non_blocking:
-            return x.pin_memory().to(self.device, non_blocking=True)
-        return x.to(self.device)

@@ -82,13 +82,9 @@ class Learner:
         """
         start = time.perf_counter()
         cfg = self.cfg
-        versions = batch["policy_versions"]
-        acted = versions >= 0  # negative: steps of an episode cut short by an env fault
-        lag = (self.version - versions[acted]).float()
-        stats: dict[str, float] = {}
-        if lag.numel():
-            stats.update(policy_lag_min=lag.min().item(), policy_lag_mean=lag.mean().item(),
-                         policy_lag_max=lag.max().item())
+        # Read at the end with the other statistics: on a GPU, reading a value here would
+        # make the host wait for the batch's copy before it queues any training work.
+        lag = _policy_lag(batch["policy_versions"], self.version)
         if cfg.normalize_input:
             frames = _normalizer_frames(batch["obs"], batch["log_probs"].shape[1])
             self.model.update_normalizers(frames, self._reduce)
@@ -100,7 +96,11 @@ class Learner:
             last = self._train_on_fixed_targets(batch)
         else:
             last = self._train_on_trajectories(batch)
-        stats.update({k: float(v) for k, v in last.items()})
+        stats: dict[str, float] = {k: float(v) for k, v in last.items()}
+        acted, lag_min, lag_mean, lag_max = lag.tolist()
+        if acted:
+            stats.update(policy_lag_min=lag_min, policy_lag_mean=lag_mean,
+                         policy_lag_max=lag_max)
         stats["learning_rate"] = self.optimizer.param_groups[0]["lr"]
         self.samples_trained += int(batch["log_probs"].numel()) * self.world_size
         self.train_seconds += time.perf_counter() - start
@@ -271,6 +271,22 @@ class Learner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         self.samples_trained = int(state["samples_trained"])
+
+
+def _policy_lag(versions: torch.Tensor, version: int) -> torch.Tensor:
+    """``[steps acted, min, mean, max]`` of ``version - versions`` over the steps a policy
+    acted (a negative version marks a step of an episode cut short by an env fault), as one
+    tensor, without reading anything back from the device."""
+    acted = versions >= 0
+    lag = (version - versions).float()
+    count = acted.sum().float()
+    big = torch.finfo(torch.float32).max
+    return torch.stack([
+        count,
+        torch.where(acted, lag, big).min(),
+        torch.where(acted, lag, 0.0).sum() / count.clamp(min=1.0),
+        torch.where(acted, lag, -big).max(),
+    ])
 
 
 def exploration_problem(exploration_loss: str, spec: ActionSpec) -> str | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import faulthandler
+import signal
 import sys
 
 from fastrl.cfg import Config
@@ -29,6 +31,9 @@ def run(cfg: Config) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_or_exit(argv, prog="train.py")
+    # `kill -USR1 <pid>` prints where every thread of the trainer is (a run that seems stuck;
+    # its children do the same, see fastrl.runner.supervisor).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         run(cfg)
     except user_error_types() as exc:

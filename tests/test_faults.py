@@ -51,10 +51,18 @@ def wait_for_training(tmp_path) -> None:
     wait_until(lambda: path.exists() and summary_of(tmp_path)["learner_steps"] > 0, 60, "training")
 
 
-def wait_until(predicate, timeout: float, what: str) -> None:
+def wait_until(predicate, timeout: float, what: str, run: Training | None = None) -> None:
+    """Wait for ``predicate``; on a timeout fail, with ``run``'s output when given, after
+    asking it for the stacks of its threads (train.py prints them on SIGUSR1)."""
     deadline = time.time() + timeout
     while not predicate():
-        assert time.time() < deadline, f"timed out waiting for {what}"
+        if time.time() >= deadline:
+            if run is None:
+                pytest.fail(f"timed out waiting for {what}")
+            if run.proc.poll() is None:
+                os.kill(run.proc.pid, signal.SIGUSR1)
+                time.sleep(2)
+            pytest.fail(f"timed out waiting for {what}; train.py's output:\n{run.output}")
         time.sleep(0.1)
 
 

@@ -178,13 +178,13 @@ def test_a_killed_node_loses_only_its_data_and_comes_back(tmp_path):
     try:
         wait_until(lambda: "sampler node 1 connected (connection 1)" in run.output
                    and (tmp_path / "x" / "summary.json").exists()
-                   and summary_of(tmp_path)["learner_steps"] > 0, 60, "training")
+                   and summary_of(tmp_path)["learner_steps"] > 0, 60, "training", run)
         node = run.pid("fastrl-node-1")
         assert node is not None, run.output
         run.kids |= set(session_members(node))
         _kill_session(node)  # the node and every worker it started
         wait_until(lambda: "sampler node 1 connected (connection 2)" in run.output, 60,
-                   "node 1 to come back")
+                   "node 1 to come back", run)
         run.pid("fastrl-node-1")
         frames_back = summary_of(tmp_path)["env_frames"]
         received_back = summary_of(tmp_path)["sampler_nodes"][1]["trajectories"]

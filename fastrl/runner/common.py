@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import random
 from dataclasses import dataclass
 
@@ -124,11 +125,18 @@ def process_context():
 
     A child's parent is then the fork server, not the runner, and the fork server can outlive
     a killed runner; children therefore watch the runner itself (``Wiring.parent``, a
-    :class:`fastrl.procs.Lifeline`), not their parent pid."""
+    :class:`fastrl.procs.Lifeline`), not their parent pid.
+
+    ``FASTRL_START_METHOD=spawn`` starts every child afresh instead (slower), for a library
+    that misbehaves in a forked child."""
     import torch.multiprocessing as tmp
 
-    ctx = tmp.get_context("forkserver")
-    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+    method = os.environ.get("FASTRL_START_METHOD", "forkserver")
+    if method not in ("forkserver", "spawn"):
+        raise ValueError(f"FASTRL_START_METHOD={method!r}: must be 'forkserver' or 'spawn'")
+    ctx = tmp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
     return ctx
 
 

@@ -39,6 +39,7 @@ from fastrl.rollout import RolloutWorker, StepOutput
 from fastrl.runner.common import EnvInfo, build_model, create_env, reward_scale
 from fastrl.runner.wiring import Wiring
 from fastrl.slots import PendingSlots
+from fastrl.staging import Staging
 
 # An env that fails all the time must not flood the log: the first faults of a worker are
 # logged, then every hundredth.
@@ -195,6 +196,7 @@ class LearnerStation:
         self.learner = learner
         self.report_every = report_every
         self.pending = PendingSlots(wiring.per_worker_buffers, list(wiring.worker_gen))
+        self.staging = Staging(learner.device)  # batches reach the learner's device through it
         self._samples = 0
         self._busy = 0.0
         self._stats: dict = {}
@@ -250,10 +252,10 @@ class LearnerStation:
         if group is not None:  # every rank trains on its share: rank r on slots r, r + N, ...
             for rank, q in enumerate(w.rank_queues, start=1):
                 q.put(TrainShare(slots[rank::group.world_size]))
-            batch = w.buffers.gather(slots[::group.world_size], learner.device)
+            batch = w.buffers.gather(slots[::group.world_size], self.staging)
             group.barrier()  # every rank has copied its share out
         else:
-            batch = w.buffers.gather(slots, learner.device)
+            batch = w.buffers.gather(slots, self.staging)
         self._free(slots)  # the data is copied out: the slots can be refilled while we train
         self._stats = learner.train(batch)
         self._samples += len(slots) * w.cfg.rollout
@@ -285,13 +287,14 @@ class LearnerRankStation:
         self.wiring = wiring
         self.learner = learner
         self.inbox = wiring.rank_queues[rank - 1]
+        self.staging = Staging(learner.device)
 
     def poll(self, timeout: float) -> int:
         msgs = self.inbox.get_many(timeout)
         for msg in msgs:
             if not isinstance(msg, TrainShare):
                 raise TypeError(f"learner rank: unexpected message {msg!r}")
-            batch = self.wiring.buffers.gather(msg.slots, self.learner.device)
+            batch = self.wiring.buffers.gather(msg.slots, self.staging)
             self.learner.group.barrier()
             self.learner.train(batch)
         return len(msgs)
