@@ -49,7 +49,7 @@ class PolicyWorker:
         # Observations and memory reach the device through buffers kept from call to call.
         self.staging = Staging(device)
         self._flat_obs = {k: v.view(-1, *v.shape[2:]) for k, v in buffers.obs.items()}
-        self._steps = buffers.obs[next(iter(buffers.obs))].shape[1]  # T + 1 per slot
+        self._steps = buffers.layout.rollout + 1  # observation rows per slot
 
     def maybe_update_weights(self) -> None:
         """Load the newest published weights if their version differs from the loaded ones
