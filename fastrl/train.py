@@ -13,10 +13,11 @@ from fastrl.experiment import ExperimentError
 
 def user_error_types() -> tuple[type[BaseException], ...]:
     from fastrl.env_registry import MissingExtraError, UnknownEnvError
-    from fastrl.runner.common import EnvSettingsError
+    from fastrl.runner.common import EnvSettingsError, StartMethodError
     from fastrl.runner.parallel import ChildError
 
-    return (ExperimentError, UnknownEnvError, ChildError, EnvSettingsError, MissingExtraError)
+    return (ExperimentError, UnknownEnvError, ChildError, EnvSettingsError, MissingExtraError,
+            StartMethodError)
 
 
 def run(cfg: Config) -> dict:

@@ -130,3 +130,14 @@ def test_crashing_child_brings_the_run_down_with_its_traceback(tmp_path):
     assert err and "fastrl-rollout-" in err[-1] and "EnvBroken" in err[-1]
     assert "refuses to be made" in err[-1]
     assert not (shm_files() - before)
+
+
+def test_an_unknown_start_method_is_a_one_line_error(tmp_path):
+    env = {**os.environ, "FASTRL_START_METHOD": "fork"}
+    proc = subprocess.run([sys.executable, "train.py", *base_args(tmp_path, COUNTING)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == ("train.py: error: FASTRL_START_METHOD='fork' is not a start "
+                                   "method fastrl supports: use 'forkserver' (the default) or "
+                                   "'spawn'")

@@ -25,6 +25,10 @@ class EnvSettingsError(ValueError):
     """The settings do not fit the env's spaces (a user error, reported in one line)."""
 
 
+class StartMethodError(ValueError):
+    """``FASTRL_START_METHOD`` names no start method fastrl supports (reported in one line)."""
+
+
 def reward_scale(cfg: Config) -> float:
     """``--reward_scale``; when it is None (a Config not made by ``parse_config``), the env's
     recommended scale, else 1.0."""
@@ -133,7 +137,8 @@ def process_context():
 
     method = os.environ.get("FASTRL_START_METHOD", "forkserver")
     if method not in ("forkserver", "spawn"):
-        raise ValueError(f"FASTRL_START_METHOD={method!r}: must be 'forkserver' or 'spawn'")
+        raise StartMethodError(f"FASTRL_START_METHOD={method!r} is not a start method fastrl "
+                               "supports: use 'forkserver' (the default) or 'spawn'")
     ctx = tmp.get_context(method)
     if method == "forkserver":
         ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
