@@ -51,6 +51,7 @@ STORE_TIMEOUT = datetime.timedelta(seconds=60)
 ALIGN = 8  # every tensor's section of a payload starts at a multiple of this many bytes
 REPORT_EVERY = 1.0  # seconds between a link's NodeReports
 KEEPALIVE_EVERY = 1.0  # seconds without new weights after which the learner says it lives
+SENDER_GRACE = 1.0  # seconds a lost or closed connection's sender has to end before moving on
 
 
 class LinkClosed(RuntimeError):
@@ -209,15 +210,11 @@ class NodeLink:
         self.all_slots = list(range(node * per, (node + 1) * per))
         self.free = list(self.all_slots)
         self.codec = SlotCodec(wiring.buffers, min(per, cfg.num_envs))
-        weights = wiring.weights
-        self._weights_out = torch.empty(weights.numel, dtype=torch.float32)
         self.generation = 0  # of the node connection being served (0: none yet)
         self.connected = False
         self.stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"fastrl-link-{node}",
                                         daemon=True)
-        self._sender: threading.Thread | None = None
-        self._down: Channel | None = None
         self._reset_report()
 
     def start(self) -> None:
@@ -244,9 +241,15 @@ class NodeLink:
                 continue
             self.connected = True
             log(f"sampler node {self.node} connected (connection {generation})")
-            self._sender = threading.Thread(target=self._send_weights, args=(down,),
-                                            name=f"fastrl-link-{self.node}-weights", daemon=True)
-            self._sender.start()
+            # The sender of this connection alone: `live` ends it. A Gloo wait cannot be
+            # cancelled, and a send to a dead node was seen to hang until its timeout (a
+            # minute) now and then, so the loss is reported without waiting for the sender:
+            # it ends by itself, and never sends again on a connection that is over.
+            live = threading.Event()
+            live.set()
+            sender = threading.Thread(target=self._send_weights, args=(down, live),
+                                      name=f"fastrl-link-{self.node}-weights", daemon=True)
+            sender.start()
             in_flight = [0]
             cause = None
             try:
@@ -256,7 +259,8 @@ class NodeLink:
             except Exception as exc:  # noqa: BLE001 - any fault of the link loses the node
                 cause = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
             self.connected = False
-            self._sender.join(timeout=self.timeout.total_seconds() + 5)
+            live.clear()
+            sender.join(timeout=SENDER_GRACE)  # time for a goodbye on a live connection
             self._flush_report()
             if self.stopping.is_set():
                 return
@@ -339,20 +343,21 @@ class NodeLink:
 
     # -- sending weights ------------------------------------------------------------------
 
-    def _send_weights(self, down: Channel) -> None:
+    def _send_weights(self, down: Channel, live: threading.Event) -> None:
         weights, sent, last = self.wiring.weights, None, time.monotonic()
+        flat = torch.empty(weights.numel, dtype=torch.float32)  # its own: senders may overlap
         try:
-            while self.connected and not self.stopping.is_set():
+            while live.is_set() and not self.stopping.is_set():
                 if weights.version() >= 0 and weights.version() != sent:
-                    sent = weights.snapshot(self._weights_out)
-                    down.send(WEIGHTS, sent, self._weights_out.view(torch.uint8))
+                    sent = weights.snapshot(flat)
+                    down.send(WEIGHTS, sent, flat.view(torch.uint8))
                     last = time.monotonic()
                 elif time.monotonic() - last >= KEEPALIVE_EVERY:
                     down.send(REPORTS)  # no payload: tells the node the learner lives
                     last = time.monotonic()
                 else:
                     time.sleep(0.005)
-            if self.stopping.is_set():
+            if live.is_set():  # the run stops: say goodbye (the node then stops)
                 down.send(BYE)
         except Exception:  # noqa: BLE001 - the receiving thread reports the lost node
             pass

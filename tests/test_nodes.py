@@ -4,12 +4,14 @@ settings that cannot work."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -21,8 +23,8 @@ from fastrl.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.cfg import Config, validate
 from fastrl.cfg_io import parse_config
 from fastrl.distributed import free_port
-from fastrl.link import SlotCodec
-from fastrl.messages import BuffersFreed, TrajectoriesReady
+from fastrl.link import BYE, Channel, SlotCodec, connect, generation_key, join_store
+from fastrl.messages import BuffersFreed, Fence, Fenced, NodeLost, TrajectoriesReady
 from fastrl.procs import session_members
 from fastrl.runner.parallel import POLL, ParallelRunner
 from tests.test_faults import Training, assert_nothing_left, summary_of, wait_until
@@ -235,3 +237,56 @@ def test_a_node_started_by_hand_joins_by_address(tmp_path):
     assert "sampler node 0 stopped after shipping" in node_out
     assert summary_of(tmp_path)["sampler_nodes"][0]["trajectories"] > 0
     assert json.loads((tmp_path / "x" / "summary.json").read_text())["env_frames"] >= 4000
+
+
+def test_a_lost_node_is_reported_and_served_anew_while_its_sender_hangs(tmp_path, monkeypatch):
+    """A Gloo wait cannot be cancelled, and a send to a killed node was seen to hang until its
+    timeout. This test plays the node by hand and makes the learner's sends hang: the loss
+    must still be reported at once, and the node's next connection served."""
+    release = threading.Event()
+    hanging = []
+    real_send = Channel.send
+
+    def send(self, kind, count=0, payload=None):
+        if self.peer == 1 and kind != BYE:  # the learner's end, sending weights or keep-alives
+            hanging.append(self)
+            release.wait(120)
+            raise RuntimeError("the simulated wait timed out")
+        real_send(self, kind, count, payload)
+
+    monkeypatch.setattr(Channel, "send", send)
+    cfg = parse_config(base_args(tmp_path, COUNTING, "--num_sampler_nodes", "1",
+                                 "--start_sampler_nodes", "False", "--num_workers", "1",
+                                 "--worker_timeout", "60"))
+    runner = ParallelRunner(cfg)
+    shared = runner.setup()
+    publish_first_weights(shared)
+    try:
+        runner.start_sampling()
+        store = join_store("127.0.0.1", shared.node_port)
+        link = runner.links[0]
+
+        def join_as_node() -> tuple[Channel, Channel]:
+            generation = store.add(generation_key(0), 1)
+            return connect(store, 0, generation, 1, datetime.timedelta(seconds=30))
+
+        up, _down = join_as_node()
+        wait_until(lambda: link.connected and hanging, 30, "the link's sender to hang")
+        up.send(BYE)  # the connection ends while its sender hangs
+        start = time.monotonic()
+        fence = None
+        while fence is None and time.monotonic() - start < 10:
+            fence = next((m for m in shared.learner_queue.get_many(POLL) if isinstance(m, Fence)),
+                         None)
+        assert fence is not None, "the link waited for its hanging sender to report the loss"
+        runner.supervisor.note(Fenced(0, fence.generation, 0))  # the learner's answer
+        lost = []
+        wait_until(lambda: lost.extend(m for m in shared.runner_queue.get_many(POLL)
+                                       if isinstance(m, NodeLost)) or lost, 10, "NodeLost")
+        assert lost[0].cause == "the node said goodbye" and time.monotonic() - start < 10
+        up, _down = join_as_node()  # the node comes back: its new connection is served
+        wait_until(lambda: link.connected and link.generation == 2, 30, "connection 2")
+        assert not release.is_set() and len(hanging) == 2  # each connection's own sender
+    finally:
+        release.set()
+        runner.shutdown()

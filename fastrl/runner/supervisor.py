@@ -16,7 +16,6 @@ must not wait for the main loop, which may itself be blocked on that lock.
 from __future__ import annotations
 
 import faulthandler
-import multiprocessing
 import os
 import signal
 import threading
@@ -126,7 +125,6 @@ class Supervisor:
         self.wiring = wiring
         self.cfg = wiring.cfg
         self.ctx = ctx
-        self._spawn = multiprocessing.get_context("spawn")
         self.pump = pump
         self.children: dict[str, Child] = {}
         self.restart_workers = False  # on only while the training loop runs
@@ -166,12 +164,7 @@ class Supervisor:
     def start(self, child: Child) -> None:
         if child.kind != "learner":
             self.wiring.beat(self.slot(child))  # its clock starts now, not at its first beat
-        # A sampler node is a runner of its own (its own fork server, workers and link), started
-        # afresh: a few seconds more at its rare (re)starts, and nothing inherited from the
-        # learner node's fork server (a node restarted from it once never reconnected, in 3 of
-        # about 70 kill-and-restart runs on a loaded 2-core machine; never seen under spawn).
-        ctx = self._spawn if child.kind == "node" else self.ctx
-        child.proc = ctx.Process(
+        child.proc = self.ctx.Process(
             target=run_child, name=child.name, daemon=False,
             args=(child.name, child.threads, child.target, self.wiring, child.index,
                   child.session))
