@@ -239,6 +239,15 @@ def test_a_node_started_by_hand_joins_by_address(tmp_path):
     assert json.loads((tmp_path / "x" / "summary.json").read_text())["env_frames"] >= 4000
 
 
+def _first(queue, kind: type, timeout: float, what: str):
+    """The first message of ``kind`` read from ``queue`` within ``timeout`` (others are
+    dropped)."""
+    found: list = []
+    wait_until(lambda: found.extend(m for m in queue.get_many(POLL) if isinstance(m, kind))
+               or found, timeout, what)
+    return found[0]
+
+
 def test_a_lost_node_is_reported_and_served_anew_while_its_sender_hangs(tmp_path, monkeypatch):
     """A Gloo wait cannot be cancelled, and a send to a killed node was seen to hang until its
     timeout. This test plays the node by hand and makes the learner's sends hang: the loss
@@ -274,16 +283,11 @@ def test_a_lost_node_is_reported_and_served_anew_while_its_sender_hangs(tmp_path
         wait_until(lambda: link.connected and hanging, 30, "the link's sender to hang")
         up.send(BYE)  # the connection ends while its sender hangs
         start = time.monotonic()
-        fence = None
-        while fence is None and time.monotonic() - start < 10:
-            fence = next((m for m in shared.learner_queue.get_many(POLL) if isinstance(m, Fence)),
-                         None)
-        assert fence is not None, "the link waited for its hanging sender to report the loss"
+        fence = _first(shared.learner_queue, Fence, 10,
+                       "the fence (did the link wait for its hanging sender?)")
         runner.supervisor.note(Fenced(0, fence.generation, 0))  # the learner's answer
-        lost = []
-        wait_until(lambda: lost.extend(m for m in shared.runner_queue.get_many(POLL)
-                                       if isinstance(m, NodeLost)) or lost, 10, "NodeLost")
-        assert lost[0].cause == "the node said goodbye" and time.monotonic() - start < 10
+        lost = _first(shared.runner_queue, NodeLost, 10, "NodeLost")
+        assert lost.cause == "the node said goodbye" and time.monotonic() - start < 10
         up, _down = join_as_node()  # the node comes back: its new connection is served
         wait_until(lambda: link.connected and link.generation == 2, 30, "connection 2")
         assert not release.is_set() and len(hanging) == 2  # each connection's own sender
