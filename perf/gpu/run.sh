@@ -1,26 +1,27 @@
 #!/usr/bin/env bash
 # Run ON the lent GPU machine (device tool: `run` with carry [".whl"], after perf/gpu/wheels.sh
-# here), one stage per call, each well inside a call's 10 minutes:
+# here), one or more stages per call, each well inside a call's 10 minutes:
 #
-#   bash perf/gpu/run.sh check    hardware, CPU flags, the CUDA tests
+#   bash perf/gpu/run.sh check    hardware, CPU flags, every CUDA test of the suite
+#   bash perf/gpu/run.sh resume   train doom_basic on CUDA for a while, then resume it
 #   bash perf/gpu/run.sh envs     perf/env_fps.py: the simulator ceiling on every core
 #   bash perf/gpu/run.sh sample   perf/sampler_fps.py on CUDA (inference, nothing trains)
 #   bash perf/gpu/run.sh train    perf/train_fps.py on CUDA, fp32 and bf16
 #
 # Results land in $OUT (the device tool brings that folder back), one JSON per run and a
-# log per stage. The image's python3 holds CUDA torch; the carried wheels go into a venv that
-# sees the image's packages.
+# log per stage. The image's python3 (itself a venv) holds CUDA torch; the carried wheels go
+# into a --target folder on PYTHONPATH. (A venv made from that python with
+# --system-site-packages would see the base interpreter's packages, not torch.)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/fastrl-gpu-out}
 mkdir -p "$OUT"
-VENV=/tmp/fastrl-gpu-venv
-if [ ! -x "$VENV/bin/python" ]; then
-    python3 -m venv --system-site-packages "$VENV"
-    "$VENV/bin/pip" install --quiet --no-index --no-deps .whl/*.whl
+SITE=/tmp/fastrl-gpu-site
+if [ ! -d "$SITE/vizdoom" ]; then
+    python3 -m pip install --quiet --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl
 fi
-PY="$VENV/bin/python"
-export PYTHONPATH="$PWD"
+PY=python3
+export PYTHONPATH="$PWD:$SITE" PYTHONUNBUFFERED=1
 CORES=$(nproc)
 SECONDS_MEASURED=${SECONDS_MEASURED:-60}
 stage=${1:-check}
@@ -34,8 +35,19 @@ check)
         lscpu | grep -E "Model name|^CPU\(s\)"
         echo "flags: $(grep -o -w -E 'avx2|avx512f|avx512_bf16|amx_bf16|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')"
         "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
-        "$PY" -m pytest -q -p no:cacheprovider tests/test_staging.py tests/test_cuda.py
+        # Every test with "cuda" in its id (the CUDA cases skip everywhere else).
+        "$PY" -m pytest -q -rs -p no:cacheprovider -k cuda tests
     } 2>&1 | tee "$log"
+    ;;
+resume)
+    dir=/tmp/fastrl-gpu-resume
+    rm -rf "$dir"
+    for leg in 1 2; do
+        "$PY" train.py --env doom_basic --experiment resume --train_dir "$dir" --device cuda \
+            --num_workers 4 --num_envs_per_worker 8 --train_for_seconds 25 --seed 1 2>&1 \
+            | tee -a "$log" | grep -E "error|Error|resum|precision|device|summary" || true
+        cp "$dir/resume/summary.json" "$OUT/resume_summary_$leg.json" || true
+    done
     ;;
 envs)
     # The ceiling: random actions, every core busy, no inference or learning.
@@ -61,7 +73,7 @@ train)
     done
     ;;
 *)
-    echo "unknown stage '$stage': check, envs, sample or train" >&2
+    echo "unknown stage '$stage': check, resume, envs, sample or train" >&2
     exit 2
     ;;
 esac
