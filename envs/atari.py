@@ -43,7 +43,7 @@ def _import_ale(env_id: str) -> None:
     try:
         import ale_py
     except ImportError as exc:
-        from fastrl.env_registry import MissingExtraError
+        from fastrl.errors import MissingExtraError
 
         raise MissingExtraError(f"env {env_id!r} needs ale-py, which is not installed: "
                                 f"{_INSTALL_HINT}") from exc

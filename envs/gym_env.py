@@ -9,8 +9,8 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.wrappers import DtypeObservation, RecordEpisodeStatistics
 
-from fastrl.actions import ActionSpec
-from fastrl.obs import ACTION_MASK_KEY, obs_to_dict
+from fastrl.policy.actions import ActionSpec
+from fastrl.policy.obs import ACTION_MASK_KEY, obs_to_dict
 
 
 def _has_wrapper(env: gym.Env, wrapper_type: type) -> bool:
@@ -105,7 +105,7 @@ def make_gym_env(
     try:
         env = gym.make(env_id, **kwargs)
     except gym.error.DependencyNotInstalled as exc:
-        from fastrl.env_registry import MissingExtraError
+        from fastrl.errors import MissingExtraError
 
         extra = "mujoco" if "mujoco" in str(exc).lower() else None
         hint = f" (pip install 'fastrl[{extra}]')" if extra else ""

@@ -8,8 +8,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from fastrl.obs import ACTION_MASK_KEY as MASK_KEY  # never stacked
-from fastrl.obs import obs_to_dict
+from fastrl.policy.obs import ACTION_MASK_KEY as MASK_KEY  # never stacked
+from fastrl.policy.obs import obs_to_dict
 
 
 class FrameStack(gym.Wrapper, gym.utils.RecordConstructorArgs):

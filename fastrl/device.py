@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from fastrl.experiment import ExperimentError
+from fastrl.errors import ExperimentError
 
 
 def resolve_device(name: str) -> torch.device:

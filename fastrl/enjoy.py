@@ -7,7 +7,8 @@ native return and the length, and writes them to ``<experiment>/eval.json``. Wit
 ``--save_video`` it also writes an mp4 of what the agent saw (and, when the env can render
 it, the full-resolution screen as ``*_full.mp4``); with ``--render`` it shows a window.
 
-The flags are the training ones (``fastrl.cfg.build_parser``) plus enjoy's own. The env and
+The flags are the training ones (``fastrl.config.settings.build_parser``) plus enjoy's own.
+The env and
 model settings come from the saved config; a flag given explicitly overrides it, and a
 checkpoint whose env or model differs from the result is refused.
 """
@@ -24,24 +25,32 @@ from typing import Any
 
 import gymnasium as gym
 
-from fastrl.cfg import (
+from fastrl.config.load import load_saved_config, with_added_later
+from fastrl.config.settings import (
     Config,
     ConfigError,
     build_parser,
     str2bool,
     validate,
 )
-from fastrl.cfg_io import load_saved_config, with_added_later
-from fastrl.checkpoint import (
+from fastrl.errors import ExperimentError
+from fastrl.experiment.checkpoint import (
     checkpoint_dir,
     list_checkpoints,
     load_checkpoint,
     load_latest_checkpoint,
     refuse_changed_model_settings,
 )
-from fastrl.evaluation import EvalResult, evaluate
-from fastrl.experiment import ExperimentError, log, write_json_atomic
-from fastrl.video import FrameSinks, VideoRecorder, WindowViewer, has_display, headless_sdl
+from fastrl.experiment.evaluation import EvalResult, evaluate
+from fastrl.experiment.folder import write_json_atomic
+from fastrl.experiment.video import (
+    FrameSinks,
+    VideoRecorder,
+    WindowViewer,
+    has_display,
+    headless_sdl,
+)
+from fastrl.log import log
 
 PROG = "enjoy.py"
 EVAL_FILE = "eval.json"
@@ -204,7 +213,7 @@ def check_checkpoint_matches(state: dict, cfg: Config, path: str, env_explicit: 
 
 
 def _create_env(cfg: Config, want_screen: bool) -> gym.Env:
-    from fastrl.runner.common import create_env
+    from fastrl.sampling.env_setup import create_env
 
     if want_screen:
         try:
@@ -230,8 +239,10 @@ def _one_line(exc: BaseException, limit: int = 300) -> str:
 
 def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOptions) -> dict:
     """Play, print and write ``eval.json``; return what was written."""
-    from fastrl.checkpoint import check_checkpoint_compatible
-    from fastrl.runner.common import build_model, env_info, resolve_device, seed_everything
+    from fastrl.device import resolve_device
+    from fastrl.experiment.checkpoint import check_checkpoint_compatible
+    from fastrl.runner.common import build_model, seed_everything
+    from fastrl.sampling.env_setup import env_info
 
     device = resolve_device(cfg.device)
     seed_everything(cfg.seed)

@@ -36,6 +36,8 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.envs.registration import registry as gym_registry
 
+from fastrl.errors import MissingExtraError, UnknownEnvError  # noqa: F401 - raised by envs too
+
 EnvFactory = Callable[..., gym.Env]
 
 # Modules of env families built into fastrl, each with ``builtin_envs()``: name -> (factory as
@@ -43,6 +45,9 @@ EnvFactory = Callable[..., gym.Env]
 # that row for a name of the family's form, else None (for families named by a pattern, whose
 # names are not listed by ``registered_envs``; matched before gymnasium's registry).
 BUILTIN_FAMILIES = ("envs.doom_scenarios", "envs.atari_games")
+# Any gymnasium id, through the adapter; and the frame-stacking wrapper for --env_framestack.
+GYM_FACTORY = "envs.gym_env:make_gym_env"
+FRAMESTACK = "envs.wrappers:FrameStack"
 
 
 class _LazyFactory:
@@ -62,15 +67,6 @@ class _LazyFactory:
 
 # Names registered with register_env: name -> (factory, recommended settings).
 _REGISTRY: dict[str, tuple[EnvFactory, dict[str, Any]]] = {}
-
-
-class UnknownEnvError(ValueError):
-    """`make_env` got a name that is neither registered nor a gymnasium id."""
-
-
-class MissingExtraError(ImportError):
-    """The env needs an optional dependency that is not installed (the message says which
-    extra to install)."""
 
 
 @functools.cache
@@ -232,9 +228,12 @@ def _filter_options(name: str, factory: EnvFactory, options: dict[str, Any]) -> 
 
 
 def _gym_factory(env_id: str) -> EnvFactory:
-    from envs.gym_env import make_gym_env
+    return _LazyFactory(GYM_FACTORY, (env_id,)).resolve()
 
-    return functools.partial(make_gym_env, env_id)
+
+def stack_frames(env: gym.Env, num_frames: int) -> gym.Env:
+    """``env`` with its image observations stacked over the last ``num_frames`` steps."""
+    return _LazyFactory(FRAMESTACK, (env, num_frames)).resolve()()
 
 
 def make_env(name: str, **options: Any) -> gym.Env:

@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         parser.error(f"--connect={args.connect}: must be HOST:PORT, with a port 1 to 65535")
 
-    from fastrl.link import join_store
+    from fastrl.runner.link import join_store
     from fastrl.runner.node import run_node
     from fastrl.train import user_error_types
 

@@ -6,14 +6,13 @@ import faulthandler
 import signal
 import sys
 
-from fastrl.cfg import Config
-from fastrl.cfg_io import parse_or_exit
-from fastrl.experiment import ExperimentError
+from fastrl.config.load import parse_or_exit
+from fastrl.config.settings import Config
+from fastrl.errors import ExperimentError
 
 
 def user_error_types() -> tuple[type[BaseException], ...]:
-    from fastrl.env_registry import MissingExtraError, UnknownEnvError
-    from fastrl.runner.common import EnvSettingsError, StartMethodError
+    from fastrl.errors import EnvSettingsError, MissingExtraError, StartMethodError, UnknownEnvError
     from fastrl.runner.parallel import ChildError
 
     return (ExperimentError, UnknownEnvError, ChildError, EnvSettingsError, MissingExtraError,

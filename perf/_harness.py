@@ -30,7 +30,7 @@ def parse(description: str) -> tuple[argparse.Namespace, list[str]]:
 
 
 def run(args: argparse.Namespace, extra: list[str], mode_flags: list[str]) -> dict:
-    from fastrl.cfg_io import parse_config
+    from fastrl.config.load import parse_config
     from fastrl.train import user_error_types
 
     with tempfile.TemporaryDirectory(prefix="fastrl-perf-") as train_dir:

@@ -26,7 +26,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from fastrl.procs import alive, descendants, process_title  # noqa: E402
+from fastrl.transport.procs import alive, descendants, process_title  # noqa: E402
 
 
 def titled_descendants(root: int) -> dict[int, str]:

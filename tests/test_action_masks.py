@@ -11,9 +11,9 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.distributions import ActionDistribution, mask_logits
-from fastrl.model import ActorCritic
-from fastrl.obs import random_legal_action
+from fastrl.policy.distributions import ActionDistribution, mask_logits
+from fastrl.policy.model import ActorCritic
+from fastrl.policy.obs import random_legal_action
 from tests.learning_runs import small_ppo_run
 from tests.test_model import make_cfg
 from tests.test_parallel import run_train

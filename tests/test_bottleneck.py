@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from fastrl.bottleneck import busy_fractions, diagnose, progress_text
-from fastrl.cfg import Config
+from fastrl.config.settings import Config
+from fastrl.experiment.bottleneck import busy_fractions, diagnose, progress_text
 from tests.test_parallel import base_args, run_train
 
 PROCS = {"env": 2, "inference": 1, "learner": 1}

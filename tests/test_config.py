@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from fastrl.cfg import Config, ConfigError, str2bool
-from fastrl.cfg_io import parse_config, save_config
+from fastrl.config.load import parse_config, save_config
+from fastrl.config.settings import Config, ConfigError, str2bool
 
 
 def test_defaults_are_valid_and_match_sample_factory_names():
@@ -133,9 +133,9 @@ def test_unwritable_train_dir_is_one_line_and_exit_1(tmp_path):
 def test_too_little_shared_memory_is_refused_before_any_process_starts():
     import torch
 
-    from fastrl.buffers import BufferLayout
-    from fastrl.experiment import ExperimentError
+    from fastrl.errors import ExperimentError
     from fastrl.runner.wiring import check_shared_memory
+    from fastrl.sampling.buffers import BufferLayout
 
     huge = BufferLayout({"obs": (3, 1000, 1000)}, {"obs": torch.uint8}, 10**6, 32, 1, 0)
     expected = r"need .* MiB of shared memory but /dev/shm has .* lower --num_envs_per_worker"
@@ -144,9 +144,10 @@ def test_too_little_shared_memory_is_refused_before_any_process_starts():
 
 
 def test_checkpoint_of_another_model_is_refused_naming_the_difference():
-    from fastrl.checkpoint import check_checkpoint_compatible
-    from fastrl.experiment import ExperimentError
-    from fastrl.runner.common import env_info, make_env
+    from fastrl.env_registry import make_env
+    from fastrl.errors import ExperimentError
+    from fastrl.experiment.checkpoint import check_checkpoint_compatible
+    from fastrl.sampling.env_setup import env_info
 
     info = env_info(make_env("CartPole-v1"))
     saved = parse_config(["--env", "CartPole-v1", "--rnn_size", "64"])

@@ -1,4 +1,4 @@
-"""Continuous (Box) and mixed (Dict / Tuple) action spaces: the layout (fastrl.actions), the
+"""Continuous (Box) and mixed (Dict / Tuple) action spaces: the layout (fastrl.policy.actions), the
 Gaussian against torch.distributions, the model's log-std modes, and training end to end in
 every mode on an env that raises on any action outside its space."""
 
@@ -15,9 +15,9 @@ import torch
 from gymnasium import spaces
 from torch.distributions import Categorical, Normal
 
-from fastrl.actions import ActionSpec
-from fastrl.distributions import LOG_STD_MAX, LOG_STD_MIN, ActionDistribution
-from fastrl.model import ActorCritic
+from fastrl.policy.actions import ActionSpec
+from fastrl.policy.distributions import LOG_STD_MAX, LOG_STD_MIN, ActionDistribution
+from fastrl.policy.model import ActorCritic
 from tests.learning_runs import small_ppo_run
 from tests.test_model import make_cfg
 from tests.test_parallel import REPO, run_train
@@ -241,8 +241,8 @@ def _box_batch(b, t, gen):
 
 
 def test_separate_critic_weights_keep_the_value_loss_out_of_the_actor():
-    from fastrl.cfg import Config
-    from fastrl.learner import Learner
+    from fastrl.algo.learner import Learner
+    from fastrl.config.settings import Config
 
     cfg = Config(rollout=8, batch_size=32, use_rnn=False, actor_critic_share_weights=False,
                  encoder_mlp_layers=[16], device="cpu", precision="fp32",
@@ -263,8 +263,8 @@ def test_separate_critic_weights_keep_the_value_loss_out_of_the_actor():
 
 
 def test_linear_decay_takes_the_learning_rate_to_zero_at_the_end_of_the_run():
-    from fastrl.cfg import Config
-    from fastrl.learner import Learner
+    from fastrl.algo.learner import Learner
+    from fastrl.config.settings import Config
 
     cfg = Config(rollout=8, batch_size=32, use_rnn=False, encoder_mlp_layers=[16],
                  device="cpu", precision="fp32", learning_rate=1e-3,

@@ -1,4 +1,4 @@
-"""Tests for enjoy.py (fastrl.enjoy) and fastrl.evaluation.
+"""Tests for enjoy.py (fastrl.enjoy) and fastrl.experiment.evaluation.
 
 A short serial training run on CartPole-v1 (once per module) gives a real checkpoint and
 config.json; enjoy then loads it in-process (fast) or as a subprocess (to check that user
@@ -19,9 +19,14 @@ import pytest
 import torch
 
 from fastrl.enjoy import main
-from fastrl.evaluation import EvalResult, PeriodicEvaluator, evaluate, write_eval_summaries
-from fastrl.model import ActorCritic
-from fastrl.video import agent_view, full_video_path, pad_even
+from fastrl.experiment.evaluation import (
+    EvalResult,
+    PeriodicEvaluator,
+    evaluate,
+    write_eval_summaries,
+)
+from fastrl.experiment.video import agent_view, full_video_path, pad_even
+from fastrl.policy.model import ActorCritic
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = "CartPole-v1"
@@ -224,7 +229,7 @@ def test_bad_enjoy_flag_values(trained: Path, capsys) -> None:
     assert "--max_num_episodes=0" in capsys.readouterr().err
 
 
-# --- fastrl.evaluation -------------------------------------------------------------------
+# --- fastrl.experiment.evaluation -----------------------------------------------------
 
 
 class SpyModel(ActorCritic):

@@ -13,12 +13,8 @@ from gymnasium import spaces
 from gymnasium.utils.env_checker import check_env
 from gymnasium.wrappers import RecordEpisodeStatistics
 
-from fastrl.env_registry import (
-    UnknownEnvError,
-    make_env,
-    register_env,
-    registered_envs,
-)
+from fastrl.env_registry import make_env, register_env, registered_envs
+from fastrl.errors import UnknownEnvError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DOOM_NAMES = {

@@ -15,12 +15,13 @@ import time
 import pytest
 import torch
 
-from fastrl.buffers import FILL_INT
-from fastrl.cfg_io import parse_config
-from fastrl.messages import BuffersFreed, Fence, Fenced, TrajectoriesReady
-from fastrl.procs import alive, process_title
-from fastrl.procs import descendants as children_of
-from fastrl.runner.parallel import POLL, ParallelRunner
+from fastrl.config.load import parse_config
+from fastrl.runner.children import POLL
+from fastrl.runner.parallel import ParallelRunner
+from fastrl.sampling.buffers import FILL_INT
+from fastrl.transport.messages import BuffersFreed, Fence, Fenced, TrajectoriesReady
+from fastrl.transport.procs import alive, process_title
+from fastrl.transport.procs import descendants as children_of
 from tests.test_parallel import (
     COUNTING,
     REPO,
@@ -331,7 +332,7 @@ def kill_learner_then_resume(tmp_path, args: list[str], title: str, resume_args:
     assert code == 1
     assert f"{title} died unexpectedly (signal SIGKILL)" in run.output
     assert_nothing_left(run.kids, before)
-    from fastrl.checkpoint import load_latest_checkpoint
+    from fastrl.experiment.checkpoint import load_latest_checkpoint
 
     state, _ = load_latest_checkpoint(str(tmp_path / "x"))
     frames = state["counters"]["env_frames"]

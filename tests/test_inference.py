@@ -9,12 +9,12 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.buffers import BufferLayout, TrajectoryBuffers
-from fastrl.cfg import Config
-from fastrl.inference import PolicyWorker
-from fastrl.messages import InferenceRequest
-from fastrl.model import ActorCritic, as_dict_space
-from fastrl.weights import SharedWeights
+from fastrl.config.settings import Config
+from fastrl.policy.model import ActorCritic, as_dict_space
+from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
+from fastrl.sampling.inference import PolicyWorker
+from fastrl.sampling.weights import SharedWeights
+from fastrl.transport.messages import InferenceRequest
 
 OBS = spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACT = spaces.Discrete(3)

@@ -12,10 +12,10 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.cfg import Config
-from fastrl.distributed import LearnerGroup, free_port
-from fastrl.learner import Learner
-from fastrl.model import ActorCritic
+from fastrl.algo.learner import Learner
+from fastrl.algo.learner_group import LearnerGroup, free_port
+from fastrl.config.settings import Config
+from fastrl.policy.model import ActorCritic
 from tests.test_faults import Training, assert_nothing_left, kill_learner_then_resume
 from tests.test_parallel import base_args, shm_files
 from tests.test_ppo_batch import _batch
@@ -132,7 +132,7 @@ def test_a_killed_learner_rank_stops_the_run_and_one_learner_resumes_it(tmp_path
 
 
 def test_learner_settings_that_cannot_split_are_one_line_errors():
-    from fastrl.cfg import validate
+    from fastrl.config.settings import validate
 
     assert validate(Config(num_learners=2, rollout=8, batch_size=64)) == []
     errors = validate(Config(num_learners=2, serial_mode=True, rollout=8, batch_size=64))

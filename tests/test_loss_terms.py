@@ -13,10 +13,10 @@ import torch
 from gymnasium import spaces
 
 from fastrl.algo.appo import LossParams, appo_loss
+from fastrl.algo.learner import _add_time_limit_bootstrap
 from fastrl.algo.vtrace import vtrace
-from fastrl.distributions import ActionDistribution
-from fastrl.learner import _add_time_limit_bootstrap
-from fastrl.normalize import ReturnNormalizer
+from fastrl.policy.distributions import ActionDistribution
+from fastrl.policy.normalize import ReturnNormalizer
 from tests.test_appo_loss import make_batch
 
 PARAMS = dict(gamma=0.9, ppo_clip_ratio=0.2, value_loss_coeff=0.5, exploration_loss_coeff=0.01)

@@ -9,8 +9,8 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.model import ActorCritic
-from fastrl.recurrent import make_rnn, rnn_step, rnn_unroll
+from fastrl.policy.model import ActorCritic
+from fastrl.policy.recurrent import make_rnn, rnn_step, rnn_unroll
 from tests.test_model import OBS_SPACES, make_cfg, random_obs, stepwise_reference
 from tests.test_parallel import run_train
 

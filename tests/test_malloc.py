@@ -1,4 +1,4 @@
-"""fastrl.malloc: the glibc tuning applies on Linux and can be turned off."""
+"""fastrl.transport.malloc: the glibc tuning applies on Linux and can be turned off."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-CHECK = "from fastrl.malloc import keep_freed_memory; print(keep_freed_memory())"
+CHECK = "from fastrl.transport.malloc import keep_freed_memory; print(keep_freed_memory())"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")

@@ -1,4 +1,4 @@
-"""Tests for fastrl.model: encoders, GRU core, heads and ActionDistribution."""
+"""Tests for fastrl.policy.model: encoders, GRU core, heads and ActionDistribution."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.distributions import ActionDistribution
-from fastrl.model import ActorCritic
-from fastrl.obs import as_dict_space, obs_to_dict
+from fastrl.policy.distributions import ActionDistribution
+from fastrl.policy.model import ActorCritic
+from fastrl.policy.obs import as_dict_space, obs_to_dict
 
 IMG = spaces.Box(0, 255, (3, 36, 36), np.uint8)  # the smallest image convnet_simple accepts
 VEC = spaces.Box(-np.inf, np.inf, (7,), np.float32)
@@ -406,9 +406,9 @@ def test_without_normalize_input_update_is_a_no_op_and_there_are_no_buffers():
 def test_learner_updates_the_statistics_and_shared_weights_carry_them():
     import multiprocessing
 
-    from fastrl.cfg import Config
-    from fastrl.learner import Learner
-    from fastrl.weights import SharedWeights
+    from fastrl.algo.learner import Learner
+    from fastrl.config.settings import Config
+    from fastrl.sampling.weights import SharedWeights
 
     b, t = 4, 8
     cfg = Config(rollout=t, batch_size=b * t, use_rnn=False, encoder_fc_size=32, device="cpu",

@@ -19,14 +19,15 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.buffers import BufferLayout, TrajectoryBuffers
-from fastrl.cfg import Config, validate
-from fastrl.cfg_io import parse_config
-from fastrl.distributed import free_port
-from fastrl.link import BYE, Channel, SlotCodec, connect, generation_key, join_store
-from fastrl.messages import BuffersFreed, Fence, Fenced, NodeLost, TrajectoriesReady
-from fastrl.procs import session_members
-from fastrl.runner.parallel import POLL, ParallelRunner
+from fastrl.algo.learner_group import free_port
+from fastrl.config.load import parse_config
+from fastrl.config.settings import Config, validate
+from fastrl.runner.children import POLL
+from fastrl.runner.link import BYE, Channel, SlotCodec, connect, generation_key, join_store
+from fastrl.runner.parallel import ParallelRunner
+from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
+from fastrl.transport.messages import BuffersFreed, Fence, Fenced, NodeLost, TrajectoriesReady
+from fastrl.transport.procs import session_members
 from tests.test_faults import Training, assert_nothing_left, summary_of, wait_until
 from tests.test_parallel import (
     COUNTING,

@@ -12,10 +12,11 @@ import time
 import pytest
 import torch
 
-from fastrl.cfg_io import parse_config
-from fastrl.messages import BuffersFreed, TrajectoriesReady
+from fastrl.config.load import parse_config
+from fastrl.runner.children import POLL
 from fastrl.runner.common import buffers_per_env, build_model
-from fastrl.runner.parallel import POLL, ParallelRunner
+from fastrl.runner.parallel import ParallelRunner
+from fastrl.transport.messages import BuffersFreed, TrajectoriesReady
 
 pytestmark = pytest.mark.multiprocess
 

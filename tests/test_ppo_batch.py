@@ -14,10 +14,10 @@ import torch
 from gymnasium import spaces
 
 from fastrl.algo.appo import LossParams, return_targets_and_advantages
-from fastrl.cfg import Config, validate
-from fastrl.cfg_io import parse_config
-from fastrl.learner import Learner
-from fastrl.model import ActorCritic
+from fastrl.algo.learner import Learner
+from fastrl.config.load import parse_config
+from fastrl.config.settings import Config, validate
+from fastrl.policy.model import ActorCritic
 from fastrl.runner.serial import run_serial
 from tests.test_parallel import run_train
 

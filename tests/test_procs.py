@@ -1,5 +1,6 @@
-"""The queue-lock repair of fastrl.procs on the pinned faster-fifo: the layout probe finds the
-mutex, a lock left held by a killed process is released, and a live holder's lock is not."""
+"""The queue-lock repair of fastrl.transport.procs on the pinned faster-fifo: the layout probe
+finds the mutex, a lock left held by a killed process is released, and a live holder's lock
+is not."""
 
 import ctypes
 import multiprocessing as mp
@@ -11,7 +12,12 @@ from pathlib import Path
 import pytest
 from faster_fifo import Queue
 
-from fastrl.procs import CHECKED_FASTER_FIFO, _queue_mutex, check_queue_layout, release_queue_locks
+from fastrl.transport.procs import (
+    CHECKED_FASTER_FIFO,
+    _queue_mutex,
+    check_queue_layout,
+    release_queue_locks,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 _OWNER = 8  # offset of glibc's __owner (the holder's thread id) in pthread_mutex_t

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from fastrl.mailbox import Mailbox
-from fastrl.queues import LocalQueue
+from fastrl.transport.mailbox import Mailbox
+from fastrl.transport.queues import LocalQueue
 
 
 def _mailbox():

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from fastrl.cfg_io import parse_config
+from fastrl.config.load import parse_config
 from fastrl.env_registry import recommended_settings, register_env
-from fastrl.runner.common import env_options, reward_scale
+from fastrl.sampling.env_setup import env_options, reward_scale
 from tests.counting_env import CountingEnv
 
 

@@ -7,9 +7,15 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.buffers import FILL_FLOAT, FILL_INT, INVALID_VERSION, BufferLayout, TrajectoryBuffers
-from fastrl.messages import ActionsReady
-from fastrl.rollout import EnvBroken, EnvTimeout, RolloutWorker
+from fastrl.sampling.buffers import (
+    FILL_FLOAT,
+    FILL_INT,
+    INVALID_VERSION,
+    BufferLayout,
+    TrajectoryBuffers,
+)
+from fastrl.sampling.rollout import EnvBroken, EnvTimeout, RolloutWorker
+from fastrl.transport.messages import ActionsReady
 from tests.counting_env import CountingEnv
 
 T = 5

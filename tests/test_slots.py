@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from fastrl.messages import BuffersFreed, TrajectoriesReady
-from fastrl.slots import PendingSlots
+from fastrl.runner.slots import PendingSlots
+from fastrl.transport.messages import BuffersFreed, TrajectoriesReady
 
 PER_WORKER = 4
 
@@ -79,10 +79,10 @@ def test_random_sequences_match_a_slow_reference():
 def _learner_station(tmp_path, *extra):
     import torch
 
-    from fastrl.cfg_io import parse_config
-    from fastrl.runner.common import create_env, env_info
+    from fastrl.config.load import parse_config
     from fastrl.runner.stations import LearnerStation, make_learner
     from fastrl.runner.wiring import build_wiring
+    from fastrl.sampling.env_setup import create_env, env_info
 
     cfg = parse_config(["--env", "tests.counting_env:CountingEnv-v0", "--train_dir",
                         str(tmp_path), "--experiment", "x", "--device", "cpu", "--use_rnn",
@@ -97,7 +97,7 @@ def _learner_station(tmp_path, *extra):
 
 
 def test_learner_station_fences_a_dead_worker_over_local_queues(tmp_path):
-    from fastrl.messages import Fence, Fenced
+    from fastrl.transport.messages import Fence, Fenced
 
     wiring, station = _learner_station(tmp_path)
     per = wiring.per_worker_buffers

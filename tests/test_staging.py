@@ -1,9 +1,9 @@
-"""fastrl.staging: rows gathered into kept buffers, against plain indexing."""
+"""fastrl.sampling.staging: rows gathered into kept buffers, against plain indexing."""
 
 import pytest
 import torch
 
-from fastrl.staging import Staging
+from fastrl.sampling.staging import Staging
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

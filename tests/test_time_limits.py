@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.model import ActorCritic
+from fastrl.policy.model import ActorCritic
 from tests.counting_env import CountingEnv
 from tests.test_model import OBS_SPACES, make_cfg, random_obs
 from tests.test_rollout import T, drive, make_worker

@@ -1,1 +1,2 @@
-"""Learning algorithm: V-trace off-policy correction and the APPO loss."""
+"""Algorithms: V-trace, the APPO loss, the learner that trains on trajectory batches, and the
+learner group (data-parallel ranks of one learner)."""

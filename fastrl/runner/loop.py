@@ -11,9 +11,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from fastrl.evaluation import PeriodicEvaluator, write_eval_summaries
-from fastrl.experiment import Reporter, TrainingStats, log
-from fastrl.messages import (
+from fastrl.experiment.evaluation import PeriodicEvaluator, write_eval_summaries
+from fastrl.experiment.reporter import Reporter
+from fastrl.experiment.stats import TrainingStats
+from fastrl.log import log
+from fastrl.runner.wiring import Wiring
+from fastrl.transport.messages import (
     CheckpointSaved,
     Fenced,
     LearnerReport,
@@ -23,7 +26,6 @@ from fastrl.messages import (
     RolloutReport,
     SaveCheckpoint,
 )
-from fastrl.runner.wiring import Wiring
 
 FINAL_SAVE_TIMEOUT = 60.0
 

@@ -3,7 +3,7 @@ shared memory and queues, as on one machine, and a gateway in place of the learn
 
 The gateway (:class:`Gateway`, in this process's main thread) takes the trajectory slots the
 rollout workers hand in, ships them to the learner node in messages of raw tensor bytes
-(``fastrl.link``), and frees each slot once sent; it forwards the workers' reports the same
+(``fastrl.runner.link``), and frees each slot once sent; it forwards the workers' reports the same
 way, twice a second, which also tells the learner that the node lives. A second thread
 receives each new weights version and publishes it to the node's policy workers.
 
@@ -25,9 +25,11 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from fastrl.cfg import Config
-from fastrl.experiment import log
-from fastrl.link import (
+from fastrl.config.settings import Config
+from fastrl.log import log
+from fastrl.runner.children import POLL, start_sampling
+from fastrl.runner.common import build_model, process_context, seed_everything
+from fastrl.runner.link import (
     BYE,
     REPORTS,
     TRAJECTORIES,
@@ -40,7 +42,11 @@ from fastrl.link import (
     join_store,
     node_policy_report,
 )
-from fastrl.messages import (
+from fastrl.runner.slots import PendingSlots
+from fastrl.runner.supervisor import Supervisor
+from fastrl.runner.wiring import Wiring, build_wiring
+from fastrl.sampling.env_setup import probe_env
+from fastrl.transport.messages import (
     ChildFailed,
     Fence,
     Fenced,
@@ -48,12 +54,7 @@ from fastrl.messages import (
     RolloutReport,
     TrajectoriesReady,
 )
-from fastrl.procs import check_queue_layout
-from fastrl.runner.common import build_model, probe_env, process_context, seed_everything
-from fastrl.runner.parallel import POLL, start_sampling
-from fastrl.runner.supervisor import Supervisor
-from fastrl.runner.wiring import Wiring, build_wiring
-from fastrl.slots import PendingSlots
+from fastrl.transport.procs import check_queue_layout
 
 REPORTS_EVERY = 0.5  # seconds between the gateway's report messages (the node's heartbeat)
 NODE_SLOTS_PER_ENV = 1

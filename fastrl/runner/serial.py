@@ -7,25 +7,15 @@ deterministically (a seeded run repeats).
 
 from __future__ import annotations
 
-from fastrl.cfg import Config
-from fastrl.checkpoint import restore_counters
-from fastrl.evaluation import PeriodicEvaluator
-from fastrl.experiment import (
-    Reporter,
-    TrainingStats,
-    log,
-    prepare_experiment_dir,
-    print_final_summary,
-)
-from fastrl.malloc import keep_freed_memory
-from fastrl.messages import LearnerReady
-from fastrl.runner.common import (
-    check_env_settings,
-    create_env,
-    env_info,
-    resolve_device,
-    seed_everything,
-)
+from fastrl.config.settings import Config
+from fastrl.device import resolve_device
+from fastrl.experiment.checkpoint import restore_counters
+from fastrl.experiment.evaluation import PeriodicEvaluator
+from fastrl.experiment.folder import prepare_experiment_dir
+from fastrl.experiment.reporter import Reporter, print_final_summary
+from fastrl.experiment.stats import TrainingStats
+from fastrl.log import log
+from fastrl.runner.common import check_env_settings, seed_everything
 from fastrl.runner.loop import RunLoop
 from fastrl.runner.stations import (
     LearnerStation,
@@ -35,6 +25,9 @@ from fastrl.runner.stations import (
     make_policy_worker,
 )
 from fastrl.runner.wiring import build_wiring
+from fastrl.sampling.env_setup import create_env, env_info
+from fastrl.transport.malloc import keep_freed_memory
+from fastrl.transport.messages import LearnerReady
 
 
 class SerialStall(RuntimeError):

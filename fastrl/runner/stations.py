@@ -13,12 +13,18 @@ import time
 
 import torch
 
-from fastrl.checkpoint import checkpoint_state, restore_learner, save_checkpoint
-from fastrl.distributed import LearnerGroup
-from fastrl.experiment import log
-from fastrl.inference import PolicyWorker
-from fastrl.learner import Learner
-from fastrl.messages import (
+from fastrl.algo.learner import Learner
+from fastrl.algo.learner_group import LearnerGroup
+from fastrl.experiment.checkpoint import checkpoint_state, restore_learner, save_checkpoint
+from fastrl.log import log
+from fastrl.runner.common import build_model
+from fastrl.runner.slots import PendingSlots
+from fastrl.runner.wiring import Wiring
+from fastrl.sampling.env_setup import EnvInfo, create_env, reward_scale
+from fastrl.sampling.inference import PolicyWorker
+from fastrl.sampling.rollout import RolloutWorker, StepOutput
+from fastrl.sampling.staging import Staging
+from fastrl.transport.messages import (
     ActionsReady,
     BuffersFreed,
     CheckpointSaved,
@@ -35,11 +41,6 @@ from fastrl.messages import (
     TrainShare,
     TrajectoriesReady,
 )
-from fastrl.rollout import RolloutWorker, StepOutput
-from fastrl.runner.common import EnvInfo, build_model, create_env, reward_scale
-from fastrl.runner.wiring import Wiring
-from fastrl.slots import PendingSlots
-from fastrl.staging import Staging
 
 # An env that fails all the time must not flood the log: the first faults of a worker are
 # logged, then every hundredth.

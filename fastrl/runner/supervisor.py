@@ -9,7 +9,7 @@ generation, and the successor ignores answers meant for its predecessor.
 dropped, and every rollout worker asks again (``Reissue``) for the splits still waiting.
 
 A child killed inside a queue call may die holding the queue's lock. The lock watchdog, a
-thread of this process, is the only code that repairs such locks (``fastrl.procs``): it
+thread of this process, is the only code that repairs such locks (``fastrl.transport.procs``): it
 must not wait for the main loop, which may itself be blocked on that lock.
 """
 
@@ -28,17 +28,17 @@ from typing import Any
 
 import torch
 
-from fastrl.experiment import log
-from fastrl.malloc import keep_freed_memory
-from fastrl.messages import ChildFailed, Fence, Fenced, Reissue
-from fastrl.procs import (
+from fastrl.log import log
+from fastrl.runner.wiring import Wiring
+from fastrl.transport.malloc import keep_freed_memory
+from fastrl.transport.messages import ChildFailed, Fence, Fenced, Reissue
+from fastrl.transport.procs import (
     Lifeline,
     exit_when_orphaned,
     kill_group,
     kill_session,
     release_queue_locks,
 )
-from fastrl.runner.wiring import Wiring
 
 LOCK_WATCH_INTERVAL = 0.1  # seconds between the watchdog's looks at the children
 

@@ -1,6 +1,7 @@
 """The one place that creates every buffer and queue, for serial and parallel mode alike.
 
-Who talks to whom (``fastrl/messages.py`` has every message; tensors stay in the buffers)::
+Who talks to whom (``fastrl/transport/messages.py`` has every message; tensors stay in the
+buffers)::
 
     rollout worker w --InferenceRequest---------> policy_queue (shared by the policy workers)
     policy worker    --ActionsReady-------------> worker_queues[w]
@@ -10,14 +11,14 @@ Who talks to whom (``fastrl/messages.py`` has every message; tensors stay in the
     runner           --Reissue------------------> worker_queues[w]   (every w)
     learner (rank 0) --TrainShare---------------> rank_queues[r - 1]  (--num_learners > 1)
     sampler node k   --trajectories, reports----> its link, which plays rollout worker k
-                       (--num_sampler_nodes; fastrl/link.py, fastrl/runner/node.py)
+                       (--num_sampler_nodes; fastrl/runner/link.py, fastrl/runner/node.py)
     learner          --LearnerReady, Fenced,
                        CheckpointSaved----------> runner_queue
     everyone         --reports, ChildFailed-----> runner_queue
 
 Parallel mode puts the buffers in shared memory and the queues in faster-fifo mailboxes, and
 hands the :class:`Wiring` to every child process; serial mode builds the same wiring with
-plain tensors and :class:`~fastrl.queues.LocalQueue` queues, and drives the same stations
+plain tensors and :class:`~fastrl.transport.queues.LocalQueue` queues, and drives the same stations
 (``fastrl/runner/stations.py``) in one process.
 """
 
@@ -32,15 +33,16 @@ from typing import Any
 
 import torch
 
-from fastrl.buffers import BufferLayout, TrajectoryBuffers
-from fastrl.cfg import Config
-from fastrl.distributed import free_port
-from fastrl.experiment import ExperimentError
-from fastrl.mailbox import Mailbox
-from fastrl.procs import Lifeline
-from fastrl.queues import LocalQueue, MessageQueue
-from fastrl.runner.common import EnvInfo, buffers_per_env
-from fastrl.weights import LocalWeights, SharedWeights, WeightsSource
+from fastrl.algo.learner_group import free_port
+from fastrl.config.settings import Config
+from fastrl.errors import ExperimentError
+from fastrl.runner.common import buffers_per_env
+from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
+from fastrl.sampling.env_setup import EnvInfo
+from fastrl.sampling.weights import LocalWeights, SharedWeights, WeightsSource
+from fastrl.transport.mailbox import Mailbox
+from fastrl.transport.procs import Lifeline
+from fastrl.transport.queues import LocalQueue, MessageQueue
 
 QUEUE_BYTES = 4 * 1024 * 1024
 
@@ -133,7 +135,7 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
     n_policy = cfg.num_policy_workers if parallel else 1
     if parallel:
         check_shared_memory(layout)
-        # Restartable workers' mailboxes get doorbells (see fastrl/mailbox.py).
+        # Restartable workers' mailboxes get doorbells (see fastrl/transport/mailbox.py).
         policy_queue = Mailbox(QUEUE_BYTES, doorbell=True)
         worker_queues = [Mailbox(QUEUE_BYTES, doorbell=True) for _ in range(num_workers)]
         learner_queue = Mailbox(QUEUE_BYTES, doorbell=False)

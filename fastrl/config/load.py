@@ -1,11 +1,12 @@
 """Saving, loading and resuming configs: ``config.json`` I/O and the full parse.
 
-:func:`parse_config` turns ``argv`` into a validated :class:`~fastrl.cfg.Config`; on resume,
+:func:`parse_config` turns ``argv`` into a validated
+:class:`~fastrl.config.settings.Config`; on resume,
 the experiment's ``config.json`` (read by :func:`load_saved_config`, completed for settings
 added later by :func:`with_added_later`) is the base and only flags given explicitly override
 it; the env's recommended settings then fill in what neither set (:func:`apply_recommended`).
 :func:`save_config` writes ``config.json``. The ``Config`` dataclass, the flag parser and
-validation live in :mod:`fastrl.cfg`.
+validation live in :mod:`fastrl.config.settings`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from fastrl.cfg import (
+from fastrl.config.settings import (
     ADDED_LATER,
     Config,
     ConfigError,

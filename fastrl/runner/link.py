@@ -32,10 +32,10 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from fastrl.buffers import TrajectoryBuffers
-from fastrl.cfg import Config
-from fastrl.experiment import log
-from fastrl.messages import (
+from fastrl.config.settings import Config
+from fastrl.log import log
+from fastrl.sampling.buffers import TrajectoryBuffers
+from fastrl.transport.messages import (
     BuffersFreed,
     Fence,
     NodeLost,

@@ -24,11 +24,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from fastrl.actions import ActionSpec
-from fastrl.distributions import ActionDistribution
-from fastrl.model import ActorCritic
-from fastrl.obs import obs_to_dict
-from fastrl.weights import WeightsSource
+from fastrl.policy.actions import ActionSpec
+from fastrl.policy.distributions import ActionDistribution
+from fastrl.policy.model import ActorCritic
+from fastrl.policy.obs import obs_to_dict
+from fastrl.sampling.weights import WeightsSource
 
 __all__ = [
     "EvalResult",

@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from fastrl.cfg import Config, changed_model_settings
-from fastrl.experiment import ExperimentError, log
+from fastrl.config.settings import Config, changed_model_settings
+from fastrl.errors import ExperimentError
+from fastrl.log import log
 
 if TYPE_CHECKING:
-    from fastrl.runner.common import EnvInfo
+    from fastrl.sampling.env_setup import EnvInfo
 
 CHECKPOINT_FORMAT = 1
 

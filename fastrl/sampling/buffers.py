@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from fastrl.actions import ActionSpec
-from fastrl.staging import Staging
+from fastrl.policy.actions import ActionSpec
+from fastrl.sampling.staging import Staging
 
 # Values no env or policy can produce, written into fresh buffers so that a read of data
 # that was never written shows up in tests instead of passing silently.
@@ -45,7 +45,7 @@ class BufferLayout:
     action_dims: int
     rnn_size: int
     # int64 choice indices, or float32 when the action space has continuous parts
-    # (fastrl.actions.ActionSpec).
+    # (fastrl.policy.actions.ActionSpec).
     action_dtype: torch.dtype = torch.int64
 
     @classmethod
@@ -117,7 +117,7 @@ class TrajectoryBuffers:
         ``rnn_states`` ``[B, H]``, ``final_obs`` (dict of ``[B, ...]``) and ``final_step``
         ``[B]``. Without ``staging`` they are new CPU tensors; with one, they are on its
         device, in its kept buffers (valid for its ``depth`` calls: see
-        :class:`fastrl.staging.Staging`).
+        :class:`fastrl.sampling.staging.Staging`).
         """
         idx = torch.as_tensor(indices, dtype=torch.int64)
         flat = {f"obs/{k}": v for k, v in self.obs.items()}

@@ -14,7 +14,7 @@ call ever sleeps on a condition variable:
   blocking get.
 
 The remaining hazard, a lock held by a process killed inside a queue call, is handled by
-``fastrl.procs.release_queue_locks``.
+``fastrl.transport.procs.release_queue_locks``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ float32 otherwise (an index is exact in float32 up to 2**24).
 
 The policy's output (``num_params`` values per step) is laid out the same way: the logits of
 every categorical dimension, then the Gaussian means, then the Gaussian log-stds
-(``fastrl.distributions``).
+(``fastrl.policy.distributions``).
 
 A continuous sample ``u`` reaches the env bounded (``to_env``), in one of two ways:
 

@@ -2,7 +2,7 @@
 
 Two implementations with the same semantics:
 
-- :class:`fastrl.mailbox.Mailbox`: a faster-fifo queue in shared memory, between processes
+- :class:`fastrl.transport.mailbox.Mailbox`: a faster-fifo queue in shared memory, between processes
   (parallel mode).
 - :class:`LocalQueue`: a deque in this process (serial mode, and tests of the components).
 

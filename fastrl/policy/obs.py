@@ -15,7 +15,7 @@ __all__ = [
 
 # An observation key under this name is not encoded: it is the env's legal-action mask, a Box
 # of shape [A] (A = n for Discrete, sum(nvec) for MultiDiscrete), nonzero where an action is
-# legal. The model sets the logits of illegal actions to -inf (fastrl.distributions).
+# legal. The model sets the logits of illegal actions to -inf (fastrl.policy.distributions).
 ACTION_MASK_KEY = "action_mask"
 
 

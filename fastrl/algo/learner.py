@@ -15,13 +15,13 @@ import time
 
 import torch
 
-from fastrl.actions import ActionSpec
 from fastrl.algo.appo import LossParams, appo_loss, clipped_loss, return_targets_and_advantages
-from fastrl.cfg import Config
+from fastrl.algo.learner_group import LearnerGroup
+from fastrl.config.settings import Config
 from fastrl.device import autocast, resolve_precision
-from fastrl.distributed import LearnerGroup
-from fastrl.distributions import ActionDistribution
-from fastrl.model import NORMALIZER_FRAMES, ActorCritic
+from fastrl.policy.actions import ActionSpec
+from fastrl.policy.distributions import ActionDistribution
+from fastrl.policy.model import NORMALIZER_FRAMES, ActorCritic
 
 
 class Learner:
@@ -56,7 +56,8 @@ class Learner:
         self.samples_trained = 0
         self.train_seconds = 0.0
         self.frameskip = frameskip  # env frames per sample, for --lr_schedule linear_decay
-        # Several learners (fastrl/distributed.py): this one trains on its share of each batch.
+        # Several learners (fastrl/algo/learner_group.py): this one trains on its share of
+        # each batch.
         self.group = group
         self.world_size = 1 if group is None else group.world_size
         self._reduce = None if group is None else group.sum_

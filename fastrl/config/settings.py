@@ -4,7 +4,7 @@ Every field of :class:`Config` is a command-line flag with the same name; its he
 the field's ``help`` metadata. Flag names follow Sample Factory's where the concept is the
 same. This module holds the dataclass, the flag parser (:func:`build_parser`), validation
 (:func:`validate`) and which settings define a model (:data:`MODEL_DEFINING`). Saving,
-loading and resuming configs live in :mod:`fastrl.cfg_io`: its :func:`parse_config` turns
+loading and resuming configs live in :mod:`fastrl.config.load`: its :func:`parse_config` turns
 ``argv`` into a validated ``Config``; on resume, the experiment's ``config.json`` is the base
 and only flags given explicitly override it.
 """

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from fastrl.actions import ActionSpec
-from fastrl.buffers import TrajectoryBuffers
 from fastrl.device import autocast
-from fastrl.distributions import ActionDistribution
-from fastrl.messages import ActionsReady, InferenceRequest
-from fastrl.model import ActorCritic
-from fastrl.staging import Staging
-from fastrl.weights import WeightsSource
+from fastrl.policy.actions import ActionSpec
+from fastrl.policy.distributions import ActionDistribution
+from fastrl.policy.model import ActorCritic
+from fastrl.sampling.buffers import TrajectoryBuffers
+from fastrl.sampling.staging import Staging
+from fastrl.sampling.weights import WeightsSource
+from fastrl.transport.messages import ActionsReady, InferenceRequest
 
 
 class PolicyWorker:
@@ -28,7 +28,7 @@ class PolicyWorker:
         buffers: trajectory buffers (CPU, possibly shared).
         rnn_state: ``[num_envs_total, H]`` recurrent state per env (CPU, possibly shared).
         weights: where the learner's weights come from (in serial mode, the learner's
-            model itself: see :class:`fastrl.weights.LocalWeights`).
+            model itself: see :class:`fastrl.sampling.weights.LocalWeights`).
         deterministic: take the most likely action instead of sampling.
     """
 

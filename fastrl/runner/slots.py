@@ -11,7 +11,7 @@ sent later is refused by its generation.
 
 from __future__ import annotations
 
-from fastrl.messages import BuffersFreed, TrajectoriesReady
+from fastrl.transport.messages import BuffersFreed, TrajectoriesReady
 
 
 class PendingSlots:

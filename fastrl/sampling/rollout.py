@@ -20,10 +20,15 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from fastrl.actions import ActionSpec
-from fastrl.buffers import INVALID_VERSION, TrajectoryBuffers
-from fastrl.messages import ActionsReady, EpisodeStats, InferenceRequest, TrajectoriesReady
-from fastrl.obs import obs_to_dict, random_legal_action
+from fastrl.policy.actions import ActionSpec
+from fastrl.policy.obs import obs_to_dict, random_legal_action
+from fastrl.sampling.buffers import INVALID_VERSION, TrajectoryBuffers
+from fastrl.transport.messages import (
+    ActionsReady,
+    EpisodeStats,
+    InferenceRequest,
+    TrajectoriesReady,
+)
 
 # An env that fails this many times in a row while being recreated is beyond repair: the
 # worker stops with the cause (and the runner decides whether to restart the worker).
@@ -92,7 +97,7 @@ class RolloutWorker:
             random actions (episodes that end meanwhile are reset and not reported), so that
             envs with fixed-length episodes do not end and reset in lock-step.
         action_bounds: how continuous actions are bounded for the env
-            (``fastrl.actions.ActionSpec``).
+            (``fastrl.policy.actions.ActionSpec``).
 
     A time limit (``truncated`` without ``terminated``) ends the episode for the learner like
     a termination (``dones``), but the episode's last observation is kept in the slot's

@@ -1,5 +1,5 @@
 """The action distribution used by inference and the learner, over the layout of
-``fastrl.actions.ActionSpec``: independent categoricals over the split logits of the
+``fastrl.policy.actions.ActionSpec``: independent categoricals over the split logits of the
 categorical dimensions (``Discrete``, ``MultiDiscrete``), a diagonal Gaussian over the
 continuous ones (``Box``), and both at once for ``Dict`` / ``Tuple`` action spaces. Illegal
 categorical actions are masked with :func:`mask_logits`: an illegal action's logit is
@@ -14,7 +14,7 @@ from gymnasium import spaces
 from torch import Tensor
 from torch.nn import functional as F
 
-from fastrl.actions import ActionSpec
+from fastrl.policy.actions import ActionSpec
 
 __all__ = ["LOG_STD_MAX", "LOG_STD_MIN", "ActionDistribution", "mask_logits"]
 

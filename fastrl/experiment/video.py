@@ -12,7 +12,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from fastrl.experiment import ExperimentError
+from fastrl.errors import ExperimentError
 
 
 def agent_view(obs: dict[str, np.ndarray]) -> np.ndarray | None:

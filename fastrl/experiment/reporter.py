@@ -1,0 +1,140 @@
+"""Reports of a run: TensorBoard scalars, ``summary.json`` and the console progress lines."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from fastrl.config.settings import Config
+from fastrl.experiment.bottleneck import (
+    progress_text,
+)
+from fastrl.experiment.folder import write_json_atomic
+from fastrl.experiment.stats import NodeStats, TrainingStats, _Trailing
+from fastrl.log import log
+
+BUSY_WINDOW = 30.0  # seconds of busy time behind each progress line's fractions
+
+
+class Reporter:
+    """Writes TensorBoard scalars, ``summary.json`` and console progress at their cadences."""
+
+    def __init__(self, cfg: Config, experiment_dir: str, stats: TrainingStats):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.cfg = cfg
+        self.dir = experiment_dir
+        self.stats = stats
+        self.writer = SummaryWriter(log_dir=os.path.join(experiment_dir, "tb"))
+        self._last_log = time.time()
+        self._last_summary = time.time()
+        # (time, busy seconds per stage) at recent progress lines: the line's busy fractions
+        # cover the last BUSY_WINDOW seconds, as reports arrive in lumps (one per learner batch).
+        self._busy_history = _Trailing((time.time(), {}))
+
+    def maybe_report(self, force: bool = False) -> None:
+        now = time.time()
+        if force or now - self._last_summary >= self.cfg.summaries_every_sec:
+            self._last_summary = now
+            self.write_summaries()
+        if force or now - self._last_log >= self.cfg.log_every_sec:
+            self._last_log = now
+            self.print_progress()
+
+    def write_summaries(self) -> dict:
+        s = self.stats
+        fps = s.fps()
+        step = s.env_frames
+        w = self.writer
+        for ret, length in s.take_new_episodes():
+            w.add_scalar("episode/return", ret, step)
+            w.add_scalar("episode/length", length, step)
+        if s.returns:
+            w.add_scalar("episode/mean_return", s.mean_return(), step)
+        w.add_scalar("perf/fps", fps, step)
+        w.add_scalar("faults/env_restarts", s.env_restarts, step)
+        w.add_scalar("faults/worker_restarts", s.worker_restarts, step)
+        w.add_scalar("faults/trajectories_discarded", s.trajectories_discarded, step)
+        for i, node in enumerate(s.nodes):
+            w.add_scalar(f"nodes/{i}/connection_losses", node.losses, step)
+            if node.lag_mean is not None:
+                w.add_scalar(f"nodes/{i}/policy_lag_mean", node.lag_mean, step)
+        names = {"policy_loss": "train/policy_loss", "value_loss": "train/value_loss",
+                 "entropy": "train/entropy", "kl": "train/kl",
+                 "clip_fraction": "train/clip_fraction",
+                 "learning_rate": "train/learning_rate", "grad_norm": "train/grad_norm",
+                 "policy_lag_min": "policy_lag/min", "policy_lag_mean": "policy_lag/mean",
+                 "policy_lag_max": "policy_lag/max"}
+        for key, tag in names.items():
+            if key in s.learner:
+                w.add_scalar(tag, s.learner[key], step)
+        w.flush()
+        summary = s.summary(fps)
+        write_json_atomic(os.path.join(self.dir, "summary.json"), summary)
+        return summary
+
+    def print_progress(self) -> None:
+        s = self.stats
+        ret = s.mean_return()
+        ret_txt = "n/a" if ret is None else f"{ret:.3f} (last {len(s.returns)})"
+        lag = s.learner
+        lag_txt = (f"{lag['policy_lag_min']:.0f}/{lag['policy_lag_mean']:.1f}/"
+                   f"{lag['policy_lag_max']:.0f}"
+                   if "policy_lag_mean" in lag else "n/a")
+        now = time.time()
+        t0, busy0 = self._busy_history.push(now, dict(s.busy), BUSY_WINDOW)
+        d = s.diagnose({k: v - busy0.get(k, 0.0) for k, v in s.busy.items()}, now - t0)
+        busy_txt = progress_text(d.fractions, d.stage if not self.cfg.serial_mode else None)
+        log(f"frames {s.env_frames:,} | fps {s.fps():,.0f} | return {ret_txt} | "
+            f"lag min/mean/max {lag_txt} | learner steps {s.learner_steps:,}"
+            + (f" | {busy_txt}" if busy_txt else "") + node_text(s.nodes))
+
+    def close(self) -> dict:
+        summary = self.write_summaries()
+        self.writer.close()
+        return summary
+
+
+def node_text(nodes: list[NodeStats]) -> str:
+    """The progress line's part about sampler nodes: how many are connected, and each one's
+    policy lag (mean/max over its last second), e.g. ``| nodes 2/2 up, lag 0: 1.2/3 1: 1.4/4``."""
+    if not nodes:
+        return ""
+    up = sum(n.connected for n in nodes)
+    lags = " ".join(f"{i}: {n.lag_mean:.1f}/{n.lag_max}" for i, n in enumerate(nodes)
+                    if n.connected and n.lag_mean is not None)
+    return f" | nodes {up}/{len(nodes)} up" + (f", lag {lags}" if lags else "")
+
+
+def print_final_summary(summary: dict) -> None:
+    ret = summary["mean_episode_return"]
+    lag = summary["policy_lag"]
+    lines = [
+        "training finished",
+        f"  env frames      {summary['env_frames']:,}",
+        f"  wall time       {summary['run_seconds']:.0f} s this run "
+        f"({summary['wall_seconds']:.0f} s in total)",
+        f"  mean return     {'n/a' if ret is None else f'{ret:.3f}'} over the last "
+        f"{summary['episodes_averaged']} episodes",
+        f"  learner steps   {summary['learner_steps']:,}",
+    ]
+    if lag:
+        lines.append(f"  policy lag      min {lag['min']:.0f}, mean {lag['mean']:.2f}, "
+                     f"max {lag['max']:.0f}")
+    if summary.get("env_restarts") or summary.get("worker_restarts"):
+        lines.append(f"  faults          {summary['env_restarts']} env restarts, "
+                     f"{summary['worker_restarts']} worker restarts, "
+                     f"{summary['trajectories_discarded']} trajectories discarded")
+    for node in summary.get("sampler_nodes", []):
+        lines.append(f"  sampler node {node['node']}  {node['trajectories']:,} trajectories, "
+                     f"lag max {node['lag_max']}, {node['losses']} connection(s) lost, "
+                     f"{node['trajectories_dropped']} trajectories dropped")
+    bottleneck = summary.get("bottleneck")
+    if bottleneck and bottleneck["busy_fraction"]:
+        lines.append("  busy            " + progress_text(bottleneck["busy_fraction"], None)[5:]
+                     + " of the run")
+        lines.append(f"  bottleneck      {bottleneck['advice']}")
+    for line in lines:
+        log(line)
+    sys.stdout.flush()

@@ -1,0 +1,206 @@
+"""Observation encoders, one per key of the observation ``Dict``, chosen from the key's space.
+
+Observations are ``dict[str, Tensor]``; a ``Box`` observation space is handled as
+``Dict({"obs": box})`` (``fastrl.policy.obs``). The encoders:
+
+* image: ``Box`` of dtype ``uint8`` and shape ``[C, H, W]`` (H, W >= 36). The encoder computes
+  ``x / 255`` and then normalises it. With ``cfg.normalize_input`` each pixel (each channel at
+  each position) is whitened with a running mean and variance kept in buffers of the model:
+  ``(x / 255 - mean) / sqrt(var + 1e-4)``, clipped to ``[-5, 5]``. The learner updates them from
+  each batch it trains on (:meth:`ActorCritic.update_normalizers`) and they travel with the
+  weights. Before the first update they give mean 0.5 and std 0.5, the fixed normalisation
+  used without the flag, which puts pixels in ``[-1, 1]``. A float
+  tensor is accepted too and read the same way, as pixel values in ``[0, 255]`` (a uint8 image
+  cast to float gives exactly the same output), never as values already scaled to ``[0, 1]``.
+  Conv stack "convnet_simple": 8x8/4 (32 ch), 4x4/2 (64 ch),
+  3x3/2 (128 ch), flatten, linear to ``cfg.encoder_fc_size``; a nonlinearity after each layer.
+* vector: ``Box`` of shape ``[N]`` (any numeric dtype, cast to float32): an MLP with hidden sizes
+  ``cfg.encoder_mlp_layers`` (an empty list passes the vector through unchanged).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import Tensor, nn
+
+from fastrl.policy.normalize import merge_moments, merge_summed_moments
+
+_NONLINEARITIES: dict[str, type[nn.Module]] = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh}
+HIDDEN_GAIN = math.sqrt(2.0)
+# (kernel, stride, out_channels) of "convnet_simple".
+_CONVNET_SIMPLE: tuple[tuple[int, int, int], ...] = ((8, 4, 32), (4, 2, 64), (3, 2, 128))
+_CONVNET_MIN_HW = 36  # smallest H or W for which every conv layer has an output of size >= 1
+_PIXEL_VAR_EPS = 1e-4  # variance floor of the per-pixel whitening ([0, 1] units): std >= 0.01
+_PIXEL_CLIP = 5.0  # whitened pixels are clipped to [-5, 5]
+_VECTOR_VAR_EPS = 1e-8  # variance floor of the vector-observation whitening
+
+
+def make_nonlinearity(name: str) -> nn.Module:
+    try:
+        return _NONLINEARITIES[name]()
+    except KeyError:
+        raise ValueError(
+            f"unknown nonlinearity {name!r}; choose one of {sorted(_NONLINEARITIES)}"
+        ) from None
+
+
+def init_layer(layer: nn.Module, gain: float) -> nn.Module:
+    """Orthogonal weights with ``gain`` and zero biases, in place; returns ``layer``."""
+    nn.init.orthogonal_(layer.weight, gain=gain)
+    if layer.bias is not None:
+        nn.init.zeros_(layer.bias)
+    return layer
+
+
+class ImageEncoder(nn.Module):
+    """uint8 (or float in [0, 255]) images ``[B, C, H, W]`` -> features ``[B, fc_size]``."""
+
+    def __init__(self, key: str, space: spaces.Box, fc_size: int, nonlinearity: str,
+                 normalize: bool) -> None:
+        super().__init__()
+        c, h, w = (int(d) for d in space.shape)
+        self.normalize = normalize
+        if normalize:
+            # Running per-pixel statistics in [0, 1] units, kept channels-last like the input
+            # so that the whitening is one cheap pass (a [C, H, W]-strided operand against a
+            # channels-last batch measured 1.5x slower). Initial values reproduce the fixed
+            # normalisation; ``pixel_count`` 0 makes the first update replace them.
+            def stat(value: float) -> Tensor:
+                return torch.full((1, c, h, w), value).contiguous(memory_format=torch.channels_last)
+
+            self.register_buffer("pixel_mean", stat(0.5))
+            self.register_buffer("pixel_var", stat(0.25 - _PIXEL_VAR_EPS))
+            self.register_buffer("pixel_count", torch.zeros(1, dtype=torch.float64))
+        if h < _CONVNET_MIN_HW or w < _CONVNET_MIN_HW:
+            raise ValueError(
+                f"observation key {key!r}: image shape {tuple(space.shape)} is too small for "
+                f"convnet_simple (needs H and W >= {_CONVNET_MIN_HW})"
+            )
+        layers: list[nn.Module] = []
+        in_ch = c
+        for kernel, stride, out_ch in _CONVNET_SIMPLE:
+            layers += [
+                init_layer(nn.Conv2d(in_ch, out_ch, kernel, stride), HIDDEN_GAIN),
+                make_nonlinearity(nonlinearity),
+            ]
+            in_ch = out_ch
+        layers.append(nn.Flatten())
+        self.convs = nn.Sequential(*layers)
+        with torch.no_grad():
+            flat_size = self.convs(torch.zeros(1, c, h, w)).shape[1]
+        self.convs.to(memory_format=torch.channels_last)
+        self.fc = nn.Sequential(
+            init_layer(nn.Linear(flat_size, fc_size), HIDDEN_GAIN),
+            make_nonlinearity(nonlinearity),
+        )
+        self.out_size = fc_size
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: ``[B, C, H, W]`` uint8 or float pixel values in ``[0, 255]`` -> ``[B, fc_size]``."""
+        # One float copy, then in-place (x / 255 - 0.5) / 0.5 == x * 2 / 255 - 1. Channels-last
+        # memory (the conv weights are kept that way too) lets oneDNN and cuDNN pick their
+        # fastest kernels; measured 1.2-2x faster on CPU under bf16 autocast.
+        x = x.to(torch.float32, memory_format=torch.channels_last, copy=True)
+        if self.normalize:
+            inv_std = torch.rsqrt(self.pixel_var + _PIXEL_VAR_EPS)
+            x = x.mul_(inv_std / 255.0).sub_(self.pixel_mean * inv_std)
+            x = x.clamp_(-_PIXEL_CLIP, _PIXEL_CLIP)
+        else:
+            x = x.mul_(2.0 / 255.0).sub_(1.0)
+        return self.fc(self.convs(x))
+
+    @torch.no_grad()
+    def update_statistics(self, x: Tensor, reduce=None) -> None:
+        """Merge the per-pixel mean and variance of ``x`` (``[N, C, H, W]``, pixel values in
+        ``[0, 255]``) into the running ones (Chan et al.'s parallel update); with ``reduce``,
+        those of every learner's frames (``fastrl.policy.normalize.merge_summed_moments``)."""
+        if not self.normalize:
+            return
+        if reduce is not None:
+            merge_summed_moments(self.pixel_mean, self.pixel_var, self.pixel_count,
+                                 x.to(torch.float32).mul_(1.0 / 255.0), reduce)
+            return
+        if x.shape[0] == 0:
+            return
+        # By hand: torch.var_mean over dim 0 measured 10x slower (22 ms against 2.3 ms for
+        # 128 frames of 3x72x128 on one CPU thread).
+        frames = x.to(torch.float32).mul_(1.0 / 255.0)
+        batch_mean = frames.mean(dim=0, keepdim=True)
+        batch_var = frames.sub_(batch_mean).square_().mean(dim=0, keepdim=True)
+        merge_moments(self.pixel_mean, self.pixel_var, self.pixel_count, batch_mean, batch_var,
+                       x.shape[0])
+
+
+class VectorEncoder(nn.Module):
+    """Vectors ``[B, N]`` -> features ``[B, layers[-1]]`` (``[B, N]`` for an empty MLP).
+
+    With ``normalize``, each entry is whitened with a running mean and variance kept in
+    buffers (updated by the learner, like the pixel statistics) and clipped to ``[-5, 5]``;
+    before the first update they are mean 0, variance 1 (the identity).
+    """
+
+    def __init__(self, space: spaces.Box, layer_sizes: Sequence[int], nonlinearity: str,
+                 normalize: bool = False) -> None:
+        super().__init__()
+        self.normalize = normalize
+        if normalize:
+            n = int(space.shape[0])
+            self.register_buffer("obs_mean", torch.zeros(n))
+            self.register_buffer("obs_var", torch.ones(n))
+            self.register_buffer("obs_count", torch.zeros(1, dtype=torch.float64))
+        layers: list[nn.Module] = []
+        in_size = int(space.shape[0])
+        for size in layer_sizes:
+            layers += [
+                init_layer(nn.Linear(in_size, int(size)), HIDDEN_GAIN),
+                make_nonlinearity(nonlinearity),
+            ]
+            in_size = int(size)
+        self.mlp = nn.Sequential(*layers)
+        self.out_size = in_size
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: ``[B, N]`` -> ``[B, out_size]``."""
+        x = x.to(torch.float32)
+        if self.normalize:
+            x = ((x - self.obs_mean) * torch.rsqrt(self.obs_var + _VECTOR_VAR_EPS)).clamp(
+                -_PIXEL_CLIP, _PIXEL_CLIP)
+        return self.mlp(x)
+
+    @torch.no_grad()
+    def update_statistics(self, x: Tensor, reduce=None) -> None:
+        """Merge the per-entry mean and variance of ``x`` (``[N, size]``) into the running ones
+        (with ``reduce``, those of every learner's rows)."""
+        if not self.normalize:
+            return
+        if reduce is not None:
+            merge_summed_moments(self.obs_mean, self.obs_var, self.obs_count, x, reduce)
+            return
+        if x.shape[0] == 0:
+            return
+        x = x.to(torch.float32)
+        batch_mean = x.mean(dim=0)
+        batch_var = (x - batch_mean).square().mean(dim=0)
+        merge_moments(self.obs_mean, self.obs_var, self.obs_count, batch_mean, batch_var,
+                       x.shape[0])
+
+
+def make_encoder(key: str, space: spaces.Space, cfg: Any) -> nn.Module:
+    if isinstance(space, spaces.Box):
+        if len(space.shape) == 3 and space.dtype == np.uint8:
+            return ImageEncoder(key, space, int(cfg.encoder_fc_size), cfg.nonlinearity,
+                                 bool(cfg.normalize_input))
+        if len(space.shape) == 1 and np.issubdtype(space.dtype, np.number):
+            return VectorEncoder(space, list(cfg.encoder_mlp_layers), cfg.nonlinearity,
+                                  bool(cfg.normalize_input))
+    raise ValueError(
+        f"observation key {key!r}: unsupported space {space}; fastrl encodes a uint8 Box of shape "
+        f"[C, H, W] (image) or a Box of shape [N] (vector)"
+    )
+

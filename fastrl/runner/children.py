@@ -1,0 +1,99 @@
+"""The parallel runner's children: the process entry points of rollout workers, policy
+workers and learner ranks, thin shells that build their station and poll it until told to
+stop; and ``start_sampling``, which starts them (on the learner node and on sampler nodes)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from fastrl.algo.learner_group import LearnerGroup, learner_device
+from fastrl.config.settings import Config
+from fastrl.device import resolve_device, resolve_precision
+from fastrl.runner.common import build_model, seed_everything
+from fastrl.runner.stations import (
+    LearnerRankStation,
+    LearnerStation,
+    PolicyStation,
+    RolloutStation,
+    make_learner,
+    make_policy_worker,
+)
+from fastrl.runner.supervisor import Child, Supervisor
+from fastrl.runner.wiring import Wiring
+
+POLL = 0.05  # seconds every blocking get waits before checking for stop
+REPORT_EVERY = {"rollout": 0.5, "policy": 1.0, "learner": 0.5}  # seconds between reports
+
+
+
+def rollout_worker_main(wiring: Wiring, worker_id: int) -> None:
+    station = RolloutStation(wiring, worker_id, REPORT_EVERY["rollout"])
+    try:
+        station.start()
+        while not wiring.should_stop():
+            wiring.beat(worker_id)
+            station.poll(POLL)
+    finally:
+        station.close()
+
+
+def policy_worker_main(wiring: Wiring, policy_id: int) -> None:
+    cfg = wiring.cfg
+    slot = wiring.policy_slot(policy_id)
+    wiring.beat(slot)
+    device = resolve_device(cfg.device)
+    model = build_model(cfg, wiring.info, device)
+    model.eval()
+    policy = make_policy_worker(wiring, model, device, resolve_precision(cfg.precision, device))
+    station = PolicyStation(wiring, policy_id, policy, REPORT_EVERY["policy"])
+    # Act only with the learner's weights (its checkpoint's, when resuming): wait for the
+    # first publication instead of acting with this process's own random initialisation.
+    while not wiring.should_stop():
+        wiring.beat(slot)
+        policy.maybe_update_weights()
+        if policy.has_weights:
+            break
+        time.sleep(0.01)
+    while not wiring.should_stop():
+        # The runner waits for this counter to move before it reuses a dead worker's slots:
+        # a batch begun before a restart has then been written out.
+        wiring.policy_ticks[policy_id] += 1
+        wiring.beat(slot)
+        station.poll(POLL)
+
+
+def learner_main(wiring: Wiring, rank: int) -> None:
+    """Learner rank ``rank`` (0 unless --num_learners > 1): rank 0 runs the learner station,
+    the others train on the shares it hands them (fastrl/algo/learner_group.py)."""
+    cfg = wiring.cfg
+    seed_everything(cfg.seed)
+    device = resolve_device(cfg.device)
+    group = None
+    if cfg.num_learners > 1:
+        device = learner_device(device, rank)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        group = LearnerGroup(rank, cfg.num_learners, wiring.learner_port, device)
+    try:
+        learner, counters, path = make_learner(cfg, wiring.info, device, group)
+        if rank == 0:
+            station = LearnerStation(wiring, learner, REPORT_EVERY["learner"])
+            station.announce(counters, path)
+        else:
+            station = LearnerRankStation(wiring, learner, rank)
+        while not wiring.should_stop():
+            station.poll(POLL)
+    finally:
+        if group is not None:
+            group.close()
+
+
+def start_sampling(cfg: Config, supervisor: Supervisor) -> None:
+    """Start the policy workers, then the rollout workers."""
+    for p in range(cfg.num_policy_workers):
+        supervisor.start(Child(f"fastrl-policy-{p}", "policy", p, cfg.policy_threads,
+                               policy_worker_main))
+    for w in range(cfg.num_workers):
+        supervisor.start(Child(f"fastrl-rollout-{w}", "rollout", w, 1, rollout_worker_main))

@@ -1,0 +1,75 @@
+"""Envs as the config asks for them: options, frame stacking, reward scale, and the spaces
+(``EnvInfo``) that size the model and the shared buffers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+from gymnasium import spaces
+
+from fastrl.config.settings import Config
+from fastrl.env_registry import make_env, recommended_settings, stack_frames
+from fastrl.errors import EnvSettingsError
+from fastrl.policy.obs import as_dict_space
+
+
+def reward_scale(cfg: Config) -> float:
+    """``--reward_scale``; when it is None (a Config not made by ``parse_config``), the env's
+    recommended scale, else 1.0."""
+    if cfg.reward_scale is not None:
+        return cfg.reward_scale
+    return float(recommended_settings(cfg.env).get("reward_scale", 1.0))
+
+
+def env_options(cfg: Config) -> dict:
+    """Options for ``make_env`` from the config (only those the user changed)."""
+    options: dict = {}
+    if cfg.env_frameskip is not None:
+        options["frameskip"] = cfg.env_frameskip
+    if cfg.env_max_episode_steps is not None:
+        options["max_episode_steps"] = cfg.env_max_episode_steps
+    if cfg.env_measurements:
+        options["measurements"] = True
+    if cfg.env_reward_shaping:
+        options["reward_shaping"] = True
+    if cfg.env_action_mask_from_info:
+        options["action_mask_from_info"] = True
+    if cfg.env_atari_rgb:
+        options["rgb"] = True
+    return options
+
+
+def create_env(cfg: Config, **extra) -> gym.Env:
+    env = make_env(cfg.env, **env_options(cfg), **extra)
+    if cfg.env_framestack > 1:
+        env = stack_frames(env, cfg.env_framestack)
+    return env
+
+
+@dataclass(frozen=True)
+class EnvInfo:
+    obs_space: spaces.Dict
+    action_space: spaces.Space
+    frameskip: int
+
+    def describe(self) -> dict:
+        return {"obs_space": repr(self.obs_space), "action_space": repr(self.action_space),
+                "frameskip": self.frameskip}
+
+
+def env_info(env: gym.Env) -> EnvInfo:
+    try:
+        obs_space = as_dict_space(env.observation_space)
+    except ValueError as exc:
+        raise EnvSettingsError(str(exc)) from None
+    return EnvInfo(obs_space, env.action_space, int(env.metadata.get("frameskip", 1)))
+
+
+def probe_env(cfg: Config) -> EnvInfo:
+    """Create one env to read its spaces, then close it."""
+    env = create_env(cfg)
+    try:
+        return env_info(env)
+    finally:
+        env.close()
