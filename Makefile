@@ -8,7 +8,7 @@ ENV ?= doom_basic
 EXPERIMENT ?= doom_basic
 ARGS ?=
 
-.PHONY: venv train test lint clean
+.PHONY: venv train test test-fast lint clean
 
 venv: $(STAMP)
 
@@ -21,8 +21,13 @@ $(STAMP): pyproject.toml constraints.txt
 train: $(STAMP)
 	$(PY) train.py --env $(ENV) --experiment $(EXPERIMENT) $(ARGS)
 
+# Everything, as CI runs it (about 8 minutes on 2 cores).
 test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
+
+# Unit and in-process tests only: no process started, no training run (under 90 s on 2 cores).
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow" $(ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check fastrl envs tests perf train.py enjoy.py

@@ -253,6 +253,7 @@ def test_the_gymnasium_checker_passes(rgb):
     check_env(env, skip_render_check=True)
 
 
+@pytest.mark.slow
 def test_make_env_by_name_needs_no_prior_ale_import():
     code = (
         "import sys; import fastrl, envs; from fastrl.env_registry import make_env, "
@@ -307,6 +308,7 @@ def test_recommended_settings_and_the_rgb_flag(tmp_path):
     assert cfg.rollout == 32 and env_options(cfg)["rgb"] is True
 
 
+@pytest.mark.slow
 def test_serial_training_on_pong_writes_a_checkpoint(tmp_path):
     args = ["--env", "ALE/Pong-v5", "--train_dir", str(tmp_path), "--experiment", "pong",
             "--device", "cpu", "--serial_mode", "True", "--num_envs_per_worker", "2",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from fastrl.config.settings import Config
 from fastrl.experiment.bottleneck import busy_fractions, diagnose, progress_text
 from tests.test_parallel import base_args, run_train
@@ -60,6 +62,7 @@ def test_serial_mode_reports_shares_of_one_process():
     assert progress_text({}, None) == ""
 
 
+@pytest.mark.slow
 def test_an_env_bound_run_names_the_envs(tmp_path):
     # Each step of this env sleeps 4 ms: the rollout workers are busy all the time while
     # inference and learning on 3-number observations take little.

@@ -91,6 +91,7 @@ def test_incompatible_saved_config_is_one_clear_error(tmp_path):
     (["--no_such_flag", "1"], "unrecognized arguments: --no_such_flag"),
     (["--gamma", "7"], "--gamma=7.0"),
 ])
+@pytest.mark.slow
 def test_cli_bad_flag_is_one_line_and_nonzero(argv, needle, tmp_path):
     proc = subprocess.run([sys.executable, "train.py", "--train_dir", str(tmp_path), *argv],
                           capture_output=True, text=True, timeout=60)
@@ -101,6 +102,7 @@ def test_cli_bad_flag_is_one_line_and_nonzero(argv, needle, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_help_lists_every_field_with_help():
     proc = subprocess.run([sys.executable, "train.py", "--help"], capture_output=True, text=True,
                           timeout=60)
@@ -120,6 +122,7 @@ def test_overwrite_is_not_inherited_on_resume(tmp_path):
 # --- bad input that is only found when the run starts ----------------------------------------
 
 
+@pytest.mark.slow
 def test_unwritable_train_dir_is_one_line_and_exit_1(tmp_path):
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "train.py", "--env", "CartPole-v1", "--serial_mode",

@@ -182,6 +182,7 @@ def test_every_action_reaches_the_env_inside_its_space(tmp_path, mode, kind):
     assert "OutOfSpaceError" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_symmetric_kl_with_continuous_actions_is_a_one_line_error(tmp_path):
     proc = run_train(["--env", REACH["box"], "--train_dir", str(tmp_path), "--experiment", "x",
                       "--device", "cpu", "--serial_mode", "True", "--exploration_loss",

@@ -131,6 +131,7 @@ def test_deterministic_runs_repeat(trained: Path) -> None:
 # --- enjoy: video -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_save_video_writes_a_playable_mp4(trained: Path, tmp_path: Path) -> None:
     video = tmp_path / "vids" / "cartpole.mp4"
     assert main(base_args(trained, "--save_video", "--video_path", str(video),
@@ -149,6 +150,7 @@ def test_save_video_writes_a_playable_mp4(trained: Path, tmp_path: Path) -> None
     assert frames[0].std() > 0  # a picture, not a blank frame
 
 
+@pytest.mark.slow
 def test_video_default_path_is_in_the_experiment(trained: Path) -> None:
     args = base_args(trained, "--save_video", "--video_frames", "5", "--max_num_episodes", "1")
     assert main(args) == 0
@@ -171,23 +173,27 @@ def test_frame_helpers() -> None:
 # --- enjoy: errors ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_missing_experiment_is_one_line(tmp_path: Path) -> None:
     proc = run_enjoy_subprocess("--env", ENV, "--experiment", "nope", "--train_dir", str(tmp_path))
     assert_one_line_error(proc, str(tmp_path / "nope"))
 
 
+@pytest.mark.slow
 def test_experiment_without_checkpoint_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
     proc = run_enjoy_subprocess("--env", ENV, "--experiment", "empty", "--train_dir", str(tmp_path))
     assert_one_line_error(proc, str(tmp_path / "empty" / "checkpoints"), "no checkpoint")
 
 
+@pytest.mark.slow
 def test_missing_checkpoint_path_is_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "missing.pt"
     proc = run_enjoy_subprocess("--checkpoint", str(missing))
     assert_one_line_error(proc, str(missing))
 
 
+@pytest.mark.slow
 def test_corrupt_checkpoint_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "checkpoints" / "checkpoint_000000001_0000000000064.pt"
     bad.parent.mkdir()
@@ -196,6 +202,7 @@ def test_corrupt_checkpoint_is_one_line(tmp_path: Path) -> None:
     assert_one_line_error(proc, str(bad))
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_env_is_refused(trained: Path) -> None:
     proc = run_enjoy_subprocess(*base_args(trained)[2:], "--env", "doom_basic")
     assert_one_line_error(proc, "CartPole-v1", "doom_basic")

@@ -56,6 +56,7 @@ def _toy_factory(*, length: int = 3, max_episode_steps: int | None = None) -> gy
     return _ToyEnv(length=max_episode_steps or length)
 
 
+@pytest.mark.slow
 def test_builtin_names_registered_without_importing_vizdoom() -> None:
     code = (
         "import sys; from fastrl.env_registry import registered_envs; "

@@ -101,6 +101,7 @@ def test_doom_trains_with_a_frame_stack(tmp_path):
     assert ckpt_cfg["env_framestack"] == 2
 
 
+@pytest.mark.slow
 def test_a_bad_frame_stack_flag_is_one_line(tmp_path):
     proc = run_train(["--env", "CartPole-v1", "--env_framestack", "0", "--train_dir",
                       str(tmp_path)], timeout=60)

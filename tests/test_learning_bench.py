@@ -77,6 +77,7 @@ def test_read_curve_from_tensorboard(tmp_path):
     assert lc.curve_arrays([], 0.0)[0].shape == (0,)
 
 
+@pytest.mark.slow
 def test_no_budget_is_a_one_line_error():
     proc = subprocess.run([sys.executable, SCRIPT, "--env", "CartPole-v1"], cwd=REPO,
                           capture_output=True, text=True, timeout=60)

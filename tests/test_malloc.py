@@ -10,6 +10,7 @@ import pytest
 CHECK = "from fastrl.transport.malloc import keep_freed_memory; print(keep_freed_memory())"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")
 @pytest.mark.parametrize(("setting", "expected"), [(None, "True"), ("0", "False")])
 def test_applies_unless_turned_off(setting, expected, monkeypatch):

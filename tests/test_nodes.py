@@ -83,6 +83,7 @@ def test_codec_refuses_what_does_not_fit():
         codec.unpack(codec.pack([0]), [0, 1])
 
 
+@pytest.mark.slow
 def test_node_settings_that_cannot_work_are_one_line_errors():
     errors = validate(Config(num_sampler_nodes=2, serial_mode=True))
     assert any("--num_sampler_nodes=2: needs parallel mode" in e for e in errors)
@@ -100,6 +101,7 @@ def test_node_settings_that_cannot_work_are_one_line_errors():
 NODE_ARGS = ("--num_sampler_nodes", "2", "--num_workers", "1")
 
 
+@pytest.mark.slow
 def test_a_node_port_in_use_is_a_one_line_error(tmp_path):
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", 0))

@@ -59,6 +59,7 @@ def _hold_lock(q, ready):
     signal.pause()
 
 
+@pytest.mark.slow
 def test_lock_of_killed_holder_is_released_and_live_holder_kept():
     ctx = mp.get_context("fork")
     q = Queue(1000)

@@ -31,6 +31,7 @@ def test_cartpole_reaches_450_within_250k_steps(tmp_path):
     assert summary["mean_episode_return"] >= 450, summary
 
 
+@pytest.mark.slow
 def test_resume_continues_counters_and_learning(tmp_path):
     first = run_serial(cfg_for(tmp_path, "--seed", "3", "--train_for_env_steps", "20000"))
     ckpt = load_checkpoint(list_checkpoints(str(tmp_path / "x"))[-1])
@@ -59,6 +60,7 @@ def test_resume_continues_counters_and_learning(tmp_path):
     assert saved_cfg["env"] == "CartPole-v1" and saved_cfg["train_for_env_steps"] == 40000
 
 
+@pytest.mark.slow
 def test_stopping_condition_already_met_trains_nothing_more(tmp_path):
     run_serial(cfg_for(tmp_path, "--seed", "3", "--train_for_env_steps", "5000"))
     before = list_checkpoints(str(tmp_path / "x"))
@@ -67,6 +69,7 @@ def test_stopping_condition_already_met_trains_nothing_more(tmp_path):
     assert list_checkpoints(str(tmp_path / "x")) == before
 
 
+@pytest.mark.slow
 def test_seeded_serial_runs_are_reproducible(tmp_path):
     steps = ("--seed", "7", "--train_for_env_steps", "8192")
     a = run_serial(cfg_for(tmp_path, *steps, experiment="a"))
@@ -77,6 +80,7 @@ def test_seeded_serial_runs_are_reproducible(tmp_path):
     assert a["mean_episode_return"] == b["mean_episode_return"]
 
 
+@pytest.mark.slow
 def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
     run_serial(cfg_for(tmp_path, "--seed", "3", "--train_for_env_steps", "4096",
                        "--keep_checkpoints", "5"))
