@@ -41,11 +41,19 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
+    """Restore what ``rng_state`` saved; its tensors must be on the CPU (torch takes RNG
+    states only as CPU byte tensors). GPUs saved but not visible now are skipped and named."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if state.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    saved = state.get("cuda") or []
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for index, cuda_state in enumerate(saved[:visible]):
+        torch.cuda.set_rng_state(cuda_state, index)
+    if len(saved) > visible:
+        log(f"resume: the checkpoint has the RNG states of {len(saved)} GPUs, {visible} are "
+            f"visible; those of GPUs {', '.join(map(str, range(visible, len(saved))))} "
+            "are not restored")
 
 
 def save_checkpoint(experiment_dir: str, state: dict, keep: int) -> str:
@@ -143,18 +151,48 @@ def checkpoint_state(cfg: Config, info: EnvInfo, learner_state: dict, counters: 
     }
 
 
-def restore_learner(learner, cfg: Config, info: EnvInfo,
-                    device: torch.device) -> tuple[dict | None, str | None]:
+def restore_learner(learner, cfg: Config, info: EnvInfo) -> tuple[dict | None, str | None]:
     """Load the experiment's newest checkpoint into ``learner`` (weights, optimizer, version)
     and restore the RNG state; return its counters and path, or ``(None, None)`` when the
-    experiment has no checkpoint yet."""
-    state, path = load_latest_checkpoint(cfg.experiment_dir, map_location=device)
+    experiment has no checkpoint yet. ``cfg``'s optimizer settings replace the saved ones."""
+    # Loaded on the CPU, not on the learner's device: torch takes RNG states only as CPU
+    # tensors, and the optimizer's load_state_dict moves each moment to its parameter's
+    # device but leaves Adam's step counter where it was loaded (on a GPU, every step would
+    # then wait for the host to read it).
+    state, path = load_latest_checkpoint(cfg.experiment_dir)
     if state is None:
         return None, None
     check_checkpoint_compatible(state, cfg, info, path)
     learner.load_state_dict(state["learner"])
+    apply_optimizer_settings(learner.optimizer, cfg, state.get("cfg", {}))
     set_rng_state(state["rng"])
     return state["counters"], path
+
+
+def apply_optimizer_settings(optimizer: torch.optim.Optimizer, cfg: Config,
+                             saved_cfg: Mapping[str, Any]) -> None:
+    """Set each param group's lr, betas and eps from ``cfg`` after a checkpoint's optimizer
+    state was loaded: the command line wins, as for every setting that does not define the
+    model. One log line names what changed."""
+    wanted = {"lr": ("--learning_rate", cfg.learning_rate),
+              "betas": ("--adam_beta1/2", (cfg.adam_beta1, cfg.adam_beta2)),
+              "eps": ("--adam_eps", cfg.adam_eps)}
+    changed: dict[str, tuple[Any, Any]] = {}
+    for group in optimizer.param_groups:
+        for key, (flag, value) in wanted.items():
+            if group[key] != value:
+                changed[flag] = (group[key], value)
+            group[key] = value
+    if cfg.lr_schedule == "linear_decay":
+        # Learner.train sets lr from --learning_rate before every step, so the saved lr is a
+        # decayed one; what may have changed is the flag.
+        changed.pop("--learning_rate", None)
+        saved_lr = saved_cfg.get("learning_rate", cfg.learning_rate)
+        if saved_lr != cfg.learning_rate:
+            changed["--learning_rate"] = (saved_lr, cfg.learning_rate)
+    if changed:
+        log("resume: the optimizer takes the command line's settings, not the checkpoint's: "
+            + ", ".join(f"{flag} {old} -> {new}" for flag, (old, new) in changed.items()))
 
 
 def restore_counters(stats, counters: dict, learner_version: int) -> None:

@@ -315,7 +315,7 @@ def make_learner(cfg, info: EnvInfo, device: torch.device, group: LearnerGroup |
     a fresh start (unseeded) begins alike too."""
     learner = Learner(cfg, build_model(cfg, info, device), info.action_space, device,
                       frameskip=info.frameskip, group=group)
-    counters, path = restore_learner(learner, cfg, info, device)
+    counters, path = restore_learner(learner, cfg, info)
     if group is not None:
         group.broadcast_module(learner.model)
     return learner, counters, path
