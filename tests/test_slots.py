@@ -119,3 +119,39 @@ def test_learner_station_frees_sampled_slots_to_their_workers(tmp_path):
     assert wiring.worker_queues[0].get_many(0.0) == [BuffersFreed((0,), 0)]
     assert wiring.worker_queues[1].get_many(0.0) == [BuffersFreed((per, per + 1), 0)]
     assert len(station.pending) == 0
+
+
+def test_learner_station_answers_a_fence_between_the_batches_of_a_backlog(tmp_path):
+    """A fence that arrives while several batches wait is answered after the batch being
+    trained, not after the whole backlog: the link of a lost sampler node (and the
+    supervisor) wait for that answer, and the dead worker's waiting data is not trained on."""
+    from fastrl.transport.messages import Fence, Fenced
+
+    wiring, station = _learner_station(tmp_path)
+    per = wiring.per_worker_buffers
+    batch = station.learner.trajectories_per_batch
+    assert 2 * per >= 3 * batch  # the backlog below is three batches
+    for t in wiring.buffers.tensors():
+        t.zero_()  # valid trajectories (actions 0), in place of the -42 fill
+    wiring.learner_queue.put_many([TrajectoriesReady(0, tuple(range(per)), 0),
+                                   TrajectoriesReady(1, tuple(range(per, 2 * per)), 0)])
+    events: list = []
+    real_train, real_put = station.learner.train, wiring.runner_queue.put
+
+    def train(b):
+        events.append("train")
+        if len(events) == 1:  # worker 1 dies while the first batch trains
+            wiring.learner_queue.put(Fence(1, 1))
+        return real_train(b)
+
+    def put(msg, timeout=10.0):
+        if isinstance(msg, Fenced):
+            events.append(msg)
+        real_put(msg, timeout)
+
+    station.learner.train, wiring.runner_queue.put = train, put
+    for _ in range(4):
+        station.poll(0.0)
+    # Worker 1's slots were dropped unread; only worker 0's data was trained on.
+    assert events == ["train", Fenced(1, 1, per)]
+    assert station.pending.waiting == list(range(batch, per))

@@ -210,9 +210,18 @@ class LearnerStation:
         self.wiring.runner_queue.put(LearnerReady(counters, checkpoint, learner.version))
 
     def poll(self, timeout: float) -> int:
-        """Handle the messages waiting, then train on every full batch; return messages
-        handled plus batches trained."""
+        """Handle the messages waiting (up to ``timeout`` s for the first, none while a full
+        batch waits), then train on one full batch; return messages handled plus batches
+        trained.
+
+        One batch a call: a backlog of batches is trained over several calls, each of which
+        reads the queue first, so that a ``Fence`` or ``SaveCheckpoint`` waits for at most one
+        batch. A sampler node's link and the supervisor wait for the fence's answer; behind a
+        whole backlog (many nodes, a slow learner) that wait could run out."""
         w, cfg = self.wiring, self.wiring.cfg
+        per_batch = self.learner.trajectories_per_batch
+        if len(self.pending) >= per_batch and not cfg.sampling_only:
+            timeout = 0.0
         msgs = w.learner_queue.get_many(timeout)
         for msg in msgs:
             if isinstance(msg, TrajectoriesReady):
@@ -232,13 +241,10 @@ class LearnerStation:
                 self._samples += len(slots) * cfg.rollout
                 self._free(slots)
                 work += 1
-        else:
-            # A backlog of batches is trained one by one, but not past a stop request: the
-            # runner gives the children a few seconds to exit.
-            while (not w.should_stop() and (slots := self.pending.take(
-                    self.learner.trajectories_per_batch)) is not None):
-                self._train(slots)
-                work += 1
+        # Not past a stop request: the runner gives the children a few seconds to exit.
+        elif not w.should_stop() and (slots := self.pending.take(per_batch)) is not None:
+            self._train(slots)
+            work += 1
         if self._samples and time.monotonic() - self._last_report >= self.report_every:
             w.runner_queue.put(LearnerReport(self._stats, self.learner.version, self._samples,
                                              self._busy))
