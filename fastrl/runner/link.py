@@ -16,7 +16,9 @@ the runner process) receives trajectories into free slots of that range, announc
 with ``TrajectoriesReady`` and takes the slots back from ``BuffersFreed``. So a node that
 dies is fenced like a dead rollout worker (``Fence``): its untrained trajectories are
 dropped and counted, its slots are free again, and a node that connects again (restarted,
-or started anew elsewhere) is a new generation. docs/internals.md has the picture.
+or started anew elsewhere) is a new generation. A slot the learner may still read (a fence
+not confirmed in time) is kept out of use until the confirmation comes. docs/internals.md
+has the picture.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ ALIGN = 8  # every tensor's section of a payload starts at a multiple of this ma
 REPORT_EVERY = 1.0  # seconds between a link's NodeReports
 KEEPALIVE_EVERY = 1.0  # seconds without new weights after which the learner says it lives
 SENDER_GRACE = 1.0  # seconds a lost or closed connection's sender has to end before moving on
+FENCE_TIMEOUT = 120.0  # seconds a lost node's link waits for the learner to confirm its fence
 
 
 class LinkClosed(RuntimeError):
@@ -209,6 +212,11 @@ class NodeLink:
         per = wiring.per_worker_buffers
         self.all_slots = list(range(node * per, (node + 1) * per))
         self.free = list(self.all_slots)
+        self.lent: set[int] = set()  # announced to the learner and not freed yet
+        # Slots of lost connections whose fence the learner has not confirmed: it may still
+        # read them, so no node may write them until it confirms fence `held_fence`.
+        self.held: set[int] = set()
+        self.held_fence = 0
         self.codec = SlotCodec(wiring.buffers, min(per, cfg.num_envs))
         self.generation = 0  # of the node connection being served (0: none yet)
         self.connected = False
@@ -296,6 +304,7 @@ class NodeLink:
                 self._busy += time.perf_counter() - start
                 in_flight[0] = 0
                 self._count(slots)
+                self.lent.update(slots)
                 w.learner_queue.put(TrajectoriesReady(node, tuple(slots),
                                                       int(w.worker_gen[node])))
             elif kind == REPORTS:
@@ -315,8 +324,10 @@ class NodeLink:
             raise RuntimeError(f"the node sent {n} trajectories in one message "
                                f"(at most {self.codec.max_slots})")
         while True:
+            self._release_held()
             for msg in w.worker_queues[node].get_many(0.0 if len(self.free) >= n else 0.05):
                 if isinstance(msg, BuffersFreed) and msg.generation == w.worker_gen[node]:
+                    self.lent.difference_update(msg.buffers)
                     self.free.extend(msg.buffers)
             if len(self.free) >= n:
                 taken, self.free = self.free[:n], self.free[n:]
@@ -326,20 +337,43 @@ class NodeLink:
             w.beat(node)  # the learner is slow, not the node
 
     def _lose(self, generation: int, cause: str, in_flight: int) -> None:
-        """The node is gone: fence its untrained data off and make its slots free again."""
+        """The node is gone: fence its untrained data off and make its slots free again (but
+        those the learner may still read, when it does not confirm the fence in time)."""
         w, node = self.wiring, self.node
         fence = int(w.worker_gen[node]) + 1
         w.worker_gen[node] = fence
         w.learner_queue.put(Fence(node, fence))
-        deadline = time.monotonic() + 120
-        while self.fenced(node) != fence and not self.stopping.is_set():
-            if time.monotonic() > deadline:
-                log(f"sampler node {node}: the learner did not confirm the fence in 120 s")
-                break
+        deadline = time.monotonic() + FENCE_TIMEOUT
+        while (not self._confirmed(fence) and not self.stopping.is_set()
+               and time.monotonic() < deadline):
             time.sleep(0.02)
         w.worker_queues[node].get_many(0.0, 1 << 20)  # answers for the old generation
-        self.free = list(self.all_slots)
+        if self._confirmed(fence):  # the learner is done with every slot it was lent
+            self.held = set()
+        else:
+            self.held |= self.lent
+            self.held_fence = fence
+            if not self.stopping.is_set():
+                log(f"sampler node {node}: the learner did not confirm the fence in "
+                    f"{FENCE_TIMEOUT:.0f} s; {len(self.held)} of the node's "
+                    f"{len(self.all_slots)} slots, which it may still read, stay out of use "
+                    "until it does")
+        self.lent = set()
+        self.free = [s for s in self.all_slots if s not in self.held]
         w.runner_queue.put(NodeLost(node, generation, cause, in_flight))
+
+    def _confirmed(self, fence: int) -> bool:
+        confirmed = self.fenced(self.node)
+        return confirmed is not None and confirmed >= fence
+
+    def _release_held(self) -> None:
+        """Free the held slots once the learner confirms their fence (it then read them all:
+        the fence dropped what was still waiting)."""
+        if self.held and self._confirmed(self.held_fence):
+            log(f"sampler node {self.node}: the learner confirmed the fence late; "
+                f"{len(self.held)} held slots are free again")
+            self.free.extend(sorted(self.held))
+            self.held = set()
 
     # -- sending weights ------------------------------------------------------------------
 
