@@ -179,7 +179,7 @@ def _kill_session(leader: int) -> None:
 def test_a_killed_node_loses_only_its_data_and_comes_back(tmp_path):
     before = shm_files()
     run = Training(base_args(tmp_path, COUNTING, *NODE_ARGS,
-                             "--train_for_seconds", "28"))
+                             "--train_for_seconds", "300"))
     try:
         wait_until(lambda: "sampler node 1 connected (connection 1)" in run.output
                    and (tmp_path / "x" / "summary.json").exists()
@@ -193,6 +193,11 @@ def test_a_killed_node_loses_only_its_data_and_comes_back(tmp_path):
         run.pid("fastrl-node-1")
         frames_back = summary_of(tmp_path)["env_frames"]
         received_back = summary_of(tmp_path)["sampler_nodes"][1]["trajectories"]
+        # Training goes on with the node back: stop the run (as Ctrl-C does) once it has.
+        wait_until(lambda: summary_of(tmp_path)["env_frames"] > frames_back + 5_000
+                   and summary_of(tmp_path)["sampler_nodes"][1]["trajectories"] > received_back,
+                   60, "training to go on with the restarted node", run)
+        run.proc.send_signal(signal.SIGINT)
         code = run.wait(120)
     finally:
         run.kill()
