@@ -82,7 +82,9 @@ def test_cuda_buffers_are_pinned_and_device_rows_are_reused():
     staging = Staging("cuda", depth=2)
     outs = [_take(staging, sources, torch.arange(8)) for _ in range(4)]
     for s in staging._sets:
-        assert all(h.is_pinned() for h in s.host.values())
+        # An empty buffer (a model without memory) holds no page to lock: torch reports it
+        # unpinned, and its copy moves nothing.
+        assert all(h.is_pinned() for h in s.host.values() if h.numel())
     assert staging.allocations == 2 * 2 * len(sources)  # host and device, per key, per set
     assert outs[0]["values"].data_ptr() == outs[2]["values"].data_ptr()
     assert outs[0]["values"].data_ptr() != outs[1]["values"].data_ptr()
