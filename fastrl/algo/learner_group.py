@@ -24,6 +24,8 @@ from torch import nn
 # How long a collective waits for a rank that does not come: a dead rank stops the others
 # with an error instead of a hang (the runner reports the first death).
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)
+# How long a leaving rank waits for the others at the closing barrier.
+CLOSE_TIMEOUT = datetime.timedelta(seconds=20)
 
 
 def free_port() -> int:
@@ -83,5 +85,15 @@ class LearnerGroup:
         dist.barrier()
 
     def close(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        """Leave the group. On Gloo the ranks first meet at a barrier (at most
+        ``CLOSE_TIMEOUT``, so that a dead rank cannot hold the others), then tear down together:
+        a rank that destroyed its group and exited while another still held its connections
+        once aborted that one ('terminate called without an active exception', CI)."""
+        if not dist.is_initialized():
+            return
+        if dist.get_backend() == "gloo":
+            try:
+                dist.monitored_barrier(timeout=CLOSE_TIMEOUT)
+            except RuntimeError:
+                pass  # a rank is gone: the runner reports it; leave anyway
+        dist.destroy_process_group()
