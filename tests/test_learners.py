@@ -143,3 +143,55 @@ def test_learner_settings_that_cannot_split_are_one_line_errors():
                              advantages="batch", use_rnn=False))
     assert any("66 steps" in e for e in errors)
     assert any("--num_learners=0" in e for e in validate(Config(num_learners=0)))
+
+
+class _CountingGroup:
+    """An in-process stand-in for one rank's LearnerGroup: sums nothing, counts the
+    collectives this rank would enter."""
+
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+        self.calls = 0
+
+    def sum_(self, t):
+        self.calls += 1
+        return t
+
+    def sum_grads(self, params):
+        self.calls += 1
+
+
+@pytest.mark.parametrize("batch_size,rollout,num_batches,advantages,use_rnn", [
+    (12, 4, 1, "batch", False),  # 3 trajectories: a 2/1 split hung (issue 23, defect 2)
+    (12, 4, 2, "batch", False),
+    (16, 4, 1, "batch", False),
+    (8, 4, 3, "batch", False),
+    (16, 4, 2, "minibatch", False),
+    (16, 4, 1, "batch", True),
+    (24, 4, 1, "minibatch", False),
+])
+@pytest.mark.parametrize("learners", [2, 3])
+def test_every_accepted_learner_split_enters_the_same_collectives_on_every_rank(
+        batch_size, rollout, num_batches, advantages, use_rnn, learners):
+    """Whatever validate accepts, every rank trains on an equal share and so enters the same
+    number of collectives; whatever would give ranks different counts is refused."""
+    from fastrl.config.settings import validate
+
+    settings = dict(rollout=rollout, batch_size=batch_size, num_batches_per_epoch=num_batches,
+                    advantages=advantages, use_rnn=use_rnn, rnn_size=8, num_learners=learners)
+    cfg = _cfg(settings)
+    trajectories = cfg.trajectories_per_batch
+    torch.manual_seed(0)
+    model = ActorCritic(VEC, DISCRETE, cfg)
+    batch = _batch(trajectories, rollout, DISCRETE, seed=1, rnn_size=model.rnn_state_size)
+    calls = []
+    for rank in range(learners):
+        group = _CountingGroup(learners)
+        learner = Learner(cfg, copy.deepcopy(model), DISCRETE, torch.device("cpu"), group=group)
+        learner.train(_share(batch, rank, learners))
+        calls.append(group.calls)
+    errors = [e for e in validate(cfg) if "--num_learners" in e]
+    if len(set(calls)) > 1:
+        assert errors, f"accepted, but the ranks enter {calls} collectives"
+    if errors:
+        assert len(errors) == 1 and "must split evenly among the learners" in errors[0]

@@ -413,6 +413,15 @@ def validate(cfg: Config) -> list[str]:
             errors.append(f"--num_learners={cfg.num_learners}: a minibatch of "
                           f"--batch_size={cfg.batch_size} holds {per_minibatch} {what}, which "
                           f"must split evenly among the learners")
+        elif (steps_minibatches and cfg.rollout > 0
+              and cfg.trajectories_per_batch % cfg.num_learners):
+            # The learners share a batch by whole trajectories, then each cuts its share into
+            # minibatches of steps: unequal shares would take unequal SGD steps (a hang).
+            errors.append(f"--num_learners={cfg.num_learners}: a batch of --batch_size="
+                          f"{cfg.batch_size} x --num_batches_per_epoch="
+                          f"{cfg.num_batches_per_epoch} steps holds "
+                          f"{cfg.trajectories_per_batch} trajectories of --rollout="
+                          f"{cfg.rollout}, which must split evenly among the learners")
     dev = cfg.device
     if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
         errors.append(f"--device={dev}: must be auto, cpu, cuda or cuda:N")
