@@ -11,7 +11,7 @@ import torch
 from fastrl.algo.learner_group import LearnerGroup, learner_device
 from fastrl.config.settings import Config
 from fastrl.device import resolve_device, resolve_precision
-from fastrl.runner.common import build_model, seed_everything
+from fastrl.runner.common import POLICY_STREAM, build_model, seed_everything
 from fastrl.runner.stations import (
     LearnerRankStation,
     LearnerStation,
@@ -43,6 +43,9 @@ def policy_worker_main(wiring: Wiring, policy_id: int) -> None:
     cfg = wiring.cfg
     slot = wiring.policy_slot(policy_id)
     wiring.beat(slot)
+    # Actions are sampled from torch's generator: each policy worker, and each restart of one
+    # (a new epoch), draws its own stream (sampler nodes run with seeds of their own).
+    seed_everything(cfg.seed, POLICY_STREAM, policy_id, int(wiring.policy_epoch.value))
     device = resolve_device(cfg.device)
     model = build_model(cfg, wiring.info, device)
     model.eval()

@@ -71,9 +71,23 @@ def process_context():
     return ctx
 
 
-def seed_everything(seed: int | None) -> None:
-    if seed is None:
+# ``seed_everything`` streams: the kinds of process that draw random numbers of their own.
+POLICY_STREAM = 1
+
+
+def seed_everything(seed: int | None, *stream: int) -> None:
+    """Seed Python's, numpy's and torch's generators of this process.
+
+    Without ``stream``, from ``seed`` itself (nothing when it is None). With ``stream`` (the
+    process's place: a kind, an id, a restart count), from ``seed`` and ``stream`` mixed, so
+    that no two processes of a run, nor two incarnations of one, draw the same numbers; and
+    from OS entropy when ``seed`` is None, since a child forked from the fork server otherwise
+    starts from the fork server's state, the same in every child."""
+    if seed is None and not stream:
         return
+    if stream:
+        entropy = None if seed is None else [seed, *stream]
+        seed = int(np.random.SeedSequence(entropy).generate_state(1)[0])
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
