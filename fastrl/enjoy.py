@@ -51,6 +51,7 @@ from fastrl.experiment.video import (
     headless_sdl,
 )
 from fastrl.log import log
+from fastrl.transport.signals import LauncherSignals
 
 PROG = "enjoy.py"
 EVAL_FILE = "eval.json"
@@ -339,7 +340,9 @@ def main(argv: list[str] | None = None) -> int:
                                   "set); use --save_video to record the episodes instead")
         exp_dir, state, ckpt_path = locate(full, explicit, options)
         cfg = merge_config(full, explicit, exp_dir, state, ckpt_path)
-        with headless_sdl(enabled=not options.render):
+        # SIGTERM and SIGHUP end the evaluation as Ctrl-C does: the episodes so far are
+        # reported and the video is closed; a second signal quits at once.
+        with headless_sdl(enabled=not options.render), LauncherSignals():
             report = run(cfg, exp_dir, state, ckpt_path, options)
     except ConfigError as exc:
         for line in exc.errors:

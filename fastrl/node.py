@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     from fastrl.runner.link import join_store
     from fastrl.runner.node import run_node
     from fastrl.train import user_error_types
+    from fastrl.transport.signals import LauncherSignals
 
     try:
         store = join_store(host, int(port), args.timeout)
@@ -36,9 +37,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{str(exc).splitlines()[0]}", file=sys.stderr)
         return 1
     try:
-        run_node(store, args.node_rank)
-    except KeyboardInterrupt:
-        return 130
+        # Ctrl-C, SIGTERM or SIGHUP: the node stops its workers and tells the learner node it
+        # leaves (its trajectories in flight are dropped and counted there, as for a lost
+        # node); exit status 0. A second signal quits at once.
+        with LauncherSignals():
+            run_node(store, args.node_rank)
+    except KeyboardInterrupt as exc:
+        print(f"fastrl.node: stopped ({exc or 'SIGINT'})", file=sys.stderr)
+        return 0
     except (ValueError, *user_error_types()) as exc:
         print(f"fastrl.node: error: {exc}", file=sys.stderr)
         return 1

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import faulthandler
-import signal
 import sys
 
 from fastrl.config.load import parse_or_exit
@@ -20,6 +18,13 @@ def user_error_types() -> tuple[type[BaseException], ...]:
 
 
 def run(cfg: Config) -> dict:
+    from fastrl.log import log
+    from fastrl.transport.procs import remove_stale_shm
+
+    removed = remove_stale_shm()
+    if removed:
+        log(f"removed {removed} VizDoom shared-memory files from /dev/shm that no process "
+            "holds (left by a run that was killed as a whole)")
     if cfg.serial_mode:
         from fastrl.runner.serial import run_serial
 
@@ -31,12 +36,12 @@ def run(cfg: Config) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_or_exit(argv, prog="train.py")
-    # `kill -USR1 <pid>` prints where every thread of the trainer is (a run that seems stuck;
-    # its children do the same, see fastrl.runner.supervisor).
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         run(cfg)
     except user_error_types() as exc:
         print(f"train.py: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as exc:  # a stop signal before training began: nothing to save
+        print(f"train.py: stopped ({exc or 'SIGINT'}) before training began", file=sys.stderr)
+        return 0
     return 0

@@ -54,14 +54,14 @@ def wait_for_training(tmp_path) -> None:
 
 def wait_until(predicate, timeout: float, what: str, run: Training | None = None) -> None:
     """Wait for ``predicate``; on a timeout fail, with ``run``'s output when given, after
-    asking it for the stacks of its threads (train.py prints them on SIGUSR1)."""
+    asking it for the stacks of its threads (train.py prints them on SIGUSR2)."""
     deadline = time.time() + timeout
     while not predicate():
         if time.time() >= deadline:
             if run is None:
                 pytest.fail(f"timed out waiting for {what}")
             if run.proc.poll() is None:
-                os.kill(run.proc.pid, signal.SIGUSR1)
+                os.kill(run.proc.pid, signal.SIGUSR2)
                 time.sleep(2)
             pytest.fail(f"timed out waiting for {what}; train.py's output:\n{run.output}")
         time.sleep(0.1)
@@ -70,9 +70,13 @@ def wait_until(predicate, timeout: float, what: str, run: Training | None = None
 class Training:
     """``train.py`` in a subprocess, with its output collected in the background."""
 
-    def __init__(self, args):
+    def __init__(self, args, session: bool = False):
+        # session: in a session (and process group) of its own, as a scheduler's job is, so
+        # that a signal can go to its whole group or to every process of it.
+        self.session = session
         self.proc = subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=session)
         self.lines: list[str] = []
         self.kids: set[int] = set()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -93,6 +97,21 @@ class Training:
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
+
+    def signal(self, signum: int, target: str) -> None:
+        """Send ``signum`` to the launcher, to its process group (``timeout``, a terminal's
+        SIGHUP) or to every process of the run (Slurm's scancel)."""
+        if target == "launcher":
+            self.proc.send_signal(signum)
+        elif target == "group":
+            os.killpg(self.proc.pid, signum)
+        else:
+            self.kids |= children_of(self.proc.pid)
+            for pid in alive({self.proc.pid} | self.kids):
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:
+                    pass
 
     def wait(self, timeout: float) -> int:
         try:
@@ -355,42 +374,103 @@ def test_killed_learner_stops_the_run_and_the_command_resumes(tmp_path):
     kill_learner_then_resume(tmp_path, args, "fastrl-learner", args, timeout=60)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_signal_saves_and_exits_zero(tmp_path, signum):
+def assert_stopped_as_asked(tmp_path, run, code: int, signum: int, before: set[str]) -> None:
+    """Exit status 0, a final checkpoint at least as new as the last learner step, nothing
+    left behind."""
+    assert code == 0, run.output
+    assert f"interrupted ({signal.Signals(signum).name})" in run.output, run.output
+    ckpts = sorted((tmp_path / "x" / "checkpoints").glob("checkpoint_*.pt"))
+    assert ckpts, run.output
+    version = int(ckpts[-1].name.split("_")[1])
+    assert version >= summary_of(tmp_path)["learner_steps"] > 0
+    assert_nothing_left(run.kids, before)
+
+
+@pytest.mark.parametrize("signum,target,mode", [
+    (signal.SIGINT, "launcher", []),
+    (signal.SIGTERM, "group", []),  # GNU timeout, systemd
+    (signal.SIGHUP, "group", []),  # a closed terminal
+    (signal.SIGTERM, "every process", []),  # Slurm
+    (signal.SIGTERM, "group", ["--serial_mode", "True"]),
+])
+def test_a_stop_signal_saves_and_exits_zero(tmp_path, signum, target, mode):
     before = shm_files()
-    run = Training(base_args(tmp_path, COUNTING))
+    run = Training(base_args(tmp_path, COUNTING, *mode), session=True)
     try:
         wait_for_training(tmp_path)
         run.pid("fastrl-learner")  # note the children, to check they are gone afterwards
-        run.proc.send_signal(signum)
+        run.signal(signum, target)
+        code = run.wait(30)
+    finally:
+        run.kill()
+    assert_stopped_as_asked(tmp_path, run, code, signum, before)
+
+
+def test_the_save_signal_writes_a_checkpoint_and_training_goes_on(tmp_path):
+    run = Training(base_args(tmp_path, COUNTING, "--save_every_sec", "1000"), session=True)
+    ckpts = tmp_path / "x" / "checkpoints"
+    try:
+        wait_for_training(tmp_path)
+        assert not list(ckpts.glob("checkpoint_*.pt"))
+        run.signal(signal.SIGUSR1, "every process")  # Slurm's --signal=USR1@120
+        wait_until(lambda: list(ckpts.glob("checkpoint_*.pt")), 15, "the checkpoint", run)
+        saved_at = int(next(ckpts.glob("checkpoint_*.pt")).name.split("_")[1])
+        wait_until(lambda: summary_of(tmp_path)["learner_steps"] > saved_at + 10, 30,
+                   "training to go on", run)
+        run.signal(signal.SIGINT, "launcher")
         code = run.wait(30)
     finally:
         run.kill()
     assert code == 0, run.output
-    assert "interrupted" in run.output and "saved" in run.output
-    assert list((tmp_path / "x" / "checkpoints").glob("checkpoint_*.pt"))
-    assert_nothing_left(run.kids, before)
+    assert "SIGUSR1: saving a checkpoint now; training goes on" in run.output
+    assert len(list(ckpts.glob("checkpoint_*.pt"))) == 2  # SIGUSR1's and the final one
 
 
-def test_second_interrupt_exits_at_once(tmp_path):
+@pytest.mark.parametrize("signum,target", [(signal.SIGINT, "launcher"),
+                                           (signal.SIGTERM, "group")])
+def test_a_second_signal_exits_at_once(tmp_path, signum, target):
     before = shm_files()
-    run = Training(base_args(tmp_path, COUNTING))
+    run = Training(base_args(tmp_path, COUNTING), session=True)
     try:
         wait_for_training(tmp_path)
-        # Stop the learner, so that the first Ctrl-C waits for a checkpoint that never comes.
+        # Stop the learner, so that the first signal waits for a checkpoint that never comes.
         os.kill(run.pid("fastrl-learner"), signal.SIGSTOP)
-        run.proc.send_signal(signal.SIGINT)
-        wait_until(lambda: "interrupted" in run.output, 10, "the first interrupt")
+        run.signal(signum, target)
+        wait_until(lambda: "interrupted" in run.output, 10, "the first signal")
         start = time.time()
-        run.proc.send_signal(signal.SIGINT)
+        run.signal(signum, target)
         code = run.wait(10)
         took = time.time() - start
     finally:
         run.kill()
-    assert code == 130, run.output
+    assert code == 128 + signum, run.output
     assert took < 5
     assert "again: killing every worker" in run.output
     assert_nothing_left(run.kids, before)
+
+
+@pytest.mark.doom
+def test_a_doom_run_stopped_by_sigterm_to_every_process_leaves_nothing(tmp_path):
+    """What Slurm does: SIGTERM reaches the launcher, every worker and every engine at once.
+    Only the launcher acts on it; the engines are closed in order."""
+    before = shm_files()
+    run = Training(doom_args(tmp_path), session=True)
+    try:
+        wait_for_training(tmp_path)
+        worker = run.pid("fastrl-rollout-0")
+        assert alive(children_of(worker)), "expected engine processes"
+        run.signal(signal.SIGTERM, "every process")
+        code = run.wait(60)
+    finally:
+        run.kill()
+    assert_stopped_as_asked(tmp_path, run, code, signal.SIGTERM, before)
+
+
+def doom_args(tmp_path) -> list[str]:  # noqa: N802 - a constant but for the folder
+    return ["--env", "doom_basic", "--train_dir", str(tmp_path), "--experiment", "x",
+            "--device", "cpu", "--num_workers", "1", "--num_envs_per_worker", "2",
+            "--rollout", "16", "--batch_size", "64", "--rnn_size", "32", "--encoder_fc_size",
+            "32", "--log_every_sec", "1", "--summaries_every_sec", "1"]
 
 
 @pytest.mark.doom
@@ -398,11 +478,7 @@ def test_killed_doom_worker_leaves_no_engine_or_shared_memory(tmp_path):
     """Each VizDoom env runs an engine process with its own /dev/shm segments; a SIGKILLed
     rollout worker cannot close them, so the runner must."""
     before = shm_files()
-    args = ["--env", "doom_basic", "--train_dir", str(tmp_path), "--experiment", "x",
-            "--device", "cpu", "--num_workers", "1", "--num_envs_per_worker", "2",
-            "--rollout", "16", "--batch_size", "64", "--rnn_size", "32", "--encoder_fc_size", "32",
-            "--log_every_sec", "1", "--summaries_every_sec", "1"]
-    run = Training(args)
+    run = Training(doom_args(tmp_path))
     try:
         wait_for_training(tmp_path)
         worker = run.pid("fastrl-rollout-0")

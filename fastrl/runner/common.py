@@ -16,6 +16,7 @@ from fastrl.errors import EnvSettingsError, StartMethodError
 from fastrl.policy.actions import ActionSpec
 from fastrl.policy.model import ActorCritic
 from fastrl.sampling.env_setup import EnvInfo
+from fastrl.transport.signals import held
 
 
 def check_env_settings(cfg: Config, info: EnvInfo) -> None:
@@ -65,9 +66,15 @@ def process_context():
     if method not in ("forkserver", "spawn"):
         raise StartMethodError(f"FASTRL_START_METHOD={method!r} is not a start method fastrl "
                                "supports: use 'forkserver' (the default) or 'spawn'")
+    from multiprocessing import resource_tracker
+
     ctx = tmp.get_context(method)
     if method == "forkserver":
         ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+    # multiprocessing's resource tracker (started on first use, by whichever process) must
+    # not die of the launcher's signals either: start it now, with them blocked.
+    with held():
+        resource_tracker.ensure_running()
     return ctx
 
 

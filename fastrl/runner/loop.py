@@ -26,6 +26,7 @@ from fastrl.transport.messages import (
     RolloutReport,
     SaveCheckpoint,
 )
+from fastrl.transport.signals import SAVE_SIGNAL, LauncherSignals
 
 FINAL_SAVE_TIMEOUT = 60.0
 
@@ -44,7 +45,8 @@ class RunLoop:
     def __init__(self, wiring: Wiring, stats: TrainingStats, reporter: Reporter,
                  turn: Callable[[], None], note: Callable[[object], None] | None = None,
                  poll_timeout: float = 0.0, evaluator: PeriodicEvaluator | None = None,
-                 evaluate_in_thread: bool = False, warmup_seconds: float = 0.0):
+                 evaluate_in_thread: bool = False, warmup_seconds: float = 0.0,
+                 signals: LauncherSignals | None = None):
         self.wiring = wiring
         self.cfg = wiring.cfg
         self.stats = stats
@@ -55,6 +57,7 @@ class RunLoop:
         self.evaluator = evaluator
         self.evaluate_in_thread = evaluate_in_thread
         self.warmup_seconds = warmup_seconds
+        self.signals = signals
 
     def handle(self, msg) -> None:
         """Apply one runner-queue message to the statistics."""
@@ -119,11 +122,21 @@ class RunLoop:
                     warm = True
                 self.reporter.maybe_report()
                 self._evaluate()
-                if not cfg.sampling_only and time.monotonic() - last_save >= cfg.save_every_sec:
+                asked = self.signals is not None and self.signals.take_save_request()
+                if asked and cfg.sampling_only:
+                    log(f"{SAVE_SIGNAL.name}: nothing to save (sampling only)")
+                elif asked or (not cfg.sampling_only
+                               and time.monotonic() - last_save >= cfg.save_every_sec):
+                    if asked:
+                        log(f"{SAVE_SIGNAL.name}: saving a checkpoint now; training goes on")
                     self.wiring.learner_queue.put(SaveCheckpoint(stats.counters(), False))
                     last_save = time.monotonic()
         except KeyboardInterrupt:
-            log("interrupted: saving a checkpoint and stopping (interrupt again to quit at once)")
+            by = (self.signals.stopped_by if self.signals is not None else None) or "SIGINT"
+            log(f"interrupted ({by}): saving a checkpoint and stopping (a second signal quits "
+                "at once)")
+        if self.signals is not None:
+            self.signals.stopping()
         stats.end_measurement()
         return not cfg.sampling_only and stats.env_frames > frames_at_start
 

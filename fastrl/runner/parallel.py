@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import threading
 import time
 
 import torch
@@ -49,7 +48,8 @@ from fastrl.runner.supervisor import Child, ChildError, Supervisor
 from fastrl.runner.wiring import Wiring, build_wiring
 from fastrl.sampling.env_setup import create_env, probe_env
 from fastrl.transport.messages import LearnerReady
-from fastrl.transport.procs import check_queue_layout
+from fastrl.transport.procs import check_queue_layout, kill_descendants
+from fastrl.transport.signals import LauncherSignals, quit_status
 
 __all__ = ["ChildError", "ParallelRunner", "run_parallel"]
 
@@ -67,7 +67,7 @@ class ParallelRunner:
         self.evaluator: PeriodicEvaluator | None = None
         self.loop: RunLoop | None = None
         self.exp_dir: str | None = None
-        self._interrupted = False
+        self.signals = LauncherSignals(self._quit_now)
         self.store = None  # the learner node's store, where sampler nodes connect
         self.links: list[NodeLink] = []
 
@@ -149,7 +149,7 @@ class ParallelRunner:
     def run(self) -> dict:
         cfg = self.cfg
         reporter = None
-        handlers = self._install_signal_handlers()
+        self.signals.__enter__()
         try:
             wiring = self.setup()
             stats = TrainingStats(cfg, wiring.info.frameskip)
@@ -169,7 +169,8 @@ class ParallelRunner:
             self.loop = loop = RunLoop(wiring, stats, reporter, self._turn,
                                        note=self.supervisor.note, poll_timeout=POLL,
                                        evaluator=self.evaluator, evaluate_in_thread=True,
-                                       warmup_seconds=self.warmup_seconds)
+                                       warmup_seconds=self.warmup_seconds,
+                                       signals=self.signals)
             self.supervisor.restart_workers = cfg.max_worker_restarts > 0
             save_due = loop.run()
             self.supervisor.restart_workers = False
@@ -188,8 +189,7 @@ class ParallelRunner:
             if reporter is not None:
                 reporter.close()
             self.shutdown()
-            for signum, handler in handlers.items():
-                signal.signal(signum, handler)
+            self.signals.__exit__()
 
     def _turn(self) -> None:
         self.supervisor.check_children()
@@ -228,25 +228,14 @@ class ParallelRunner:
 
     # -- signals ------------------------------------------------------------------------
 
-    def _install_signal_handlers(self) -> dict:
-        """Ctrl-C and SIGTERM: the first stops the run (checkpoint, clean shutdown), a second
-        kills every child and exits at once."""
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-        previous = {}
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            previous[signum] = signal.getsignal(signum)
-            signal.signal(signum, self._on_signal)
-        return previous
-
-    def _on_signal(self, signum, frame) -> None:
-        if self._interrupted:
-            log(f"{signal.Signals(signum).name} again: killing every worker and exiting now")
-            if self.supervisor is not None:
-                self.supervisor.kill_all()
-            os._exit(130)
-        self._interrupted = True
-        raise KeyboardInterrupt
+    def _quit_now(self, signum: int) -> None:
+        """A second stop signal: kill every child (their engines' shared memory goes with
+        them) and exit at once."""
+        log(f"{signal.Signals(signum).name} again: killing every worker and exiting now")
+        if self.supervisor is not None:
+            self.supervisor.kill_all()
+        kill_descendants()  # the fork server, and what a dying child may have left
+        os._exit(quit_status(signum))
 
     def shutdown(self) -> None:
         """Stop the evaluator and every child, then close the queues' doorbell pipes."""

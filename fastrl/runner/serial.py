@@ -28,6 +28,7 @@ from fastrl.runner.wiring import build_wiring
 from fastrl.sampling.env_setup import create_env, env_info
 from fastrl.transport.malloc import keep_freed_memory
 from fastrl.transport.messages import LearnerReady
+from fastrl.transport.signals import LauncherSignals
 
 
 class SerialStall(RuntimeError):
@@ -41,9 +42,11 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
     exp_dir = prepare_experiment_dir(cfg)
     seed_everything(cfg.seed)
     keep_freed_memory()
-    envs = [create_env(cfg) for _ in range(cfg.num_envs_per_worker)]
+    signals = LauncherSignals().__enter__()  # a second stop signal quits at once
+    envs = []
     rollout = reporter = evaluator = None
     try:
+        envs.extend(create_env(cfg) for _ in range(cfg.num_envs_per_worker))
         info = env_info(envs[0])
         check_env_settings(cfg, info)
         learner, counters, path = make_learner(cfg, info, device)
@@ -76,7 +79,7 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
                 raise SerialStall("serial runner stalled: no station had anything to do")
 
         loop = RunLoop(wiring, stats, reporter, turn, evaluator=evaluator,
-                       warmup_seconds=warmup_seconds)
+                       warmup_seconds=warmup_seconds, signals=signals)
         if loop.run():
             loop.final_save(lambda: learner_station.poll(0.0))
         summary = reporter.close()
@@ -95,3 +98,4 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
                 env.close()
             except Exception:  # noqa: BLE001 - free every engine even if one fails
                 pass
+        signals.__exit__()

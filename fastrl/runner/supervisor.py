@@ -15,7 +15,6 @@ must not wait for the main loop, which may itself be blocked on that lock.
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import signal
 import threading
@@ -39,6 +38,7 @@ from fastrl.transport.procs import (
     kill_session,
     release_queue_locks,
 )
+from fastrl.transport.signals import held, leave_to_launcher
 
 LOCK_WATCH_INTERVAL = 0.1  # seconds between the watchdog's looks at the children
 
@@ -74,12 +74,11 @@ ORPHAN_GRACE = 10.0  # seconds a child whose runner died has to exit on its own
 
 
 def _child_setup(name: str, threads: int, session: bool, parent: Lifeline) -> None:
-    # Children ignore Ctrl-C: the runner stops them with a message and joins them, so that
-    # every checkpoint and engine is closed in order. A new process group also keeps the
-    # terminal's SIGINT away from their own children (the VizDoom engine processes).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # `kill -USR1 <pid>` prints where a worker is (for a run that seems stuck).
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # Children ignore Ctrl-C, SIGTERM, SIGHUP and SIGUSR1, and so do the engines they start:
+    # the runner stops them with a message and joins them, so that every checkpoint and
+    # engine is closed in order (fastrl.transport.signals). `kill -USR2 <pid>` prints where a
+    # worker is. A new process group also keeps the terminal's signals away from them.
+    leave_to_launcher()
     try:
         if session:
             os.setsid()
@@ -168,7 +167,8 @@ class Supervisor:
             target=run_child, name=child.name, daemon=False,
             args=(child.name, child.threads, child.target, self.wiring, child.index,
                   child.session))
-        child.proc.start()
+        with held():  # it (and the fork server, when this starts it) begins with them blocked
+            child.proc.start()
         self.children[child.name] = child
 
     # -- watching -------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from fastrl.config.settings import Config
 from fastrl.env_registry import make_env, recommended_settings, stack_frames
 from fastrl.errors import EnvSettingsError
 from fastrl.policy.obs import as_dict_space
+from fastrl.transport.signals import held
 
 
 def reward_scale(cfg: Config) -> float:
@@ -41,7 +42,11 @@ def env_options(cfg: Config) -> dict:
 
 
 def create_env(cfg: Config, **extra) -> gym.Env:
-    env = make_env(cfg.env, **env_options(cfg), **extra)
+    # The processes an env starts (VizDoom's engine) never see the launcher's signals: a
+    # scheduler's SIGTERM to the whole job must not kill them mid-step; they are closed in
+    # order (fastrl.transport.signals).
+    with held():
+        env = make_env(cfg.env, **env_options(cfg), **extra)
     if cfg.env_framestack > 1:
         env = stack_frames(env, cfg.env_framestack)
     return env

@@ -63,22 +63,22 @@ def alive(pids) -> set[int]:
     return {pid for pid in pids if _running(_stat(pid))}
 
 
-def process_title(pid: int) -> str:
-    """The first word of a process's command line: its title once it set one (setproctitle)."""
+def _cmdline(pid: int) -> bytes:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read().split(b"\0")[0].decode(errors="replace").strip()
+            return fh.read()
     except OSError:
-        return ""
+        return b""
+
+
+def process_title(pid: int) -> str:
+    """The first word of a process's command line: its title once it set one (setproctitle)."""
+    return _cmdline(pid).split(b"\0")[0].decode(errors="replace").strip()
 
 
 def vizdoom_instance_id(pid: int) -> str | None:
     """The ``+viz_instance_id`` of a VizDoom engine process, or None for other processes."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            args = fh.read().split(b"\0")
-    except OSError:
-        return None
+    args = _cmdline(pid).split(b"\0")
     for flag, value in zip(args, args[1:]):
         if flag == b"+viz_instance_id":
             return value.decode(errors="replace")
@@ -104,14 +104,7 @@ def kill_session(sid: int, wait: float = 2.0) -> int:
     workers leads a process group inside it (fastrl/runner/node.py)."""
     if sid == os.getsid(0):  # never our own session
         return 0
-    def kill_members(members: list[int]) -> None:
-        for pid in members:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    return _kill_all(lambda: session_members(sid), kill_members, wait)
+    return _kill_all(lambda: session_members(sid), _kill_each, wait)
 
 
 def _kill_all(members_now, kill, wait: float) -> int:
@@ -177,6 +170,91 @@ def exit_when_orphaned(parent: Lifeline, grace: float, poll: float = 1.0) -> Non
                 pass
         remove_vizdoom_shm(engine_ids)
     os._exit(1)
+
+
+def kill_descendants(wait: float = 2.0) -> int:
+    """SIGKILL every process below this one (children, their env engines, the fork server)
+    but multiprocessing's resource tracker, wait for them to go, and remove the shared
+    memory of the VizDoom engines among them: a launcher that must quit at once. The tracker
+    is spared: once this process is gone, it removes the named semaphores this process could
+    not. Returns how many processes it killed."""
+    def members() -> list[int]:
+        return [pid for pid in alive(descendants(os.getpid()))
+                if b"resource_tracker" not in _cmdline(pid)]
+
+    return _kill_all(members, _kill_each, wait)
+
+
+def _kill_each(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _held_shm_files() -> set[str]:
+    """Names of the /dev/shm files that some process holds open or has mapped (read from
+    every readable process's fd table and memory map), and those of every live VizDoom
+    engine (named by its ``+viz_instance_id``, read from its command line, which any user
+    can read)."""
+    held = set()
+    prefix = SHM_DIR + "/"
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid_dir = f"/proc/{entry}"
+        instance_id = vizdoom_instance_id(int(entry))
+        if instance_id:
+            held.update(prefix_ + instance_id for prefix_ in VIZDOOM_SHM_PREFIXES)
+        try:
+            for fd in os.listdir(pid_dir + "/fd"):
+                try:
+                    target = os.readlink(f"{pid_dir}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith(prefix):
+                    held.add(target[len(prefix):].split(" ")[0])
+            with open(pid_dir + "/maps") as fh:
+                for line in fh:
+                    at = line.find(prefix)
+                    if at >= 0:
+                        held.add(line[at + len(prefix):].rstrip("\n").split(" ")[0])
+        except OSError:
+            continue  # exited meanwhile, or not ours to read
+    return held
+
+
+def remove_stale_shm() -> int:
+    """Remove this user's VizDoom engine files in /dev/shm that no live process holds: what
+    engines of a run killed as a whole (SIGKILL of every process) leave behind, since nobody
+    was left to remove them. fastrl itself leaves none there (its shared buffers have no
+    name). Returns how many it removed."""
+    try:
+        names = [n for n in os.listdir(SHM_DIR) if n.startswith(VIZDOOM_SHM_PREFIXES)]
+    except OSError:
+        return 0
+    me = os.getuid()
+    mine = []
+    for name in names:
+        try:
+            if os.stat(os.path.join(SHM_DIR, name)).st_uid == me:
+                mine.append(name)
+        except OSError:
+            pass
+    if not mine:
+        return 0
+    held = _held_shm_files()
+    removed = 0
+    for name in mine:
+        if name in held:
+            continue
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+            removed += 1
+        except OSError:
+            pass
+    return removed
 
 
 def remove_vizdoom_shm(instance_ids) -> None:
