@@ -30,12 +30,27 @@ def _cpu_has_native_bf16() -> bool:
     return False
 
 
+# bf16 tensor cores came with compute capability 8.0 (Ampere). Older GPUs (V100 7.0, T4 7.5)
+# run bf16 emulated, slower than fp32, though torch.cuda.is_bf16_supported() says True for
+# them (its including_emulation defaults to True).
+NATIVE_BF16_CAPABILITY = (8, 0)
+
+
+def cuda_capability(device: torch.device) -> tuple[int, int]:
+    """Compute capability of the GPU ``device`` names (the current one for a bare "cuda").
+    Initialises CUDA in this process: for the processes that compute on the GPU."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return tuple(torch.cuda.get_device_capability(index))
+
+
 def resolve_precision(name: str, device: torch.device) -> str:
-    """``--precision`` for ``device``: "fp32" or "bf16"."""
+    """``--precision`` for ``device``: "fp32" or "bf16". ``auto`` is bf16 where the device
+    computes it natively: a GPU of compute capability 8.0 or more, a CPU with AVX512-BF16
+    or AMX; fp32 elsewhere."""
     if name != "auto":
         return name
     if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+        return "bf16" if cuda_capability(device) >= NATIVE_BF16_CAPABILITY else "fp32"
     return "bf16" if device.type == "cpu" and _cpu_has_native_bf16() else "fp32"
 
 
