@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from fastrl.errors import ExperimentError
@@ -57,3 +59,13 @@ def resolve_precision(name: str, device: torch.device) -> str:
 def autocast(precision: str, device: torch.device):
     """Context for forward passes: bf16 autocast, or a no-op for fp32."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def autocast_off(device: torch.device):
+    """Context that turns autocast off for ``device``'s type where it is on: for the parts
+    of the model that run in float32 at any ``--precision``. A no-op where autocast is off,
+    or where the device type has none (the 'meta' device)."""
+    kind = device.type
+    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+        return torch.autocast(kind, enabled=False)
+    return contextlib.nullcontext()
