@@ -42,11 +42,11 @@ class Config:
                           "serial run is reproducible", "experiment")
     device: str = _f("auto", "Torch device for inference and learning: auto (cuda if available), "
                      "cpu, cuda, cuda:N", "experiment")
-    precision: str = _f("auto", "Autocast precision of the model's forward passes (weights, "
-                        "optimizer and loss stay fp32): bf16, fp32, or auto = bf16 where the "
-                        "device computes it natively (a GPU of compute capability 8.0 or more, "
-                        "a CPU with AVX512-BF16 or AMX), else fp32", "experiment",
-                        choices=("auto", "fp32", "bf16"))
+    precision: str = _f("auto", "Autocast precision of the encoders (the recurrent core, the "
+                        "heads, weights, optimizer and loss stay fp32): bf16, fp32, or auto = "
+                        "bf16 where the device computes it natively (a GPU of compute "
+                        "capability 8.0 or more, a CPU with AVX512-BF16 or AMX), else fp32",
+                        "experiment", choices=("auto", "fp32", "bf16"))
     train_for_env_steps: int = _f(10_000_000_000, "Stop after this many environment frames "
                                   "(counting frameskip)", "experiment")
     train_for_seconds: float = _f(10_000_000_000.0, "Stop after this many seconds of training in "

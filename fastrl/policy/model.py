@@ -268,7 +268,7 @@ class ActorCritic(nn.Module):
             final = {key: final[key].index_select(0, rows) for key in self._obs_keys}
             feats = self._encode(final)
             if self.rnn is not None:
-                state = captured.index_select(0, rows).to(feats.dtype)
+                state = captured.index_select(0, rows)
                 feats, _ = rnn_step(self.rnn, feats, state)
             values_final = self._heads(feats, critic_in=self._critic_input(final, feats))[1]
             final_values = final_values.index_copy(0, rows, values_final)
