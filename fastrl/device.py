@@ -8,15 +8,51 @@ import torch
 
 from fastrl.errors import ExperimentError
 
+# Neither torch.cuda.is_available() nor torch.cuda.device_count() creates a CUDA context (the
+# count comes from NVML where it can): the launching process, which runs no model, may call
+# them, and nothing else of torch.cuda.
+
+
+def _gpus(count: int) -> str:
+    return f"{count} GPU{'' if count == 1 else 's'} (" + (
+        "cuda:0" if count == 1 else f"cuda:0 to cuda:{count - 1}") + ")"
+
 
 def resolve_device(name: str) -> torch.device:
+    """``--device`` as a torch device; a GPU this machine does not have is a one-line error."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ExperimentError(
-            f"--device={name}: CUDA is not available on this machine (use cpu or auto)"
-        )
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ExperimentError(
+                f"--device={name}: CUDA is not available on this machine (use cpu or auto)"
+            )
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ExperimentError(f"--device={name}: this machine has {_gpus(count)}")
+    return device
+
+
+def learner_device(device: torch.device, rank: int) -> torch.device:
+    """Learner rank ``rank``'s device (``--num_learners``): one GPU each, counted from
+    ``--device``'s (``cuda:N`` gives rank r ``cuda:N+r``); the CPU for every rank otherwise."""
+    if device.type == "cuda":
+        return torch.device("cuda", (device.index or 0) + rank)
+    return device
+
+
+def check_learner_devices(name: str, num_learners: int) -> torch.device:
+    """``resolve_device(name)``, and a one-line error when the learner ranks would need GPUs
+    past the last one (see :func:`learner_device`)."""
+    device = resolve_device(name)
+    if device.type == "cuda":
+        first, count = device.index or 0, torch.cuda.device_count()
+        if first + num_learners > count:
+            raise ExperimentError(
+                f"--num_learners={num_learners}: each learner needs a GPU of its own, from "
+                f"--device={name} on (cuda:{first} to cuda:{first + num_learners - 1}), and "
+                f"this machine has {_gpus(count)}")
     return device
 
 

@@ -6,7 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastrl.device import resolve_precision
+from fastrl.config.load import parse_config
+from fastrl.device import resolve_device, resolve_precision
+from fastrl.errors import ExperimentError
+from fastrl.runner import children
+from fastrl.runner.parallel import ParallelRunner
 
 V100, T4, A100, RTX3090, H100 = (7, 0), (7, 5), (8, 0), (8, 6), (9, 0)
 
@@ -51,3 +55,54 @@ def test_an_explicit_precision_is_kept(gpus):
     gpus(T4)
     assert resolve_precision("bf16", torch.device("cuda")) == "bf16"
     assert resolve_precision("fp32", torch.device("cuda")) == "fp32"
+
+
+def test_a_gpu_the_machine_does_not_have_is_a_one_line_error(gpus):
+    gpus(A100)
+    assert resolve_device("cuda:0") == torch.device("cuda:0")
+    with pytest.raises(ExperimentError) as err:
+        resolve_device("cuda:3")
+    assert str(err.value) == "--device=cuda:3: this machine has 1 GPU (cuda:0)"
+    gpus(A100, A100)
+    with pytest.raises(ExperimentError) as err:
+        resolve_device("cuda:2")
+    assert str(err.value) == "--device=cuda:2: this machine has 2 GPUs (cuda:0 to cuda:1)"
+
+
+def test_learner_ranks_take_gpus_counted_from_the_device_flag():
+    """The function each learner process picks its device with (fastrl.runner.children)."""
+    pick = children.learner_device
+    assert [pick(torch.device("cuda:2"), r) for r in range(3)] == [
+        torch.device("cuda", i) for i in (2, 3, 4)]
+    assert pick(torch.device("cuda"), 1) == torch.device("cuda", 1)
+    assert pick(torch.device("cpu"), 1) == torch.device("cpu")
+
+
+COUNTING = "tests.counting_env:CountingEnv-v0"
+
+
+def _runner(tmp_path, *args) -> ParallelRunner:
+    return ParallelRunner(parse_config([
+        "--env", COUNTING, "--train_dir", str(tmp_path), "--experiment", "x", "--use_rnn",
+        "False", "--num_workers", "1", "--num_envs_per_worker", "2", "--rollout", "8",
+        "--batch_size", "32", "--encoder_mlp_layers", "16", *args]))
+
+
+@pytest.mark.parametrize(("device", "learners", "error"), [
+    ("cuda:3", 1, "--device=cuda:3: this machine has 2 GPUs (cuda:0 to cuda:1)"),
+    ("cuda:1", 2, "--num_learners=2: each learner needs a GPU of its own, from --device=cuda:1 "
+                  "on (cuda:1 to cuda:2), and this machine has 2 GPUs (cuda:0 to cuda:1)"),
+    ("cuda", 4, "--num_learners=4: each learner needs a GPU of its own, from --device=cuda on "
+                "(cuda:0 to cuda:3), and this machine has 2 GPUs (cuda:0 to cuda:1)"),
+], ids=["gpu 3 of 2", "2 learners from gpu 1 of 2", "4 learners on 2 gpus"])
+def test_the_launcher_refuses_gpus_the_machine_does_not_have(tmp_path, gpus, device, learners,
+                                                             error):
+    gpus(A100, A100)
+    runner = _runner(tmp_path, "--device", device, "--num_learners", str(learners))
+    try:
+        with pytest.raises(ExperimentError) as err:
+            runner.setup()
+    finally:
+        runner.shutdown()
+    assert str(err.value) == error
+    assert not (tmp_path / "x").exists()  # before anything is made

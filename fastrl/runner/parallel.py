@@ -26,7 +26,7 @@ import time
 import torch
 
 from fastrl.config.settings import Config
-from fastrl.device import resolve_device, resolve_precision
+from fastrl.device import check_learner_devices, resolve_device, resolve_precision
 from fastrl.errors import ExperimentError
 from fastrl.experiment.checkpoint import restore_counters
 from fastrl.experiment.evaluation import PeriodicEvaluator
@@ -90,11 +90,7 @@ class ParallelRunner:
     def setup(self) -> Wiring:
         """Validate, prepare the experiment folder and allocate every shared buffer and queue."""
         cfg = self.cfg
-        device = resolve_device(cfg.device)  # fail early on a bad device
-        if device.type == "cuda" and cfg.num_learners > torch.cuda.device_count():
-            raise ExperimentError(f"--num_learners={cfg.num_learners}: each learner needs a "
-                                  f"GPU of its own and this machine has "
-                                  f"{torch.cuda.device_count()}")
+        check_learner_devices(cfg.device, cfg.num_learners)  # fail early on a bad device
         self.exp_dir = prepare_experiment_dir(cfg)
         seed_everything(cfg.seed)
         info = probe_env(cfg)
