@@ -1,7 +1,10 @@
 """What fastrl chooses for the GPU, tested on the CPU: the tests patch what ``torch.cuda``
-reports (availability, device count, compute capability) and check the choice."""
+reports (availability, device count, compute capability) and check the choice; and the
+launching process, which runs no model, creates no CUDA context."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -9,8 +12,10 @@ import torch
 from fastrl.config.load import parse_config
 from fastrl.device import resolve_device, resolve_precision
 from fastrl.errors import ExperimentError
+from fastrl.experiment.stats import TrainingStats
 from fastrl.runner import children
 from fastrl.runner.parallel import ParallelRunner
+from fastrl.transport.messages import LearnerReady
 
 V100, T4, A100, RTX3090, H100 = (7, 0), (7, 5), (8, 0), (8, 6), (9, 0)
 
@@ -106,3 +111,56 @@ def test_the_launcher_refuses_gpus_the_machine_does_not_have(tmp_path, gpus, dev
         runner.shutdown()
     assert str(err.value) == error
     assert not (tmp_path / "x").exists()  # before anything is made
+
+
+# What initialises CUDA in a process (and so holds a context, hundreds of MB of GPU memory,
+# for as long as it lives). torch.cuda.is_available() and device_count() do not.
+CONTEXT_MAKERS = ("init", "_lazy_init", "current_device", "set_device", "get_device_capability",
+                  "get_device_properties", "get_device_name", "is_bf16_supported",
+                  "synchronize", "mem_get_info", "get_rng_state", "get_rng_state_all",
+                  "set_rng_state", "set_rng_state_all", "memory_allocated")
+
+
+@pytest.fixture
+def no_cuda_context(gpus, monkeypatch):
+    """A machine with one A100 on which every call that would create a CUDA context fails."""
+    gpus(A100)
+
+    def refuse(name: str):
+        def call(*args, **kwargs):
+            raise AssertionError(f"torch.cuda.{name} called: it creates a CUDA context")
+        return call
+
+    for name in CONTEXT_MAKERS:
+        monkeypatch.setattr(torch.cuda, name, refuse(name))
+    monkeypatch.setattr(torch._C, "_cuda_init", refuse("_lazy_init"), raising=False)
+
+
+def test_the_start_up_line_reports_what_the_learner_resolved(tmp_path, no_cuda_context, capsys):
+    runner = _runner(tmp_path, "--device", "auto", "--precision", "auto")
+    wiring = SimpleNamespace(layout=SimpleNamespace(num_buffers=8, nbytes=lambda: 2**20))
+    runner._log_start(wiring, LearnerReady(None, None, 0, "cuda", "bf16"))
+    assert "1 policy worker(s), device cuda (bf16), 8 trajectory " in capsys.readouterr().out
+
+
+@pytest.mark.slow  # the set-up starts multiprocessing's resource tracker, a process
+def test_the_launcher_creates_no_cuda_context(tmp_path, no_cuda_context, capsys):
+    """Set-up, the start-up line and the bottleneck report of the progress lines, as the
+    parallel runner's process runs them."""
+    runner = _runner(tmp_path, "--device", "auto", "--precision", "auto")
+    try:
+        wiring = runner.setup()
+        runner._log_start(wiring, LearnerReady(None, None, 0, "cuda", "bf16"))
+        TrainingStats(runner.cfg, wiring.info.frameskip).diagnose({"learner": 9.0}, 10.0)
+    finally:
+        runner.shutdown()
+    assert "device cuda (bf16), " in capsys.readouterr().out
+
+
+def test_the_learner_says_what_it_resolved(tmp_path):
+    from tests.test_slots import _learner_station
+
+    wiring, station = _learner_station(tmp_path, "--precision", "fp32")
+    station.announce(None, None)
+    (ready,) = wiring.runner_queue.get_many(0.0)
+    assert (ready.device, ready.precision) == ("cpu", "fp32")
