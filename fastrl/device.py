@@ -34,6 +34,14 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def resolved_device_type(name: str) -> str:
+    """The type of device ("cuda" or "cpu") that ``--device`` ``name`` resolves to, for the
+    runner's reports; asks torch only whether CUDA is available, and raises nothing."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name).type
+
+
 def learner_device(device: torch.device, rank: int) -> torch.device:
     """Learner rank ``rank``'s device (``--num_learners``): one GPU each, counted from
     ``--device``'s (``cuda:N`` gives rank r ``cuda:N+r``); the CPU for every rank otherwise."""
