@@ -28,7 +28,8 @@ def gpus(monkeypatch):
 
     def install(*capabilities, current: int = 0):
         def capability(device=None):
-            index = device if isinstance(device, int) else torch.device(device).index
+            index = (device if isinstance(device, int) or device is None
+                     else torch.device(device).index)
             return capabilities[current if index is None else index]
 
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
