@@ -7,6 +7,7 @@ from __future__ import annotations
 import mmap
 import os
 import signal
+import threading
 import uuid
 
 import pytest
@@ -64,7 +65,8 @@ def test_signals_are_blocked_while_held_and_handled_after():
     with LauncherSignals(_quit) as signals:
         with held():
             assert set(LAUNCHER_SIGNALS) <= signal.pthread_sigmask(signal.SIG_BLOCK, [])
-            os.kill(os.getpid(), SAVE_SIGNAL)
+            # To this thread: one sent to the process may reach another thread, unblocked.
+            signal.pthread_kill(threading.get_ident(), SAVE_SIGNAL)
             assert not signals.take_save_request()  # pending, not delivered
         assert signals.take_save_request()
         assert not set(LAUNCHER_SIGNALS) & signal.pthread_sigmask(signal.SIG_BLOCK, [])

@@ -9,7 +9,8 @@ summed over the group the same way. Rank 0 talks to the rest of the pipeline: it
 batches, hands the other ranks their shares (slot numbers, through a queue; the data stays in
 shared memory), publishes weights and writes checkpoints.
 
-Gloo on CPU, NCCL on GPUs (rank r on ``cuda:r``).
+Gloo on CPU, NCCL on GPUs (with ``--device cuda:N``, rank r on ``cuda:N+r``;
+``fastrl.device.learner_device``).
 """
 
 from __future__ import annotations
@@ -33,13 +34,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def learner_device(device: torch.device, rank: int) -> torch.device:
-    """Rank ``rank``'s device: ``cuda:rank`` on GPUs, the CPU otherwise."""
-    if device.type == "cuda":
-        return torch.device("cuda", rank)
-    return device
 
 
 class LearnerGroup:

@@ -3,11 +3,10 @@
 Every field of :class:`Config` is a command-line flag with the same name; its help line is
 the field's ``help`` metadata. Flag names follow Sample Factory's where the concept is the
 same. This module holds the dataclass, the flag parser (:func:`build_parser`) and which
-settings define a model (:data:`MODEL_DEFINING`); :mod:`fastrl.config.checks` validates a
-``Config``. Saving,
-loading and resuming configs live in :mod:`fastrl.config.load`: its :func:`parse_config` turns
-``argv`` into a validated ``Config``; on resume, the experiment's ``config.json`` is the base
-and only flags given explicitly override it.
+settings define a model (:data:`MODEL_DEFINING`); validation is :mod:`fastrl.config.checks`.
+Saving, loading and resuming configs live in :mod:`fastrl.config.load`: its
+:func:`parse_config` turns ``argv`` into a validated ``Config``; on resume, the experiment's
+``config.json`` is the base and only flags given explicitly override it.
 """
 
 from __future__ import annotations
@@ -43,10 +42,11 @@ class Config:
                           "serial run is reproducible", "experiment")
     device: str = _f("auto", "Torch device for inference and learning: auto (cuda if available), "
                      "cpu, cuda, cuda:N", "experiment")
-    precision: str = _f("auto", "Autocast precision of the model's forward passes (weights, "
-                        "optimizer and loss stay fp32): bf16, fp32, or auto = bf16 where the "
-                        "device computes it natively (CUDA with bf16, CPU with AVX512-BF16 or "
-                        "AMX), else fp32", "experiment", choices=("auto", "fp32", "bf16"))
+    precision: str = _f("auto", "Autocast precision of the encoders (the recurrent core, the "
+                        "heads, weights, optimizer and loss stay fp32): bf16, fp32, or auto = "
+                        "bf16 where the device computes it natively (a GPU of compute "
+                        "capability 8.0 or more, a CPU with AVX512-BF16 or AMX), else fp32",
+                        "experiment", choices=("auto", "fp32", "bf16"))
     train_for_env_steps: int = _f(10_000_000_000, "Stop after this many environment frames "
                                   "(counting frameskip)", "experiment")
     train_for_seconds: float = _f(10_000_000_000.0, "Stop after this many seconds of training in "

@@ -47,8 +47,9 @@ def busy_fractions(busy_seconds: dict[str, float], seconds: float,
     return out
 
 
-def diagnose(fractions: dict[str, float], cfg: Any, cores: int) -> Diagnosis:
-    """Name the stage that limits the run and what to change, from the busy fractions."""
+def diagnose(fractions: dict[str, float], cfg: Any, cores: int, device_type: str) -> Diagnosis:
+    """Name the stage that limits the run and what to change, from the busy fractions;
+    ``device_type`` is what ``cfg.device`` resolved to ("cuda" or "cpu")."""
     if not fractions:
         return Diagnosis(None, fractions, "no stage has reported yet")
     stage = max(fractions, key=lambda s: fractions[s])
@@ -64,7 +65,7 @@ def diagnose(fractions: dict[str, float], cfg: Any, cores: int) -> Diagnosis:
             f"time): the stages wait on each other or share the {cores} CPU cores"
             + ("; in sync mode (--async_rl False) sampling and learning take turns"
                if not cfg.async_rl else "")))
-    advice = f"{_NAMES[stage]} busy {share}: " + _advice(stage, cfg, cores)
+    advice = f"{_NAMES[stage]} busy {share}: " + _advice(stage, cfg, cores, device_type)
     return Diagnosis(stage, fractions, advice)
 
 
@@ -72,15 +73,15 @@ _NAMES = {"env": "rollout workers", "inference": "policy workers", "learner": "l
           "transfer": "links to the sampler nodes"}
 
 
-def _advice(stage: str, cfg: Any, cores: int) -> str:
+def _advice(stage: str, cfg: Any, cores: int, device_type: str) -> str:
     if stage == "learner":
         tips = ["the learner limits the run"]
-        if str(cfg.device) == "cpu" or cfg.device == "auto" and cores <= 4:
+        if device_type == "cpu":
             tips.append("a GPU (--device cuda) trains far faster")
         if cfg.num_epochs * cfg.num_batches_per_epoch > 1:
             tips.append(f"fewer SGD steps per batch (--num_epochs {cfg.num_epochs} x "
                         f"--num_batches_per_epoch {cfg.num_batches_per_epoch})")
-        if str(cfg.device).startswith("cuda"):
+        if device_type == "cuda":
             tips.append(f"a bigger --batch_size (now {cfg.batch_size}) uses the GPU better")
             tips.append(f"--num_learners (now {cfg.num_learners}) up to the number of GPUs")
         else:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from fastrl.config.settings import Config
+from fastrl.device import resolved_device_type
 from fastrl.experiment.bottleneck import (
     Diagnosis,
     available_cores,
@@ -151,7 +152,8 @@ class TrainingStats:
 
     def diagnose(self, busy: dict[str, float], seconds: float) -> Diagnosis:
         fractions = busy_fractions(busy, seconds, self.stage_processes())
-        return diagnose(fractions, self.cfg, available_cores())
+        return diagnose(fractions, self.cfg, available_cores(),
+                        resolved_device_type(self.cfg.device))
 
     def add_episode(self, episode_return: float, length: int, truncated: bool = False) -> None:
         """A finished episode; ``truncated``: a time limit ended it, not the env."""

@@ -38,6 +38,7 @@ import torch
 from gymnasium import spaces
 from torch import Tensor, nn
 
+from fastrl.device import autocast_off
 from fastrl.policy.actions import ActionSpec
 from fastrl.policy.distributions import LOG_STD_MAX, LOG_STD_MIN, mask_logits
 from fastrl.policy.encoders import init_layer, make_encoder, make_nonlinearity
@@ -182,21 +183,24 @@ class ActorCritic(nn.Module):
                critic_in: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """core: ``[N, core_size]`` -> action parameters ``[N, P]`` (logits ``-inf`` where
         ``mask`` ``[N, A]`` is 0), values ``[N]`` (from ``critic_in`` when given, else from
-        ``core``); float32 also under autocast, so that sampling, V-trace and the loss run
-        in full precision."""
-        params = self.actor(core).float()
-        spec = self.action_spec
-        if self.action_log_std is not None:
-            log_std = self.action_log_std.float().expand(params.shape[0], -1)
-            params = torch.cat([params, log_std], dim=1)
-        elif spec.num_continuous:
-            split = spec.num_logits + spec.num_continuous
-            params = torch.cat([params[:, :split],
-                                params[:, split:].clamp(LOG_STD_MIN, LOG_STD_MAX)], dim=1)
-        if mask is not None:
-            params = mask_logits(params, mask, spec.nvec)
-        critic_in = core if critic_in is None else critic_in
-        return params, self.critic(critic_in).squeeze(-1).float()
+        ``core``). The heads run in float32 with autocast off, their inputs cast up: under
+        bf16 autocast their outputs would carry 8 bits of mantissa into sampling, importance
+        ratios, V-trace and the loss, for a negligible saving."""
+        with autocast_off(core.device):
+            core = core.float()
+            params = self.actor(core)
+            spec = self.action_spec
+            if self.action_log_std is not None:
+                log_std = self.action_log_std.expand(params.shape[0], -1)
+                params = torch.cat([params, log_std], dim=1)
+            elif spec.num_continuous:
+                split = spec.num_logits + spec.num_continuous
+                params = torch.cat([params[:, :split],
+                                    params[:, split:].clamp(LOG_STD_MIN, LOG_STD_MAX)], dim=1)
+            if mask is not None:
+                params = mask_logits(params, mask, spec.nvec)
+            critic_in = core if critic_in is None else critic_in.float()
+            return params, self.critic(critic_in).squeeze(-1)
 
     def forward_step(
         self, obs: Mapping[str, Tensor] | Tensor, rnn_state: Tensor
@@ -264,7 +268,7 @@ class ActorCritic(nn.Module):
             final = {key: final[key].index_select(0, rows) for key in self._obs_keys}
             feats = self._encode(final)
             if self.rnn is not None:
-                state = captured.index_select(0, rows).to(feats.dtype)
+                state = captured.index_select(0, rows)
                 feats, _ = rnn_step(self.rnn, feats, state)
             values_final = self._heads(feats, critic_in=self._critic_input(final, feats))[1]
             final_values = final_values.index_copy(0, rows, values_final)

@@ -4,6 +4,11 @@ fastrl stores one float vector per env as its recurrent state (``[B, S]`` in the
 policy workers and checkpoints): ``h`` for a GRU (``S = H``), ``h`` then ``c`` for an LSTM
 (``S = 2H``). These functions convert between that vector and what ``nn.GRU`` / ``nn.LSTM``
 take, so the rest of fastrl never needs to know which core it runs.
+
+The core runs in float32 with autocast off, whatever ``--precision`` says (its input is cast
+up): autocast sends GRU/LSTM to low-precision kernels, cuDNN has no bf16 GRU on every GPU
+(a slow fallback), and on an H100 bf16 autocast measured slower than fp32 for the conv+GRU
+model (perf/RESULTS.md, the GPU sessions of 2026-11-25), so nothing shows it faster.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from itertools import pairwise
 
 import torch
 from torch import Tensor, nn
+
+from fastrl.device import autocast_off
 
 RNN_TYPES = ("gru", "lstm")
 
@@ -58,8 +65,10 @@ def _scale(hidden, keep: Tensor):
 
 
 def rnn_step(rnn: nn.Module, x: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
-    """One step. x: ``[B, F]``, state: ``[B, S]`` -> output ``[B, H]``, new state ``[B, S]``."""
-    out, hidden = rnn(x.unsqueeze(1), _unpack(rnn, state))
+    """One step. x: ``[B, F]``, state: ``[B, S]`` -> output ``[B, H]``, new state ``[B, S]``,
+    float32 (see the module docstring)."""
+    with autocast_off(x.device):
+        out, hidden = rnn(x.float().unsqueeze(1), _unpack(rnn, state.float()))
     return out.squeeze(1), _pack(hidden)
 
 
@@ -68,7 +77,7 @@ def rnn_unroll(rnn: nn.Module, x: Tensor, state0: Tensor, resets: Tensor,
     """Over time with resets. x: ``[B, T, F]``, state0: ``[B, S]``, resets: ``[B, T]`` (1.0
     where the state is zeroed before step t) -> outputs ``[B, T, H]``, and with ``capture``
     (int ``[B]``, -1 for none) the state after step ``capture[b]`` of each row (before any
-    reset at the next step; zeros where it is -1).
+    reset at the next step; zeros where it is -1); float32 (see the module docstring).
 
     The sequence is cut at every step where any trajectory resets (and after each captured
     step); each segment runs as one ``rnn`` call (a C++/cuDNN loop over time), so a batch
@@ -83,18 +92,19 @@ def rnn_unroll(rnn: nn.Module, x: Tensor, state0: Tensor, resets: Tensor,
             if step >= 0:
                 wanted.setdefault(step + 1, []).append(row)
     cuts = sorted({0, *reset_steps, *wanted, t})
-    keep = 1.0 - resets.to(x.dtype)
+    x, state0 = x.float(), state0.float()
+    keep = 1.0 - resets.float()
     hidden = _unpack(rnn, state0)
     captured = state0.new_zeros(state0.shape) if capture is not None else None
     reset_set = set(reset_steps)
     outputs = []
-    for start, end in pairwise(cuts):
-        if start in reset_set:
-            hidden = _scale(hidden, keep[:, start])
-        out, hidden = rnn(x[:, start:end], hidden)
-        outputs.append(out)
-        if end in wanted:
-            rows = torch.tensor(wanted[end], device=x.device)
-            now = _pack(hidden)
-            captured = captured.to(now.dtype).index_copy(0, rows, now.index_select(0, rows))
+    with autocast_off(x.device):
+        for start, end in pairwise(cuts):
+            if start in reset_set:
+                hidden = _scale(hidden, keep[:, start])
+            out, hidden = rnn(x[:, start:end], hidden)
+            outputs.append(out)
+            if end in wanted:
+                rows = torch.tensor(wanted[end], device=x.device)
+                captured = captured.index_copy(0, rows, _pack(hidden).index_select(0, rows))
     return (outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)), captured

@@ -8,9 +8,9 @@ import time
 
 import torch
 
-from fastrl.algo.learner_group import LearnerGroup, learner_device
+from fastrl.algo.learner_group import LearnerGroup
 from fastrl.config.settings import Config
-from fastrl.device import resolve_device, resolve_precision
+from fastrl.device import learner_device, resolve_device, resolve_precision
 from fastrl.runner.common import POLICY_STREAM, build_model, seed_everything
 from fastrl.runner.stations import (
     LearnerRankStation,

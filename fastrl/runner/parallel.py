@@ -25,7 +25,7 @@ import time
 import torch
 
 from fastrl.config.settings import Config
-from fastrl.device import resolve_device, resolve_precision
+from fastrl.device import check_learner_devices
 from fastrl.errors import ExperimentError
 from fastrl.experiment.checkpoint import restore_counters
 from fastrl.experiment.evaluation import PeriodicEvaluator
@@ -90,11 +90,7 @@ class ParallelRunner:
     def setup(self) -> Wiring:
         """Validate, prepare the experiment folder and allocate every shared buffer and queue."""
         cfg = self.cfg
-        device = resolve_device(cfg.device)  # fail early on a bad device
-        if device.type == "cuda" and cfg.num_learners > torch.cuda.device_count():
-            raise ExperimentError(f"--num_learners={cfg.num_learners}: each learner needs a "
-                                  f"GPU of its own and this machine has "
-                                  f"{torch.cuda.device_count()}")
+        check_learner_devices(cfg.device, cfg.num_learners)  # fail early on a bad device
         self.exp_dir = prepare_experiment_dir(cfg)
         seed_everything(cfg.seed)
         info = probe_env(cfg)
@@ -165,7 +161,7 @@ class ParallelRunner:
             self.start_sampling()
             stats.start_time = time.time()
             reporter = Reporter(cfg, self.exp_dir, stats)
-            self._log_start(wiring)
+            self._log_start(wiring, ready)
             self.loop = loop = RunLoop(wiring, stats, reporter, self._turn,
                                        note=self.supervisor.note, poll_timeout=POLL,
                                        evaluator=self.evaluator, evaluate_in_thread=True,
@@ -213,17 +209,18 @@ class ParallelRunner:
             self.supervisor.check_children()
         raise ChildError(f"timed out after {timeout:.0f} s waiting for the learner to start")
 
-    def _log_start(self, wiring: Wiring) -> None:
+    def _log_start(self, wiring: Wiring, ready: LearnerReady) -> None:
+        """The start-up line. The device and precision are the learner's (the policy workers
+        resolve the same flags on the same device): resolving the precision here would create
+        a CUDA context in this process, which runs no model, for the whole run."""
         cfg, layout = self.cfg, wiring.layout
-        device = resolve_device(cfg.device)
         mode = "sampling only" if cfg.sampling_only else ("async" if cfg.async_rl else "sync")
         nodes = (f"{cfg.num_sampler_nodes} sampler nodes of " if cfg.num_sampler_nodes else "")
         log(f"parallel mode ({mode}): {cfg.env}, {nodes}{cfg.num_workers} workers x "
             f"{cfg.num_envs_per_worker} envs in {cfg.worker_num_splits} splits, "
             f"{cfg.num_policy_workers} policy worker(s), "
             + (f"{cfg.num_learners} learners, " if cfg.num_learners > 1 else "")
-            + f"device {device} "
-            f"({resolve_precision(cfg.precision, device)}), {layout.num_buffers} trajectory "
+            + f"device {ready.device} ({ready.precision}), {layout.num_buffers} trajectory "
             f"buffers ({layout.nbytes() / 2**20:.0f} MiB), experiment {self.exp_dir}")
 
     # -- signals ------------------------------------------------------------------------

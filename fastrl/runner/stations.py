@@ -207,7 +207,8 @@ class LearnerStation:
         """Publish the first weights (the checkpoint's when resuming) and say so."""
         learner = self.learner
         self.wiring.weights.publish(learner.model, learner.version)
-        self.wiring.runner_queue.put(LearnerReady(counters, checkpoint, learner.version))
+        self.wiring.runner_queue.put(LearnerReady(counters, checkpoint, learner.version,
+                                                  str(learner.device), learner.precision))
 
     def poll(self, timeout: float) -> int:
         """Handle the messages waiting (up to ``timeout`` s for the first, none while a full

@@ -113,11 +113,15 @@ class ChildFailed(NamedTuple):
 
 
 class LearnerReady(NamedTuple):
-    """Learner -> runner: the checkpoint (if any) is restored and the weights published."""
+    """Learner -> runner: the checkpoint (if any) is restored and the weights published;
+    ``device`` and ``precision`` are what the learner resolved ``--device`` and
+    ``--precision`` to (the runner, which must not touch CUDA, reports them)."""
 
     counters: dict | None
     checkpoint: str | None
     version: int
+    device: str
+    precision: str
 
 
 class TrainShare(NamedTuple):

@@ -41,8 +41,9 @@ LAUNCHER_SIGNALS = (*STOP_SIGNALS, SAVE_SIGNAL)
 
 @contextmanager
 def held() -> Iterator[None]:
-    """Block the launcher's signals in this thread for the duration: what this thread starts
-    inherits them blocked. One that arrives meanwhile waits, and is handled on leaving."""
+    """Block the launcher's signals in this thread for the duration, so that what this
+    thread starts inherits them blocked. (One sent to the process meanwhile may still be
+    handled, through another thread of it; one sent to this thread waits until the end.)"""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, LAUNCHER_SIGNALS)
     try:
         yield
