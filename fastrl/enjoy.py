@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -51,7 +52,7 @@ from fastrl.experiment.video import (
     headless_sdl,
 )
 from fastrl.log import log
-from fastrl.transport.signals import LauncherSignals
+from fastrl.transport.signals import LauncherSignals, quit_status
 
 PROG = "enjoy.py"
 EVAL_FILE = "eval.json"
@@ -342,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = merge_config(full, explicit, exp_dir, state, ckpt_path)
         # SIGTERM and SIGHUP end the evaluation as Ctrl-C does: the episodes so far are
         # reported and the video is closed; a second signal quits at once.
-        with headless_sdl(enabled=not options.render), LauncherSignals():
+        with headless_sdl(enabled=not options.render), LauncherSignals() as signals:
             report = run(cfg, exp_dir, state, ckpt_path, options)
     except ConfigError as exc:
         for line in exc.errors:
@@ -351,4 +352,6 @@ def main(argv: list[str] | None = None) -> int:
     except user_error_types() as exc:
         print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
         return 1
-    return 130 if report["interrupted"] else 0
+    if report["interrupted"]:  # fewer episodes than asked: 128 + the signal (130: Ctrl-C)
+        return quit_status(signal.Signals[signals.stopped_by or "SIGINT"])
+    return 0

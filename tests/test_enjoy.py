@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -103,6 +104,23 @@ def test_enjoy_prints_statistics_and_writes_json(trained: Path, capsys) -> None:
     assert report["videos"] == [] and report["date"]
     assert f"return {report['mean_return']:.3f} +- {report['std_return']:.3f}" in out
     assert out.count("episode ") >= 4
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_ends_the_evaluation_with_the_episodes_so_far(trained: Path, monkeypatch,
+                                                                    signum) -> None:
+    import fastrl.enjoy
+
+    def log_and_stop_at_the_third(line: str) -> None:
+        if line.startswith("episode 3/"):
+            os.kill(os.getpid(), signum)  # what a scheduler's stop does, mid-evaluation
+        print(line)
+
+    monkeypatch.setattr(fastrl.enjoy, "log", log_and_stop_at_the_third)
+    code = main(base_args(trained, "--max_num_episodes", "100000", "--seed", "0"))
+    assert code == 128 + signum  # the evaluation was cut short: fewer episodes than asked
+    report = read_eval(trained)
+    assert report["interrupted"] is True and report["episodes"] == 3
 
 
 def test_checkpoint_flag_alone_finds_its_experiment(trained: Path, tmp_path: Path, capsys) -> None:

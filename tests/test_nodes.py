@@ -248,6 +248,48 @@ def test_a_node_started_by_hand_joins_by_address(tmp_path):
     assert json.loads((tmp_path / "x" / "summary.json").read_text())["env_frames"] >= 4000
 
 
+@pytest.mark.multiprocess
+def test_a_node_stopped_by_sigterm_tells_the_learner_node_and_leaves_nothing(tmp_path):
+    """A scheduler stops a node's job with SIGTERM to all of it: the node stops its workers,
+    says goodbye, exits 0; the learner node counts it as lost and goes on."""
+    port = free_port()
+    run = Training(base_args(tmp_path, COUNTING,
+                             "--num_sampler_nodes", "1", "--start_sampler_nodes", "False",
+                             "--node_port", str(port), "--num_workers", "1"))
+    node = None
+    try:
+        wait_until(lambda: "python -m fastrl.node --connect" in run.output, 60,
+                   "the learner node to wait for nodes")
+        node = subprocess.Popen([sys.executable, "-m", "fastrl.node", "--connect",
+                                 f"127.0.0.1:{port}", "--node_rank", "0"], cwd=REPO, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        wait_until(lambda: summary_of(tmp_path)["sampler_nodes"][0]["trajectories"] > 0
+                   if (tmp_path / "x" / "summary.json").exists() else False, 60,
+                   "trajectories from the node", run)
+        node_procs = set(session_members(node.pid))
+        for pid in node_procs:  # every process of the node's job, as Slurm does
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        node_out, _ = node.communicate(timeout=60)
+        wait_until(lambda: "sampler node 0 lost" in run.output, 30, "the loss to be noticed",
+                   run)
+        run.signal(signal.SIGINT, "launcher")
+        code = run.wait(60)
+    finally:
+        run.kill()
+        if node is not None and node.poll() is None:
+            node.kill()
+    assert node.returncode == 0, node_out
+    assert "fastrl.node: stopped (SIGTERM)" in node_out
+    assert "sampler node 0 stopped after shipping" in node_out
+    assert code == 0, run.output
+    time.sleep(0.5)
+    assert not set(session_members(node.pid)), "the node left processes behind"
+
+
 def _first(queue, kind: type, timeout: float, what: str):
     """The first message of ``kind`` read from ``queue`` within ``timeout`` (others are
     dropped)."""

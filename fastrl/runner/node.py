@@ -153,8 +153,8 @@ class NodeRunner:
                 pass
             self.supervisor.stop_all()
             wiring.close()
-        log(f"sampler node {self.node} stopped after shipping {self.gateway.shipped:,} "
-            "trajectories")
+            log(f"sampler node {self.node} stopped after shipping {self.gateway.shipped:,} "
+                "trajectories")
 
     def _pump(self, timeout: float) -> None:
         """Ship what is ready (waiting up to ``timeout`` for it), then read the node's runner
