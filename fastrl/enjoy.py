@@ -25,13 +25,13 @@ from typing import Any
 
 import gymnasium as gym
 
+from fastrl.config.checks import validate
 from fastrl.config.load import load_saved_config, with_added_later
 from fastrl.config.settings import (
     Config,
     ConfigError,
     build_parser,
     str2bool,
-    validate,
 )
 from fastrl.errors import ExperimentError
 from fastrl.experiment.checkpoint import (

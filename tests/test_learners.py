@@ -132,7 +132,7 @@ def test_a_killed_learner_rank_stops_the_run_and_one_learner_resumes_it(tmp_path
 
 
 def test_learner_settings_that_cannot_split_are_one_line_errors():
-    from fastrl.config.settings import validate
+    from fastrl.config.checks import validate
 
     assert validate(Config(num_learners=2, rollout=8, batch_size=64)) == []
     errors = validate(Config(num_learners=2, serial_mode=True, rollout=8, batch_size=64))
@@ -175,7 +175,7 @@ def test_every_accepted_learner_split_enters_the_same_collectives_on_every_rank(
         batch_size, rollout, num_batches, advantages, use_rnn, learners):
     """Whatever validate accepts, every rank trains on an equal share and so enters the same
     number of collectives; whatever would give ranks different counts is refused."""
-    from fastrl.config.settings import validate
+    from fastrl.config.checks import validate
 
     settings = dict(rollout=rollout, batch_size=batch_size, num_batches_per_epoch=num_batches,
                     advantages=advantages, use_rnn=use_rnn, rnn_size=8, num_learners=learners)

@@ -20,8 +20,9 @@ import torch
 from gymnasium import spaces
 
 from fastrl.algo.learner_group import free_port
+from fastrl.config.checks import validate
 from fastrl.config.load import parse_config
-from fastrl.config.settings import Config, validate
+from fastrl.config.settings import Config
 from fastrl.runner.children import POLL
 from fastrl.runner.link import BYE, Channel, SlotCodec, connect, generation_key, join_store
 from fastrl.runner.parallel import ParallelRunner

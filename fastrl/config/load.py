@@ -16,6 +16,7 @@ import os
 import sys
 from typing import Any
 
+from fastrl.config.checks import validate
 from fastrl.config.settings import (
     ADDED_LATER,
     Config,
@@ -24,7 +25,6 @@ from fastrl.config.settings import (
     _hints,
     build_parser,
     changed_model_settings,
-    validate,
 )
 
 

@@ -1,0 +1,124 @@
+"""Validation of a :class:`~fastrl.config.settings.Config`: every problem as one line, all
+reported at once (Sample Factory's ``verify_cfg`` habit)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+from fastrl.config.settings import Config
+
+
+def validate(cfg: Config) -> list[str]:
+    """Every problem with ``cfg`` as one line each (empty when it is valid)."""
+    errors: list[str] = []
+
+    def positive(name: str) -> None:
+        value = getattr(cfg, name)
+        if value is None or value <= 0:
+            errors.append(f"--{name}={value}: must be > 0")
+
+    for name in ("num_workers", "num_envs_per_worker", "worker_num_splits", "num_policy_workers",
+                 "num_learners",
+                 "rollout", "batch_size", "policy_threads", "learner_threads",
+                 "num_batches_per_epoch", "num_epochs", "learning_rate",
+                 "rnn_size", "encoder_fc_size", "keep_checkpoints", "stats_avg", "env_framestack",
+                 "train_for_env_steps", "train_for_seconds", "log_every_sec",
+                 "summaries_every_sec", "save_every_sec", "eval_episodes", "adam_eps",
+                 "vtrace_rho", "vtrace_c",
+                 "reward_clip", "worker_timeout", "restart_window"):
+        positive(name)
+    for name in ("max_policy_lag", "eval_every_env_frames", "env_timeout", "max_worker_restarts",
+                 "num_sampler_nodes"):
+        if getattr(cfg, name) < 0:
+            errors.append(f"--{name}={getattr(cfg, name)}: must be >= 0")
+    if not 0.0 <= cfg.gae_lambda <= 1.0:
+        errors.append(f"--gae_lambda={cfg.gae_lambda}: must be in [0, 1]")
+    if not 0.0 <= cfg.gamma <= 1.0:
+        errors.append(f"--gamma={cfg.gamma}: must be in [0, 1]")
+    if not 0.0 < cfg.ppo_clip_ratio < 1.0:
+        errors.append(f"--ppo_clip_ratio={cfg.ppo_clip_ratio}: must be in (0, 1)")
+    for name in ("adam_beta1", "adam_beta2"):
+        if not 0.0 <= getattr(cfg, name) < 1.0:
+            errors.append(f"--{name}={getattr(cfg, name)}: must be in [0, 1)")
+    if cfg.ratio_clamp != 0 and not cfg.ratio_clamp > 1:
+        errors.append(f"--ratio_clamp={cfg.ratio_clamp}: must be 0 (off) or > 1")
+    for name in ("value_loss_coeff", "exploration_loss_coeff", "max_grad_norm", "ppo_clip_value"):
+        if getattr(cfg, name) < 0:
+            errors.append(f"--{name}={getattr(cfg, name)}: must be >= 0")
+    for name in ("reward_scale",):
+        v = getattr(cfg, name)
+        if v is not None and not math.isfinite(v):
+            errors.append(f"--{name}={v}: must be a finite number")
+    if cfg.env_frameskip is not None and cfg.env_frameskip < 1:
+        errors.append(f"--env_frameskip={cfg.env_frameskip}: "
+                      "must be >= 1 (or None for the env's default)")
+    if cfg.env_max_episode_steps is not None and cfg.env_max_episode_steps < 1:
+        errors.append(f"--env_max_episode_steps={cfg.env_max_episode_steps}: "
+                      "must be >= 1 (or None)")
+    if not cfg.actor_critic_share_weights and cfg.use_rnn:
+        errors.append("--actor_critic_share_weights=False: needs --use_rnn=False (separate "
+                      "weights are for feed-forward models)")
+    if any(n <= 0 for n in cfg.encoder_mlp_layers):
+        errors.append(f"--encoder_mlp_layers={cfg.encoder_mlp_layers}: every size must be > 0")
+    if (cfg.worker_num_splits > 0 and cfg.num_envs_per_worker > 0
+            and cfg.num_envs_per_worker % cfg.worker_num_splits):
+        errors.append(
+            f"--num_envs_per_worker={cfg.num_envs_per_worker}: must be a multiple of "
+            f"--worker_num_splits={cfg.worker_num_splits}"
+        )
+    steps_minibatches = cfg.advantages == "batch" and not cfg.use_rnn
+    if (cfg.rollout > 0 and cfg.batch_size > 0 and cfg.batch_size % cfg.rollout
+            and not steps_minibatches):
+        errors.append(f"--batch_size={cfg.batch_size}: "
+                      f"must be a multiple of --rollout={cfg.rollout}")
+    if (steps_minibatches and cfg.rollout > 0 and cfg.batch_size > 0
+            and (cfg.batch_size * cfg.num_batches_per_epoch) % cfg.rollout):
+        errors.append(f"--batch_size={cfg.batch_size}: batch_size x num_batches_per_epoch "
+                      f"must be a multiple of --rollout={cfg.rollout}")
+    if (not cfg.async_rl and cfg.rollout > 0 and cfg.batch_size > 0 and cfg.num_workers > 0
+            and cfg.num_envs_per_worker > 0):
+        per_round = cfg.rollout * cfg.num_envs
+        if (cfg.batch_size * cfg.num_batches_per_epoch) % per_round:
+            errors.append(
+                f"--batch_size={cfg.batch_size}: with --async_rl=False, batch_size x "
+                f"num_batches_per_epoch must be a multiple of rollout x num_workers x "
+                f"num_envs_per_worker = {per_round}"
+            )
+    if cfg.num_sampler_nodes:
+        if cfg.serial_mode:
+            errors.append(f"--num_sampler_nodes={cfg.num_sampler_nodes}: needs parallel mode "
+                          "(without --serial_mode)")
+        if not cfg.async_rl:
+            errors.append(f"--num_sampler_nodes={cfg.num_sampler_nodes}: needs --async_rl True "
+                          "(the nodes sample while the learner trains)")
+    if not 0 <= cfg.node_port <= 65535:
+        errors.append(f"--node_port={cfg.node_port}: must be a TCP port, 0 to 65535")
+    if cfg.num_learners > 1:
+        if cfg.serial_mode:
+            errors.append(f"--num_learners={cfg.num_learners}: needs parallel mode "
+                          "(without --serial_mode)")
+        # Every learner takes the same number of whole units (single steps or trajectories).
+        unit = 1 if steps_minibatches else cfg.rollout
+        per_minibatch = cfg.batch_size // unit if cfg.rollout > 0 else 0
+        if per_minibatch % cfg.num_learners:
+            what = "steps" if unit == 1 else f"trajectories of --rollout={cfg.rollout}"
+            errors.append(f"--num_learners={cfg.num_learners}: a minibatch of "
+                          f"--batch_size={cfg.batch_size} holds {per_minibatch} {what}, which "
+                          f"must split evenly among the learners")
+        elif (steps_minibatches and cfg.rollout > 0
+              and cfg.trajectories_per_batch % cfg.num_learners):
+            # The learners share a batch by whole trajectories, then each cuts its share into
+            # minibatches of steps: unequal shares would take unequal SGD steps (a hang).
+            errors.append(f"--num_learners={cfg.num_learners}: a batch of --batch_size="
+                          f"{cfg.batch_size} x --num_batches_per_epoch="
+                          f"{cfg.num_batches_per_epoch} steps holds "
+                          f"{cfg.trajectories_per_batch} trajectories of --rollout="
+                          f"{cfg.rollout}, which must split evenly among the learners")
+    dev = cfg.device
+    if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+        errors.append(f"--device={dev}: must be auto, cpu, cuda or cuda:N")
+    if not cfg.experiment or os.sep in cfg.experiment or cfg.experiment in (".", ".."):
+        errors.append(f"--experiment={cfg.experiment!r}: must be a plain folder name")
+    return errors
+
