@@ -14,7 +14,8 @@ from fastrl.sampling.buffers import (
     BufferLayout,
     TrajectoryBuffers,
 )
-from fastrl.sampling.rollout import EnvBroken, EnvTimeout, RolloutWorker
+from fastrl.sampling.env_faults import EnvBroken, EnvTimeout
+from fastrl.sampling.rollout import RolloutWorker
 from fastrl.transport.messages import ActionsReady
 from tests.counting_env import CountingEnv
 
