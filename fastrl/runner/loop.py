@@ -66,6 +66,7 @@ class RunLoop:
                 stats.add_episode(ep.episode_return, ep.length, ep.truncated)
             stats.env_restarts += msg.env_restarts
             stats.steps_discarded += msg.steps_discarded
+            stats.add_env_faults(msg.faults)
             stats.add_busy("env", msg.busy_seconds)
         elif isinstance(msg, LearnerReport):
             stats.env_frames += msg.samples * stats.frameskip

@@ -19,9 +19,17 @@ import torch
 from gymnasium import spaces
 
 from fastrl.policy.actions import ActionSpec
-from fastrl.policy.obs import obs_to_dict, random_legal_action
+from fastrl.policy.obs import random_legal_action
 from fastrl.sampling.buffers import INVALID_VERSION, TrajectoryBuffers
-from fastrl.sampling.env_faults import CallTimer, EnvBroken
+from fastrl.sampling.env_faults import (
+    CallTimer,
+    EnvBroken,
+    EnvFault,
+    ObsCheck,
+    check_reward,
+    describe,
+    fault_kind,
+)
 from fastrl.transport.messages import (
     ActionsReady,
     EpisodeStats,
@@ -32,6 +40,11 @@ from fastrl.transport.messages import (
 # An env that fails this many times in a row while being recreated is beyond repair: the
 # worker stops with the cause (and the runner decides whether to restart the worker).
 ENV_RESTART_ATTEMPTS = 3
+# An env that faults this many times in a row without finishing one episode in between would
+# be recreated forever and train on nothing: the worker stops with the last fault. (An env
+# that faults in half of its episodes gets there once in 2,046 episodes on average, and the
+# runner then restarts the worker.)
+ENV_FAULTS_IN_A_ROW = 10
 
 
 @dataclass
@@ -43,7 +56,7 @@ class StepOutput:
     episodes: list[EpisodeStats] = field(default_factory=list)
     env_restarts: int = 0  # envs closed and recreated after a fault
     steps_discarded: int = 0  # steps of the partial episodes those faults cut short
-    faults: list[str] = field(default_factory=list)  # one line per env fault, for the log
+    faults: list[EnvFault] = field(default_factory=list)  # for the log and the counts
 
 
 @dataclass
@@ -75,11 +88,13 @@ class RolloutWorker:
         trajectories_per_round: sync mode (``async_rl=False``): each split pauses after
             this many trajectories per env until :meth:`resume` is called; ``None`` = async.
         seed: base seed; env ``e`` is reset with ``seed + e`` on its first reset.
-        env_factory: makes a replacement env. With it, an env that raises in ``step`` or
-            ``reset`` (or, with ``env_timeout``, runs too long) is closed and recreated: the
-            steps of its unfinished episode in the current trajectory are marked invalid
-            (the learner leaves them out), the episode is not reported, and the fault is
-            counted. Without it, the env's exception propagates.
+        env_factory: makes a replacement env. With it, an env that faults in ``step`` or
+            ``reset`` (raises, runs past ``env_timeout``, or returns bad output: see
+            ``fastrl.sampling.env_faults``) is closed and recreated: the steps of its
+            unfinished episode in the current trajectory are marked invalid (the learner
+            leaves them out), the episode is not reported, and the fault is counted by kind.
+            Without it, the fault propagates. An env that faults ``ENV_FAULTS_IN_A_ROW``
+            times without finishing an episode stops the worker (:class:`EnvBroken`).
         env_timeout: seconds one env call may take (0 = no limit). Enforced with SIGALRM,
             so only in the main thread, and only for envs that return to Python (a call
             stuck in C code is caught by the runner's heartbeat check instead).
@@ -132,6 +147,7 @@ class RolloutWorker:
         self._policy_rnn_np = rnn_state.numpy()
         self._final_obs_np = {k: v.numpy() for k, v in buffers.final_obs.items()}
         self._final_step_np = buffers.final_step.numpy()
+        self._check_obs = ObsCheck(self._obs_np)
         self._has_rnn = buffers.layout.rnn_size > 0
         first = worker_id * len(envs)
         per_split = len(envs) // num_splits
@@ -148,6 +164,7 @@ class RolloutWorker:
         # the step where each env's episode began in its current trajectory
         self._ep_start = np.zeros(len(envs), dtype=np.int64)
         self._versions_np = buffers.policy_versions.numpy()
+        self._faults_in_a_row = [0] * len(envs)  # since each env last finished an episode
 
     # -- public API ---------------------------------------------------------------------
 
@@ -236,9 +253,9 @@ class RolloutWorker:
         this step ended one or faulted)."""
         try:
             obs, reward, terminated, truncated, info = self._timer.call(self.envs[i].step, action)
+            obs, reward = self._check_obs(obs), check_reward(reward)
         except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
             return self._cut_episode(i, e, b, t, exc, out)
-        obs, reward = obs_to_dict(obs), float(reward)
         clip = self.reward_clip  # the training reward; the episode's return stays native
         self._rewards_np[b, t] = max(-clip, min(clip, reward * self.reward_scale))
         self._ep_return[i] += reward
@@ -274,6 +291,7 @@ class RolloutWorker:
         else:
             ret, length = float(self._ep_return[i]), int(self._ep_len[i])
         out.episodes.append(EpisodeStats(e, ret, length, time_limit))
+        self._faults_in_a_row[i] = 0
 
     def _keep_final_obs(self, b: int, t: int, obs: dict) -> None:
         """Slot ``b``'s episode hit a time limit at step ``t``: keep its last observation."""
@@ -322,7 +340,8 @@ class RolloutWorker:
                 obs, _, terminated, truncated, _ = self._timer.call(env.step, action)
                 if terminated or truncated:
                     obs = self._timer.call(env.reset)[0]
-            return obs_to_dict(obs)
+                    self._faults_in_a_row[i] = 0
+            return self._check_obs(obs)
         except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
             return self._replace_env(i, exc, out)
 
@@ -349,17 +368,15 @@ class RolloutWorker:
         return self._replace_env(i, fault, out)
 
     def _reset(self, i: int, seed: int | None = None) -> dict:
-        """Reset env ``i``; return its first observation."""
-        return obs_to_dict(self._timer.call(self.envs[i].reset, seed=seed)[0])
+        """Reset env ``i``; return its first observation, checked."""
+        return self._check_obs(self._timer.call(self.envs[i].reset, seed=seed)[0], "reset")
 
     def _replace_env(self, i: int, cause: Exception, out: StepOutput) -> dict:
         """Close env ``i`` after ``cause``, make a new one and reset it; return its first
         observation. Raises the fault itself without an env factory, and :class:`EnvBroken`
-        when the replacement keeps failing."""
-        if self.env_factory is None:
-            raise cause
+        when the env faults too often or its replacement keeps failing."""
         env_id = self.worker_id * len(self.envs) + i
-        out.faults.append(f"env {env_id}: {type(cause).__name__}: {cause}; recreating it")
+        self._count_fault(i, env_id, cause, out)
         for _ in range(ENV_RESTART_ATTEMPTS):
             try:
                 self.envs[i].close()
@@ -373,6 +390,17 @@ class RolloutWorker:
                 cause = exc
         raise EnvBroken(f"env {env_id} failed {ENV_RESTART_ATTEMPTS} times in a row while being "
                         f"recreated; last error: {type(cause).__name__}: {cause}") from cause
+
+    def _count_fault(self, i: int, env_id: int, cause: Exception, out: StepOutput) -> None:
+        """Env ``i`` faulted: record it, or raise (see :meth:`_replace_env`)."""
+        if self.env_factory is None:
+            raise cause
+        fault = EnvFault(env_id, fault_kind(cause), describe(cause), type(cause).__name__)
+        out.faults.append(fault)
+        self._faults_in_a_row[i] += 1
+        if self._faults_in_a_row[i] >= ENV_FAULTS_IN_A_ROW:
+            raise EnvBroken(f"env {env_id} faulted {ENV_FAULTS_IN_A_ROW} times in a row without "
+                            f"finishing an episode; the last fault: {fault.message}") from cause
 
     def _begin_trajectories(self, split_id: int, out: StepOutput) -> None:
         split = self.splits[split_id]
