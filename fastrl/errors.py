@@ -14,8 +14,8 @@ class EnvSettingsError(ValueError):
 class EnvOutputError(EnvSettingsError):
     """An env returned output that does not fit what it declared: ``kind`` says what (one of
     ``fastrl.transport.messages.ENV_FAULT_KINDS``). The rollout worker treats it as an env
-    fault. (A subclass of ``EnvSettingsError``, so that ``train.py`` reports it in one line
-    where it stops a run.)"""
+    fault; with ``--env_check strict`` it stops the run (a subclass of ``EnvSettingsError``, so
+    that ``train.py`` reports it in one line)."""
 
     def __init__(self, message: str, kind: str = "exception"):
         super().__init__(message)

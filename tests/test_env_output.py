@@ -135,6 +135,33 @@ def test_float64_for_a_float32_space_is_fine():
     assert run.faults == [] and run.env_restarts == 0
 
 
+def test_strict_mode_stops_at_the_first_bad_output_naming_the_env():
+    worker, envs, buffers, _ = misbehaving_worker("nan_obs", every=3, env_check="strict")
+    with pytest.raises(EnvOutputError, match=r"^env 0: step returned the observation 'obs' with "
+                       r"1 non-finite value\(s\).*--env_check strict") as info:
+        Run(worker, buffers, steps=5)
+    assert info.value.kind == "obs_nonfinite"
+    assert "\n" not in str(info.value)
+
+
+def test_strict_mode_checks_a_replacement_env_too():
+    # An exception stays a fault that recreates the env; the replacement's first observation
+    # is bad output.
+    envs = [MisbehavingCountingEnv(env_tag=0, crash_at=2, every=NEVER),
+            MisbehavingCountingEnv(env_tag=1, every=NEVER)]
+    worker, envs, buffers, _ = make_worker(
+        num_envs=2, splits=1, envs=envs, env_check="strict",
+        env_factory=lambda: MisbehavingCountingEnv(bad="wide_obs", every=1, on="reset"))
+    with pytest.raises(EnvOutputError, match="env 0: reset returned the observation 'obs' with "
+                       r"shape \(4,\), expected \(3,\)"):
+        Run(worker, buffers, steps=5)
+
+
+def test_an_env_check_that_does_not_exist_is_refused():
+    with pytest.raises(ValueError, match="env_check='loose'"):
+        misbehaving_worker("nan_reward", env_check="loose")
+
+
 def test_env_whose_every_episode_faults_stops_the_worker_with_the_cause():
     worker, envs, buffers, _ = misbehaving_worker(
         "none_reward", every=1,
@@ -197,14 +224,14 @@ def test_fault_log_names_each_kind_in_full_once_then_counts(capsys):
     assert capsys.readouterr().out == ""
 
 
-def test_the_runner_counts_faults_by_kind(capsys):
+def test_the_runner_counts_faults_by_kind_and_stops_on_a_strict_failure(capsys):
     from types import SimpleNamespace
 
     from fastrl.config.settings import Config
     from fastrl.experiment.reporter import print_final_summary
     from fastrl.experiment.stats import TrainingStats
     from fastrl.runner.loop import RunLoop
-    from fastrl.transport.messages import RolloutReport
+    from fastrl.transport.messages import EnvCheckFailed, RolloutReport
 
     stats = TrainingStats(Config(), frameskip=1)
     loop = SimpleNamespace(note=None, stats=stats, cfg=stats.cfg)
@@ -217,6 +244,8 @@ def test_the_runner_counts_faults_by_kind(capsys):
     print_final_summary(summary)
     assert "env faults      reward 3, obs_shape 1 (24 steps left out of training)" in \
         capsys.readouterr().out
+    with pytest.raises(EnvOutputError, match="^fastrl-rollout-1: env 5: step returned"):
+        RunLoop.handle(loop, EnvCheckFailed(1, "env 5: step returned the reward nan, ..."))
 
 
 SERIAL_ARGS = ["--device", "cpu", "--seed", "1", "--num_workers", "1", "--num_envs_per_worker",
@@ -254,3 +283,20 @@ def test_serial_mode_counts_bad_output_and_trains_on(tmp_path, capsys):
     assert saved["env_faults"] == faults
     assert {f"faults/env_{kind}" for kind in ENV_FAULT_KINDS} <= _tb_scalars(tmp_path / "x" / "tb")
 
+
+@pytest.mark.slow
+def test_serial_mode_strict_stops_with_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.test_parallel import REPO
+
+    proc = subprocess.run([sys.executable, "train.py", "--env", MISBEHAVING, "--serial_mode",
+                           "--train_dir", str(tmp_path), "--experiment", "x", *SERIAL_ARGS,
+                           "--train_for_env_steps", "3000", "--env_check", "strict"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1, proc.stderr
+    assert err[0].startswith("train.py: error: env ")
+    assert "step returned the reward nan, expected a finite int or float" in err[0]

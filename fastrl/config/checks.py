@@ -3,6 +3,7 @@ reported at once (Sample Factory's ``verify_cfg`` habit)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -28,6 +29,11 @@ def validate(cfg: Config) -> list[str]:
                  "vtrace_rho", "vtrace_c",
                  "reward_clip", "worker_timeout", "restart_window"):
         positive(name)
+    for f in dataclasses.fields(cfg):  # the command line checks these; config.json does not
+        choices = f.metadata.get("choices")
+        if choices is not None and getattr(cfg, f.name) not in choices:
+            errors.append(f"--{f.name}={getattr(cfg, f.name)!r}: must be one of "
+                          f"{', '.join(choices)}")
     for name in ("max_policy_lag", "eval_every_env_frames", "env_timeout", "max_worker_restarts",
                  "num_sampler_nodes"):
         if getattr(cfg, name) < 0:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from typing import NoReturn
 
 import torch
 
 from fastrl.algo.learner import Learner
 from fastrl.algo.learner_group import LearnerGroup
+from fastrl.errors import EnvOutputError
 from fastrl.experiment.checkpoint import checkpoint_state, restore_learner, save_checkpoint
 from fastrl.log import log
 from fastrl.runner.common import build_model
@@ -30,6 +32,7 @@ from fastrl.transport.messages import (
     ActionsReady,
     BuffersFreed,
     CheckpointSaved,
+    EnvCheckFailed,
     Fence,
     Fenced,
     InferenceRequest,
@@ -122,13 +125,29 @@ class RolloutStation:
             reward_scale(cfg), cfg.reward_clip, trajectories_per_round=per_round, seed=seed,
             env_factory=lambda: create_env(cfg), env_timeout=cfg.env_timeout,
             decorrelate=cfg.decorrelate_envs_on_one_worker, generation=self.generation,
-            epoch=int(w.policy_epoch.value), action_bounds=cfg.action_bounds)
+            epoch=int(w.policy_epoch.value), action_bounds=cfg.action_bounds,
+            env_check=cfg.env_check)
         self.envs = self.worker.envs  # the worker replaces faulty envs in this very list
-        self._route(self.worker.start())
+        try:
+            self._route(self.worker.start())
+        except EnvOutputError as exc:
+            self._stop_run(exc)
 
     def poll(self, timeout: float) -> int:
         """Handle what waits in the inbox (waiting up to ``timeout`` s for something);
         return how many messages there were."""
+        try:
+            return self._poll(timeout)
+        except EnvOutputError as exc:
+            self._stop_run(exc)
+
+    def _stop_run(self, exc: EnvOutputError) -> NoReturn:
+        """``--env_check strict`` and bad env output: tell the runner to stop the run (rather
+        than restart this worker), then fail."""
+        self.wiring.runner_queue.put(EnvCheckFailed(self.worker_id, str(exc)))
+        raise exc
+
+    def _poll(self, timeout: float) -> int:
         worker = self.worker
         msgs = self.inbox.get_many(timeout)
         start = time.perf_counter()

@@ -25,6 +25,7 @@ from fastrl.sampling.env_faults import (
     CallTimer,
     EnvBroken,
     EnvFault,
+    EnvOutputError,
     ObsCheck,
     check_reward,
     describe,
@@ -45,6 +46,7 @@ ENV_RESTART_ATTEMPTS = 3
 # that faults in half of its episodes gets there once in 2,046 episodes on average, and the
 # runner then restarts the worker.)
 ENV_FAULTS_IN_A_ROW = 10
+ENV_CHECKS = ("warn", "strict")  # --env_check
 
 
 @dataclass
@@ -104,6 +106,8 @@ class RolloutWorker:
             envs with fixed-length episodes do not end and reset in lock-step.
         action_bounds: how continuous actions are bounded for the env
             (``fastrl.policy.actions.ActionSpec``).
+        env_check: ``"warn"``: bad env output is a fault like any other; ``"strict"``: it
+            raises :class:`~fastrl.errors.EnvOutputError` at once, naming the env.
 
     A time limit (``truncated`` without ``terminated``) ends the episode for the learner like
     a termination (``dones``), but the episode's last observation is kept in the slot's
@@ -119,9 +123,11 @@ class RolloutWorker:
                  trajectories_per_round: int | None = None, seed: int | None = None,
                  env_factory: Callable[[], gym.Env] | None = None, env_timeout: float = 0.0,
                  generation: int = 0, epoch: int = 0, decorrelate: bool = False,
-                 action_bounds: str = "clip"):
+                 action_bounds: str = "clip", env_check: str = "warn"):
         if len(envs) % num_splits:
             raise ValueError(f"{len(envs)} envs cannot be split into {num_splits} equal groups")
+        if env_check not in ENV_CHECKS:
+            raise ValueError(f"env_check={env_check!r}: must be one of {ENV_CHECKS}")
         self.worker_id = worker_id
         self.envs = envs
         self.buffers = buffers
@@ -137,6 +143,7 @@ class RolloutWorker:
         self.truncations_not_bootstrapped = 0
         self.free: deque[int] = deque(free_buffers)
         self._timer = CallTimer(env_timeout)
+        self.strict = env_check == "strict"
         # numpy views share memory with the (possibly shared) tensors; numpy's small
         # indexed writes cost far less than torch's per-call overhead on this hot path.
         self._obs_np = {k: v.numpy() for k, v in buffers.obs.items()}
@@ -373,8 +380,9 @@ class RolloutWorker:
 
     def _replace_env(self, i: int, cause: Exception, out: StepOutput) -> dict:
         """Close env ``i`` after ``cause``, make a new one and reset it; return its first
-        observation. Raises the fault itself without an env factory, and :class:`EnvBroken`
-        when the env faults too often or its replacement keeps failing."""
+        observation. Raises the fault itself without an env factory, bad output at once with
+        ``env_check="strict"``, and :class:`EnvBroken` when the env faults too often or its
+        replacement keeps failing."""
         env_id = self.worker_id * len(self.envs) + i
         self._count_fault(i, env_id, cause, out)
         for _ in range(ENV_RESTART_ATTEMPTS):
@@ -387,12 +395,14 @@ class RolloutWorker:
                 self.envs[i] = self.env_factory()
                 return self._reset(i)
             except Exception as exc:  # noqa: BLE001
+                self._stop_if_strict(env_id, exc)
                 cause = exc
         raise EnvBroken(f"env {env_id} failed {ENV_RESTART_ATTEMPTS} times in a row while being "
                         f"recreated; last error: {type(cause).__name__}: {cause}") from cause
 
     def _count_fault(self, i: int, env_id: int, cause: Exception, out: StepOutput) -> None:
         """Env ``i`` faulted: record it, or raise (see :meth:`_replace_env`)."""
+        self._stop_if_strict(env_id, cause)
         if self.env_factory is None:
             raise cause
         fault = EnvFault(env_id, fault_kind(cause), describe(cause), type(cause).__name__)
@@ -401,6 +411,12 @@ class RolloutWorker:
         if self._faults_in_a_row[i] >= ENV_FAULTS_IN_A_ROW:
             raise EnvBroken(f"env {env_id} faulted {ENV_FAULTS_IN_A_ROW} times in a row without "
                             f"finishing an episode; the last fault: {fault.message}") from cause
+
+    def _stop_if_strict(self, env_id: int, cause: Exception) -> None:
+        if self.strict and isinstance(cause, EnvOutputError):
+            raise EnvOutputError(f"env {env_id}: {cause} (--env_check strict stops at the first "
+                                 "bad output; --env_check warn recreates the env and goes on)",
+                                 cause.kind) from cause
 
     def _begin_trajectories(self, split_id: int, out: StepOutput) -> None:
         split = self.splits[split_id]

@@ -163,6 +163,14 @@ class RolloutReport(NamedTuple):
     busy_seconds: float = 0.0  # time spent stepping envs and routing their output
 
 
+class EnvCheckFailed(NamedTuple):
+    """Rollout worker -> runner, with ``--env_check strict``: an env's output was bad
+    (``error`` names the env, the key, what was expected and what came). The run stops."""
+
+    worker_id: int
+    error: str
+
+
 class LearnerReport(NamedTuple):
     """Learner -> runner."""
 
