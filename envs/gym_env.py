@@ -11,6 +11,7 @@ from gymnasium.wrappers import DtypeObservation, RecordEpisodeStatistics
 
 from fastrl.policy.actions import ActionSpec
 from fastrl.policy.obs import ACTION_MASK_KEY, obs_to_dict
+from fastrl.sampling.env_faults import check_reward
 
 
 def _has_wrapper(env: gym.Env, wrapper_type: type) -> bool:
@@ -19,6 +20,22 @@ def _has_wrapper(env: gym.Env, wrapper_type: type) -> bool:
             return True
         env = env.env
     return False
+
+
+class RewardCheck(gym.Wrapper, gym.utils.RecordConstructorArgs):
+    """Raises fastrl's ``EnvOutputError`` (a fault of kind ``reward``, naming the value) when
+    the env's reward is not a finite real number, before ``RecordEpisodeStatistics`` adds it
+    up: that would fail on ``None`` with a ``TypeError`` that names no reward, and sum a NaN
+    into the episode's return. The rollout worker checks the reward again; this is for
+    the wrappers above."""
+
+    def __init__(self, env: gym.Env):
+        gym.utils.RecordConstructorArgs.__init__(self)
+        gym.Wrapper.__init__(self, env)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, check_reward(reward), terminated, truncated, info
 
 
 class InfoActionMask(gym.Wrapper, gym.utils.RecordConstructorArgs):
@@ -87,7 +104,8 @@ def make_gym_env(
       accepted (`env.metadata["frameskip"]` is 1);
     - `max_episode_steps` / `render_mode`: passed to `gymnasium.make` (None keeps the
       id's own time limit / no rendering);
-    - wraps in `RecordEpisodeStatistics` (unless already there) for `info["episode"]`;
+    - wraps in `RecordEpisodeStatistics` (unless already there) for `info["episode"]`,
+      over a :class:`RewardCheck`;
     - casts a floating-point `Box` observation that is not float32 to float32;
     - `action_mask_from_info`: wraps in :class:`InfoActionMask`.
     """
@@ -110,6 +128,7 @@ def make_gym_env(
         extra = "mujoco" if "mujoco" in str(exc).lower() else None
         hint = f" (pip install 'fastrl[{extra}]')" if extra else ""
         raise MissingExtraError(f"env {env_id!r}: {exc}{hint}") from exc
+    env = RewardCheck(env)
     space = env.observation_space
     if (
         isinstance(space, spaces.Box)

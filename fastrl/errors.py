@@ -11,6 +11,17 @@ class EnvSettingsError(ValueError):
     """The settings do not fit the env's spaces (a user error, reported in one line)."""
 
 
+class EnvOutputError(EnvSettingsError):
+    """An env returned output that does not fit what it declared: ``kind`` says what (one of
+    ``fastrl.transport.messages.ENV_FAULT_KINDS``). The rollout worker treats it as an env
+    fault; with ``--env_check strict`` it stops the run (a subclass of ``EnvSettingsError``, so
+    that ``train.py`` reports it in one line)."""
+
+    def __init__(self, message: str, kind: str = "exception"):
+        super().__init__(message)
+        self.kind = kind
+
+
 class StartMethodError(ValueError):
     """``FASTRL_START_METHOD`` names no start method fastrl supports (reported in one line)."""
 

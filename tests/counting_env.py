@@ -72,6 +72,75 @@ class CountingEnv(gym.Env):
         return self._obs(), 1.0, ended and not self.truncate, ended and self.truncate, {}
 
 
+class MisbehavingCountingEnv(CountingEnv):
+    """A CountingEnv whose output goes wrong at its ``every``-th step (counted per instance),
+    or with ``on="reset"`` at its ``every``-th reset (the first reset counts as the first).
+
+    ``bad`` names what goes wrong (one of ``BAD``), or is a tuple of names that the instances
+    of this process take in turn. ``"f64_obs"`` is the odd one out: float64 values for the
+    float32 space, which must pass. ``int_obs``: the observation space is int32.
+    """
+
+    BAD = ("nan_reward", "inf_reward", "none_reward", "text_reward", "nan_obs", "wide_obs",
+           "float_obs", "text_obs", "dict_obs", "f64_obs")
+    spoiled = 0  # bad outputs made in this process, for taking turns
+
+    def __init__(self, bad: str | tuple[str, ...] = "nan_reward", every: int = 10,
+                 on: str = "step", int_obs: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.bad = (bad,) if isinstance(bad, str) else tuple(bad)
+        assert set(self.bad) <= set(self.BAD) and on in ("step", "reset"), (bad, on)
+        self.every = every
+        self.on = on
+        self.int_obs = int_obs
+        if int_obs:
+            self.observation_space = spaces.Box(-2**31, 2**31 - 1, (3,), np.int32)
+        self.calls = 0  # steps or resets (``on``) so far
+
+    def _obs(self) -> np.ndarray:
+        obs = super()._obs()
+        return obs.astype(np.int32) if self.int_obs else obs
+
+    def _due(self, call: str) -> bool:
+        if self.on != call:
+            return False
+        self.calls += 1
+        return self.calls % self.every == 0
+
+    def _spoil(self, obs, reward):
+        what = self.bad[MisbehavingCountingEnv.spoiled % len(self.bad)]
+        MisbehavingCountingEnv.spoiled += 1
+        if what.endswith("_reward"):
+            reward = {"nan_reward": float("nan"), "inf_reward": np.float32("inf"),
+                      "none_reward": None, "text_reward": "1.0"}[what]
+        elif what == "nan_obs":
+            obs = obs.copy()
+            obs[1] = np.nan
+        elif what == "wide_obs":
+            obs = np.append(obs, obs[:1])
+        elif what == "float_obs":
+            obs = obs.astype(np.float64) + 0.5
+        elif what == "text_obs":
+            obs = obs.astype(str)
+        elif what == "dict_obs":
+            obs = {"observation": obs}
+        else:
+            obs = obs.astype(np.float64)
+        return obs, reward
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        if self._due("reset"):
+            obs, _ = self._spoil(obs, 0.0)
+        return obs, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        if self._due("step"):
+            obs, reward = self._spoil(obs, reward)
+        return obs, reward, terminated, truncated, info
+
+
 # Registered with gymnasium so that spawned worker processes can build it from its id
 # ("tests.counting_env:CountingEnv-v0" imports this module first).
 gym.register("CountingEnv-v0", entry_point=CountingEnv)
@@ -82,3 +151,8 @@ gym.register("HangingCountingEnv-v0", entry_point=CountingEnv, kwargs={"hang_at"
 # Crashes, and every replacement fails: the rollout worker itself goes down.
 gym.register("BrokenCountingEnv-v0", entry_point=CountingEnv,
              kwargs={"crash_at": 40, "fail_after_instances": 4})
+# Every 40th step of an env is bad output of a kind that changes each time; a replacement
+# env finishes five episodes before its first.
+gym.register("MisbehavingCountingEnv-v0", entry_point=MisbehavingCountingEnv,
+             kwargs={"bad": ("nan_reward", "none_reward", "nan_obs", "wide_obs", "text_obs",
+                             "inf_reward"), "every": 40})

@@ -49,6 +49,16 @@ def test_every_bad_value_is_reported_at_once():
         assert needle in text
 
 
+def test_a_choice_from_config_json_is_checked_like_a_flag(tmp_path):
+    exp = tmp_path / "x"
+    exp.mkdir()
+    (exp / "config.json").write_text(json.dumps({"env_check": "loose", "rnn_type": "rnn"}))
+    with pytest.raises(ConfigError) as info:
+        parse_config(["--train_dir", str(tmp_path), "--experiment", "x"])
+    assert "--env_check='loose': must be one of warn, strict" in info.value.errors
+    assert "--rnn_type='rnn': must be one of gru, lstm" in info.value.errors
+
+
 def test_sync_mode_needs_whole_rounds():
     with pytest.raises(ConfigError, match="async_rl=False"):
         parse_config(["--async_rl=False", "--num_workers", "3", "--num_envs_per_worker", "2",
@@ -90,6 +100,8 @@ def test_incompatible_saved_config_is_one_clear_error(tmp_path):
     (["--rollout", "abc"], "--rollout"),
     (["--no_such_flag", "1"], "unrecognized arguments: --no_such_flag"),
     (["--gamma", "7"], "--gamma=7.0"),
+    (["--env_check", "loose"], "--env_check: invalid choice: 'loose' (choose from 'warn', "
+                               "'strict')"),
 ])
 @pytest.mark.slow
 def test_cli_bad_flag_is_one_line_and_nonzero(argv, needle, tmp_path):

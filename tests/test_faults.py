@@ -36,6 +36,7 @@ pytestmark = pytest.mark.multiprocess
 CRASHING = "tests.counting_env:CrashingCountingEnv-v0"
 HANGING = "tests.counting_env:HangingCountingEnv-v0"
 BROKEN = "tests.counting_env:BrokenCountingEnv-v0"
+MISBEHAVING = "tests.counting_env:MisbehavingCountingEnv-v0"
 
 
 def pid_of(title: str, root: int) -> int | None:
@@ -151,6 +152,28 @@ def test_env_that_hangs_is_timed_out_and_recreated(tmp_path):
     summary = summary_of(tmp_path)
     assert summary["env_restarts"] > 0 and summary["worker_restarts"] == 0
     assert "EnvTimeout" in proc.stdout
+
+
+def test_env_that_returns_bad_output_is_recreated_and_training_goes_on(tmp_path):
+    """NaN, inf and None rewards, NaN observations, observations of the wrong shape and of
+    text: each a counted fault, and the weights stay finite."""
+    from fastrl.experiment.checkpoint import load_latest_checkpoint
+
+    proc = run_train(base_args(tmp_path, MISBEHAVING, "--train_for_env_steps", "6000"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = summary_of(tmp_path)
+    faults = summary["env_faults"]
+    assert {kind for kind, n in faults.items() if n} == {"reward", "obs_nonfinite", "obs_shape",
+                                                          "obs_dtype"}, faults
+    assert summary["env_restarts"] == sum(faults.values())
+    assert summary["steps_discarded"] > 0 and summary["worker_restarts"] == 0
+    assert "step returned the reward nan, expected a finite int or float; recreating it" in \
+        proc.stdout
+    assert "env faults      " in proc.stdout
+    state, _ = load_latest_checkpoint(str(tmp_path / "x"))
+    weights = state["learner"]["model"]
+    assert weights and all(torch.isfinite(w).all() for w in weights.values()
+                           if w.is_floating_point())
 
 
 # --- worker faults --------------------------------------------------------------------------

@@ -14,7 +14,8 @@ from fastrl.sampling.buffers import (
     BufferLayout,
     TrajectoryBuffers,
 )
-from fastrl.sampling.rollout import EnvBroken, EnvTimeout, RolloutWorker
+from fastrl.sampling.env_faults import EnvBroken, EnvTimeout
+from fastrl.sampling.rollout import RolloutWorker
 from fastrl.transport.messages import ActionsReady
 from tests.counting_env import CountingEnv
 
@@ -222,7 +223,8 @@ def test_hung_env_times_out_and_is_recreated():
         restarts += step.env_restarts
         faults += step.faults
         req = (step.requests or worker.add_free_buffers(step.trajectories[0].buffers).requests)[0]
-    assert restarts == 1 and EnvTimeout.__name__ in faults[0]
+    assert restarts == 1 and EnvTimeout.__name__ in str(faults[0])
+    assert faults[0].kind == "timeout"
     assert worker.envs[0].env_tag == 2
 
 

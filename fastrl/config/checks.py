@@ -8,6 +8,7 @@ the run runs (sampler nodes, several learners, the device) and the experiment's 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -37,6 +38,11 @@ def _values(cfg: Config) -> list[str]:
               if getattr(cfg, name) is None or getattr(cfg, name) <= 0]
     errors += [f"--{name}={getattr(cfg, name)}: must be >= 0" for name in NON_NEGATIVE
                if getattr(cfg, name) < 0]
+    for f in dataclasses.fields(cfg):  # the command line checks these; config.json does not
+        choices = f.metadata.get("choices")
+        if choices is not None and getattr(cfg, f.name) not in choices:
+            errors.append(f"--{f.name}={getattr(cfg, f.name)!r}: must be one of "
+                          f"{', '.join(choices)}")
     for name in ("gae_lambda", "gamma"):
         if not 0.0 <= getattr(cfg, name) <= 1.0:
             errors.append(f"--{name}={getattr(cfg, name)}: must be in [0, 1]")

@@ -97,6 +97,13 @@ class Config:
                                   "restart)", "faults")
     restart_window: float = _f(300.0, "Seconds over which --max_worker_restarts is counted",
                                "faults")
+    env_check: str = _f("warn", "What bad env output does (a reward that is not a finite "
+                        "number; an observation of the wrong shape or dtype for its space, or "
+                        "with NaN or inf): warn = a counted env fault like an exception (the "
+                        "episode is left out, the env recreated, the first of each kind "
+                        "logged); strict = stop the run at the first, naming env, key, what was "
+                        "expected and what came (for writing a new env)", "faults",
+                        choices=("warn", "strict"))
 
     # --- environment ------------------------------------------------------------------
     env_frameskip: int | None = _f(None, "Frames per agent step inside the simulator (none: the "

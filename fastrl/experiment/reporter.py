@@ -54,6 +54,8 @@ class Reporter:
             w.add_scalar("episode/mean_return", s.mean_return(), step)
         w.add_scalar("perf/fps", fps, step)
         w.add_scalar("faults/env_restarts", s.env_restarts, step)
+        for kind, n in s.env_faults.items():
+            w.add_scalar(f"faults/env_{kind}", n, step)
         w.add_scalar("faults/worker_restarts", s.worker_restarts, step)
         w.add_scalar("faults/trajectories_discarded", s.trajectories_discarded, step)
         for i, node in enumerate(s.nodes):
@@ -126,6 +128,10 @@ def print_final_summary(summary: dict) -> None:
         lines.append(f"  faults          {summary['env_restarts']} env restarts, "
                      f"{summary['worker_restarts']} worker restarts, "
                      f"{summary['trajectories_discarded']} trajectories discarded")
+    faults = {kind: n for kind, n in summary.get("env_faults", {}).items() if n}
+    if faults:
+        lines.append("  env faults      " + ", ".join(f"{kind} {n}" for kind, n in faults.items())
+                     + f" ({summary['steps_discarded']:,} steps left out of training)")
     for node in summary.get("sampler_nodes", []):
         lines.append(f"  sampler node {node['node']}  {node['trajectories']:,} trajectories, "
                      f"lag max {node['lag_max']}, {node['losses']} connection(s) lost, "

@@ -17,6 +17,7 @@ from fastrl.experiment.bottleneck import (
     busy_fractions,
     diagnose,
 )
+from fastrl.transport.messages import ENV_FAULT_KINDS
 
 
 class _Trailing:
@@ -81,8 +82,9 @@ class TrainingStats:
         self.lag_batches = 0
         self._fps_window = _Trailing()
         # Faults survived in this run (see docs/reliability.md).
-        self.env_restarts = 0  # envs closed and recreated after raising or hanging
+        self.env_restarts = 0  # envs closed and recreated after a fault
         self.steps_discarded = 0  # steps of episodes those env faults cut short
+        self.env_faults = dict.fromkeys(ENV_FAULT_KINDS, 0)  # by kind: raised, hung, bad output
         self.worker_restarts = 0  # rollout/policy worker processes restarted
         self.trajectories_discarded = 0  # complete trajectories of dead workers left untrained
         self._episodes_since_summary: list[tuple[float, int]] = []
@@ -163,6 +165,10 @@ class TrainingStats:
         self.lengths.append(length)
         self._episodes_since_summary.append((episode_return, length))
 
+    def add_env_faults(self, faults: dict[str, int]) -> None:
+        for kind, n in faults.items():
+            self.env_faults[kind] = self.env_faults.get(kind, 0) + n
+
     def add_learner_stats(self, stats: dict[str, float], learner_steps: int) -> None:
         self.learner = stats
         self.learner_steps = learner_steps
@@ -203,6 +209,7 @@ class TrainingStats:
             "learner_steps": self.learner_steps,
             "env_restarts": self.env_restarts,
             "steps_discarded": self.steps_discarded,
+            "env_faults": dict(self.env_faults),
             "worker_restarts": self.worker_restarts,
             "trajectories_discarded": self.trajectories_discarded,
             "measured": self.measured(),

@@ -1,6 +1,7 @@
 """The runner's side of a run, the same in serial and parallel mode: keep the statistics
 from the stations' reports, print progress, evaluate, ask the learner for checkpoints, and
-stop on the frame or time budget or on Ctrl-C.
+stop on the frame or time budget, on Ctrl-C, or (``--env_check strict``) on an env's bad
+output.
 
 Each mode gives it one callable, ``turn``, called on every loop iteration: serial mode
 polls its three stations there; parallel mode checks on its child processes.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from fastrl.errors import EnvOutputError
 from fastrl.experiment.evaluation import PeriodicEvaluator, write_eval_summaries
 from fastrl.experiment.reporter import Reporter
 from fastrl.experiment.stats import TrainingStats
@@ -18,6 +20,7 @@ from fastrl.log import log
 from fastrl.runner.wiring import Wiring
 from fastrl.transport.messages import (
     CheckpointSaved,
+    EnvCheckFailed,
     Fenced,
     LearnerReport,
     NodeLost,
@@ -69,6 +72,7 @@ class RunLoop:
                 stats.add_episode(ep.episode_return, ep.length, ep.truncated)
             stats.env_restarts += msg.env_restarts
             stats.steps_discarded += msg.steps_discarded
+            stats.add_env_faults(msg.faults)
             stats.add_busy("env", msg.busy_seconds)
         elif isinstance(msg, LearnerReport):
             stats.env_frames += msg.samples * stats.frameskip
@@ -97,6 +101,8 @@ class RunLoop:
             log(f"sampler node {msg.node} lost (connection {msg.generation}: {msg.cause}); "
                 f"{node.trajectories_dropped} of its trajectories dropped so far; training "
                 "goes on with the other nodes")
+        elif isinstance(msg, EnvCheckFailed):
+            raise EnvOutputError(f"fastrl-rollout-{msg.worker_id}: {msg.error}")
         elif isinstance(msg, CheckpointSaved) and msg.path:
             log(f"saved {msg.path}")
 

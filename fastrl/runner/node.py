@@ -48,6 +48,7 @@ from fastrl.runner.wiring import Wiring, build_wiring
 from fastrl.sampling.env_setup import probe_env
 from fastrl.transport.messages import (
     ChildFailed,
+    EnvCheckFailed,
     Fence,
     Fenced,
     PolicyReport,
@@ -96,7 +97,7 @@ class Gateway:
 
     def forward(self, msg) -> None:
         """A report for the learner node's statistics."""
-        if isinstance(msg, RolloutReport):
+        if isinstance(msg, RolloutReport | EnvCheckFailed):
             self.outbox.append(msg)
         elif isinstance(msg, PolicyReport):
             self.outbox.append(node_policy_report(msg, self.node,

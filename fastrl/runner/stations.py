@@ -10,16 +10,20 @@ mode polls the same three stations in turn in one process (``fastrl/runner/seria
 from __future__ import annotations
 
 import time
+from collections import Counter
+from typing import NoReturn
 
 import torch
 
 from fastrl.algo.learner import Learner
 from fastrl.algo.learner_group import LearnerGroup
+from fastrl.errors import EnvOutputError
 from fastrl.experiment.checkpoint import checkpoint_state, restore_learner, save_checkpoint
 from fastrl.log import log
 from fastrl.runner.common import build_model
 from fastrl.runner.slots import PendingSlots
 from fastrl.runner.wiring import Wiring
+from fastrl.sampling.env_faults import EnvFault
 from fastrl.sampling.env_setup import EnvInfo, create_env, reward_scale
 from fastrl.sampling.inference import PolicyWorker
 from fastrl.sampling.rollout import RolloutWorker, StepOutput
@@ -28,6 +32,7 @@ from fastrl.transport.messages import (
     ActionsReady,
     BuffersFreed,
     CheckpointSaved,
+    EnvCheckFailed,
     Fence,
     Fenced,
     InferenceRequest,
@@ -42,9 +47,43 @@ from fastrl.transport.messages import (
     TrajectoriesReady,
 )
 
-# An env that fails all the time must not flood the log: the first faults of a worker are
-# logged, then every hundredth.
-FAULTS_LOGGED_IN_FULL = 10
+# An env that fails all the time must not flood the log: a worker logs the first fault of
+# each kind in full, the later ones as counts, at most one line this often (seconds).
+FAULT_COUNTS_EVERY = 30.0
+
+
+class FaultLog:
+    """The log lines of one worker's env faults: the first of each kind (of an exception: of
+    each exception type) in full, naming the env and what went wrong; the others as counts by
+    kind, at most one line every ``every`` seconds."""
+
+    def __init__(self, name: str, every: float = FAULT_COUNTS_EVERY):
+        self.name = name
+        self.every = every
+        self.total = 0
+        self._seen: set[tuple[str, str]] = set()
+        self._unlogged: Counter[str] = Counter()
+        self._last = time.monotonic()
+
+    def add(self, fault: EnvFault) -> None:
+        self.total += 1
+        if (fault.kind, fault.cause) in self._seen:
+            self._unlogged[fault.kind] += 1
+            return
+        self._seen.add((fault.kind, fault.cause))
+        log(f"{self.name}: {fault}; recreating it (the first {fault.kind} fault of this worker; "
+            "later ones are counted)")
+
+    def flush(self, force: bool = False) -> None:
+        """Log the counts not logged yet, if ``every`` seconds have passed (or ``force``)."""
+        now = time.monotonic()
+        if not self._unlogged or (not force and now - self._last < self.every):
+            return
+        counts = ", ".join(f"{kind} {n}" for kind, n in sorted(self._unlogged.items()))
+        log(f"{self.name}: {sum(self._unlogged.values())} more env faults ({counts}), each env "
+            f"recreated; {self.total} in all from this worker")
+        self._unlogged.clear()
+        self._last = now
 
 
 class RolloutStation:
@@ -60,9 +99,9 @@ class RolloutStation:
         self.inbox = wiring.worker_queues[worker_id]
         self.envs: list = []
         self.worker: RolloutWorker | None = None
-        self._report = RolloutReport([], 0, 0)
+        self._report = RolloutReport([], 0, 0, {})
         self._last_report = time.monotonic()
-        self._faults = 0
+        self.fault_log = FaultLog(self.name)
 
     def start(self, envs: list | None = None) -> None:
         """Create the envs (unless given) and the worker; send the first requests."""
@@ -86,13 +125,29 @@ class RolloutStation:
             reward_scale(cfg), cfg.reward_clip, trajectories_per_round=per_round, seed=seed,
             env_factory=lambda: create_env(cfg), env_timeout=cfg.env_timeout,
             decorrelate=cfg.decorrelate_envs_on_one_worker, generation=self.generation,
-            epoch=int(w.policy_epoch.value), action_bounds=cfg.action_bounds)
+            epoch=int(w.policy_epoch.value), action_bounds=cfg.action_bounds,
+            env_check=cfg.env_check)
         self.envs = self.worker.envs  # the worker replaces faulty envs in this very list
-        self._route(self.worker.start())
+        try:
+            self._route(self.worker.start())
+        except EnvOutputError as exc:
+            self._stop_run(exc)
 
     def poll(self, timeout: float) -> int:
         """Handle what waits in the inbox (waiting up to ``timeout`` s for something);
         return how many messages there were."""
+        try:
+            return self._poll(timeout)
+        except EnvOutputError as exc:
+            self._stop_run(exc)
+
+    def _stop_run(self, exc: EnvOutputError) -> NoReturn:
+        """``--env_check strict`` and bad env output: tell the runner to stop the run (rather
+        than restart this worker), then fail."""
+        self.wiring.runner_queue.put(EnvCheckFailed(self.worker_id, str(exc)))
+        raise exc
+
+    def _poll(self, timeout: float) -> int:
         worker = self.worker
         msgs = self.inbox.get_many(timeout)
         start = time.perf_counter()
@@ -114,11 +169,12 @@ class RolloutStation:
         if msgs:
             report = self._report = report._replace(
                 busy_seconds=report.busy_seconds + time.perf_counter() - start)
-        if ((report.episodes or report.env_restarts or report.busy_seconds)
+        if ((report.episodes or report.env_restarts or report.faults or report.busy_seconds)
                 and time.monotonic() - self._last_report >= self.report_every):
             self.wiring.runner_queue.put(report)
-            self._report = RolloutReport([], 0, 0)
+            self._report = RolloutReport([], 0, 0, {})
             self._last_report = time.monotonic()
+        self.fault_log.flush()
         return len(msgs)
 
     def close(self) -> None:
@@ -129,21 +185,19 @@ class RolloutStation:
                 pass
 
     def _route(self, out: StepOutput) -> None:
-        for line in out.faults:
-            self._faults += 1
-            n = self._faults
-            if n <= FAULTS_LOGGED_IN_FULL or n % 100 == 0:
-                tail = "" if n <= FAULTS_LOGGED_IN_FULL else f" (env fault {n} of this worker)"
-                log(f"{self.name}: {line}{tail}")
         if out.requests:
             self.wiring.policy_queue.put_many(out.requests)
         if out.trajectories:
             self.wiring.learner_queue.put_many(out.trajectories)
-        if out.episodes or out.env_restarts:
+        if out.episodes or out.env_restarts or out.faults:
             r = self._report
+            faults = dict(r.faults)
+            for fault in out.faults:
+                self.fault_log.add(fault)
+                faults[fault.kind] = faults.get(fault.kind, 0) + 1
             self._report = RolloutReport(r.episodes + out.episodes,
                                          r.env_restarts + out.env_restarts,
-                                         r.steps_discarded + out.steps_discarded,
+                                         r.steps_discarded + out.steps_discarded, faults,
                                          r.busy_seconds)
 
 

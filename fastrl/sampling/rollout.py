@@ -9,8 +9,6 @@ routes them. This keeps the logic testable in-process.
 
 from __future__ import annotations
 
-import signal
-import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,8 +19,18 @@ import torch
 from gymnasium import spaces
 
 from fastrl.policy.actions import ActionSpec
-from fastrl.policy.obs import obs_to_dict, random_legal_action
+from fastrl.policy.obs import random_legal_action
 from fastrl.sampling.buffers import INVALID_VERSION, TrajectoryBuffers
+from fastrl.sampling.env_faults import (
+    CallTimer,
+    EnvBroken,
+    EnvFault,
+    EnvOutputError,
+    ObsCheck,
+    check_reward,
+    describe,
+    fault_kind,
+)
 from fastrl.transport.messages import (
     ActionsReady,
     EpisodeStats,
@@ -33,14 +41,12 @@ from fastrl.transport.messages import (
 # An env that fails this many times in a row while being recreated is beyond repair: the
 # worker stops with the cause (and the runner decides whether to restart the worker).
 ENV_RESTART_ATTEMPTS = 3
-
-
-class EnvTimeout(Exception):
-    """An env call ran past ``env_timeout`` seconds."""
-
-
-class EnvBroken(RuntimeError):
-    """An env kept failing while it was being recreated."""
+# An env that faults this many times in a row without finishing one episode in between would
+# be recreated forever and train on nothing: the worker stops with the last fault. (An env
+# that faults in half of its episodes gets there once in 2,046 episodes on average, and the
+# runner then restarts the worker.)
+ENV_FAULTS_IN_A_ROW = 10
+ENV_CHECKS = ("warn", "strict")  # --env_check
 
 
 @dataclass
@@ -52,7 +58,7 @@ class StepOutput:
     episodes: list[EpisodeStats] = field(default_factory=list)
     env_restarts: int = 0  # envs closed and recreated after a fault
     steps_discarded: int = 0  # steps of the partial episodes those faults cut short
-    faults: list[str] = field(default_factory=list)  # one line per env fault, for the log
+    faults: list[EnvFault] = field(default_factory=list)  # for the log and the counts
 
 
 @dataclass
@@ -84,11 +90,13 @@ class RolloutWorker:
         trajectories_per_round: sync mode (``async_rl=False``): each split pauses after
             this many trajectories per env until :meth:`resume` is called; ``None`` = async.
         seed: base seed; env ``e`` is reset with ``seed + e`` on its first reset.
-        env_factory: makes a replacement env. With it, an env that raises in ``step`` or
-            ``reset`` (or, with ``env_timeout``, runs too long) is closed and recreated: the
-            steps of its unfinished episode in the current trajectory are marked invalid
-            (the learner leaves them out), the episode is not reported, and the fault is
-            counted. Without it, the env's exception propagates.
+        env_factory: makes a replacement env. With it, an env that faults in ``step`` or
+            ``reset`` (raises, runs past ``env_timeout``, or returns bad output: see
+            ``fastrl.sampling.env_faults``) is closed and recreated: the steps of its
+            unfinished episode in the current trajectory are marked invalid (the learner
+            leaves them out), the episode is not reported, and the fault is counted by kind.
+            Without it, the fault propagates. An env that faults ``ENV_FAULTS_IN_A_ROW``
+            times without finishing an episode stops the worker (:class:`EnvBroken`).
         env_timeout: seconds one env call may take (0 = no limit). Enforced with SIGALRM,
             so only in the main thread, and only for envs that return to Python (a call
             stuck in C code is caught by the runner's heartbeat check instead).
@@ -98,6 +106,8 @@ class RolloutWorker:
             envs with fixed-length episodes do not end and reset in lock-step.
         action_bounds: how continuous actions are bounded for the env
             (``fastrl.policy.actions.ActionSpec``).
+        env_check: ``"warn"``: bad env output is a fault like any other; ``"strict"``: it
+            raises :class:`~fastrl.errors.EnvOutputError` at once, naming the env.
 
     A time limit (``truncated`` without ``terminated``) ends the episode for the learner like
     a termination (``dones``), but the episode's last observation is kept in the slot's
@@ -113,9 +123,11 @@ class RolloutWorker:
                  trajectories_per_round: int | None = None, seed: int | None = None,
                  env_factory: Callable[[], gym.Env] | None = None, env_timeout: float = 0.0,
                  generation: int = 0, epoch: int = 0, decorrelate: bool = False,
-                 action_bounds: str = "clip"):
+                 action_bounds: str = "clip", env_check: str = "warn"):
         if len(envs) % num_splits:
             raise ValueError(f"{len(envs)} envs cannot be split into {num_splits} equal groups")
+        if env_check not in ENV_CHECKS:
+            raise ValueError(f"env_check={env_check!r}: must be one of {ENV_CHECKS}")
         self.worker_id = worker_id
         self.envs = envs
         self.buffers = buffers
@@ -130,7 +142,8 @@ class RolloutWorker:
         self.decorrelate = decorrelate
         self.truncations_not_bootstrapped = 0
         self.free: deque[int] = deque(free_buffers)
-        self._timer = _CallTimer(env_timeout)
+        self._timer = CallTimer(env_timeout)
+        self.strict = env_check == "strict"
         # numpy views share memory with the (possibly shared) tensors; numpy's small
         # indexed writes cost far less than torch's per-call overhead on this hot path.
         self._obs_np = {k: v.numpy() for k, v in buffers.obs.items()}
@@ -141,6 +154,7 @@ class RolloutWorker:
         self._policy_rnn_np = rnn_state.numpy()
         self._final_obs_np = {k: v.numpy() for k, v in buffers.final_obs.items()}
         self._final_step_np = buffers.final_step.numpy()
+        self._check_obs = ObsCheck(self._obs_np)
         self._has_rnn = buffers.layout.rnn_size > 0
         first = worker_id * len(envs)
         per_split = len(envs) // num_splits
@@ -151,13 +165,13 @@ class RolloutWorker:
         ]
         action_space = envs[0].action_space
         self._to_env = ActionSpec(action_space, action_bounds).to_env
-        # The common case without a call: a Discrete action is its index.
         self._discrete = isinstance(action_space, spaces.Discrete) and action_space.start == 0
         self._ep_return = np.zeros(len(envs), dtype=np.float64)
         self._ep_len = np.zeros(len(envs), dtype=np.int64)
         # the step where each env's episode began in its current trajectory
         self._ep_start = np.zeros(len(envs), dtype=np.int64)
         self._versions_np = buffers.policy_versions.numpy()
+        self._faults_in_a_row = [0] * len(envs)  # since each env last finished an episode
 
     # -- public API ---------------------------------------------------------------------
 
@@ -171,7 +185,7 @@ class RolloutWorker:
                 obs = self._new_episode(i, e, 0, out, seed=seed)
                 if self.decorrelate:
                     obs = self._random_steps(i, e * self.rollout, obs, seed, out)
-                first_obs.append(obs_to_dict(obs))
+                first_obs.append(obs)
             split.pending_obs = first_obs
             self._begin_trajectories(s, out)
         return out
@@ -203,63 +217,16 @@ class RolloutWorker:
         t = split.t
         bufs = split.buffers
         actions = self._actions_np[bufs, t]  # one indexed read: [n, D]
-        next_obs = []
-        for j, (i, e) in enumerate(zip(split.local, split.env_ids)):
-            action = int(actions[j, 0]) if self._discrete else self._to_env(actions[j])
-            b = bufs[j]
-            try:
-                step = self.envs[i].step
-                obs, reward, terminated, truncated, info = self._timer.call(step, action)
-            except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
-                # The episode is cut short: its steps in this trajectory are left out of
-                # training, and the next step starts a new episode in a new env.
-                start = int(self._ep_start[i])
-                self._versions_np[b, start:t + 1] = INVALID_VERSION
-                self._rewards_np[b, t] = 0.0
-                self._dones_np[b, t] = True
-                out.steps_discarded += t + 1 - start
-                next_obs.append(obs_to_dict(self._new_episode(i, e, t + 1, out, fault=exc)))
-                continue
-            done = terminated or truncated
-            r = float(reward)
-            clip = self.reward_clip
-            self._rewards_np[b, t] = max(-clip, min(clip, r * self.reward_scale))
-            self._dones_np[b, t] = done
-            self._ep_return[i] += r
-            self._ep_len[i] += 1
-            if done:
-                time_limit = bool(truncated and not terminated)
-                if time_limit:
-                    self._keep_final_obs(b, t, obs_to_dict(obs))
-                episode = info.get("episode")
-                if episode is not None:
-                    ret, length = float(episode["r"]), int(episode["l"])
-                else:
-                    ret, length = float(self._ep_return[i]), int(self._ep_len[i])
-                out.episodes.append(EpisodeStats(e, ret, length, time_limit))
-                obs = self._new_episode(i, e, t + 1, out)
-            next_obs.append(obs_to_dict(obs))
+        # The common case in one call: a Discrete action is its index.
+        actions = actions[:, 0].tolist() if self._discrete else map(self._to_env, actions)
+        next_obs = [self._step(i, e, b, t, action, out)
+                    for i, e, b, action in zip(split.local, split.env_ids, bufs, actions)]
         split.t = t + 1
         if split.t < self.rollout:
-            for key, arr in self._obs_np.items():
-                for j, b in enumerate(bufs):
-                    arr[b, split.t] = next_obs[j][key]
+            self._write_obs(bufs, split.t, next_obs)
             out.requests.append(self._request(split_id))
-            return out
-        # Trajectories complete: the observation after the last step is the bootstrap
-        # observation of these slots and the first observation of the next ones.
-        for key, arr in self._obs_np.items():
-            for j, b in enumerate(bufs):
-                arr[b, self.rollout] = next_obs[j][key]
-        out.trajectories.append(TrajectoriesReady(self.worker_id, tuple(bufs), self.generation))
-        split.buffers = []
-        split.pending_obs = next_obs
-        split.trajectories_this_round += 1
-        per_round = self.trajectories_per_round
-        if per_round is not None and split.trajectories_this_round >= per_round:
-            split.paused = True
-            return out
-        self._begin_trajectories(split_id, out)
+        else:
+            self._complete_trajectories(split_id, next_obs, out)
         return out
 
     def add_free_buffers(self, indices) -> StepOutput:
@@ -287,6 +254,52 @@ class RolloutWorker:
 
     # -- internals ----------------------------------------------------------------------
 
+    def _step(self, i: int, e: int, b: int, t: int, action, out: StepOutput) -> dict:
+        """Env ``i`` (global id ``e``, filling slot ``b``) takes step ``t`` with ``action``;
+        record it and return the observation that comes next (a new episode's first when
+        this step ended one or faulted)."""
+        try:
+            obs, reward, terminated, truncated, info = self._timer.call(self.envs[i].step, action)
+            obs, reward = self._check_obs(obs), check_reward(reward)
+        except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
+            return self._cut_episode(i, e, b, t, exc, out)
+        clip = self.reward_clip  # the training reward; the episode's return stays native
+        self._rewards_np[b, t] = max(-clip, min(clip, reward * self.reward_scale))
+        self._ep_return[i] += reward
+        self._ep_len[i] += 1
+        done = terminated or truncated
+        self._dones_np[b, t] = done
+        if not done:
+            return obs
+        self._end_episode(i, e, b, t, obs, bool(truncated and not terminated), info, out)
+        return self._new_episode(i, e, t + 1, out)
+
+    def _cut_episode(self, i: int, e: int, b: int, t: int, fault: Exception,
+                     out: StepOutput) -> dict:
+        """Env ``i`` faulted at step ``t``: its episode is cut short, its steps in this
+        trajectory are left out of training, and the next step begins a new episode in a new
+        env; return that env's first observation."""
+        start = int(self._ep_start[i])
+        self._versions_np[b, start:t + 1] = INVALID_VERSION
+        self._rewards_np[b, t] = 0.0
+        self._dones_np[b, t] = True
+        out.steps_discarded += t + 1 - start
+        return self._new_episode(i, e, t + 1, out, fault=fault)
+
+    def _end_episode(self, i: int, e: int, b: int, t: int, obs: dict, time_limit: bool,
+                     info: dict, out: StepOutput) -> None:
+        """Env ``i``'s episode ended at step ``t`` (``time_limit``: truncated, not
+        terminated): report it."""
+        if time_limit:
+            self._keep_final_obs(b, t, obs)
+        episode = info.get("episode")
+        if episode is not None:
+            ret, length = float(episode["r"]), int(episode["l"])
+        else:
+            ret, length = float(self._ep_return[i]), int(self._ep_len[i])
+        out.episodes.append(EpisodeStats(e, ret, length, time_limit))
+        self._faults_in_a_row[i] = 0
+
     def _keep_final_obs(self, b: int, t: int, obs: dict) -> None:
         """Slot ``b``'s episode hit a time limit at step ``t``: keep its last observation."""
         if self._final_step_np[b] >= 0:
@@ -296,7 +309,32 @@ class RolloutWorker:
             arr[b] = obs[key]
         self._final_step_np[b] = t
 
-    def _random_steps(self, i: int, steps: int, obs, seed: int | None, out: StepOutput):
+    def _complete_trajectories(self, split_id: int, next_obs: list[dict],
+                               out: StepOutput) -> None:
+        """The split's slots are full: the observation after the last step is their bootstrap
+        observation and the first of the next ones; hand them to the learner and begin the
+        next (unless the sync-mode round is over)."""
+        split = self.splits[split_id]
+        self._write_obs(split.buffers, self.rollout, next_obs)
+        out.trajectories.append(TrajectoriesReady(self.worker_id, tuple(split.buffers),
+                                                  self.generation))
+        split.buffers = []
+        split.pending_obs = next_obs
+        split.trajectories_this_round += 1
+        per_round = self.trajectories_per_round
+        if per_round is not None and split.trajectories_this_round >= per_round:
+            split.paused = True
+            return
+        self._begin_trajectories(split_id, out)
+
+    def _write_obs(self, bufs: list[int], t: int, obs: list[dict]) -> None:
+        """Observation ``obs[j]`` (checked) into slot ``bufs[j]`` at step ``t``."""
+        for key, arr in self._obs_np.items():
+            for j, b in enumerate(bufs):
+                arr[b, t] = obs[j][key]
+
+    def _random_steps(self, i: int, steps: int, obs: dict, seed: int | None,
+                      out: StepOutput) -> dict:
         """Env ``i`` takes ``steps`` random actions (resetting when an episode ends); return
         the observation it is left at. Nothing is recorded or reported; an env fault ends
         the random steps with a new env, as in training."""
@@ -309,9 +347,10 @@ class RolloutWorker:
                 obs, _, terminated, truncated, _ = self._timer.call(env.step, action)
                 if terminated or truncated:
                     obs = self._timer.call(env.reset)[0]
+                    self._faults_in_a_row[i] = 0
+            return self._check_obs(obs)
         except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
             return self._replace_env(i, exc, out)
-        return obs
 
     def _request(self, split_id: int) -> InferenceRequest:
         split = self.splits[split_id]
@@ -320,7 +359,7 @@ class RolloutWorker:
                                 tuple(split.buffers), self.generation, self.epoch)
 
     def _new_episode(self, i: int, e: int, first_step: int, out: StepOutput,
-                     seed: int | None = None, fault: Exception | None = None):
+                     seed: int | None = None, fault: Exception | None = None) -> dict:
         """Env ``i`` (global id ``e``) begins an episode at step ``first_step`` of its current
         trajectory: reset it (or, after ``fault``, replace it); return its first observation.
         A reset that fails replaces the env too (a finished episode stays valid)."""
@@ -330,19 +369,22 @@ class RolloutWorker:
         self._policy_rnn_np[e] = 0.0
         if fault is None:
             try:
-                return self._timer.call(self.envs[i].reset, seed=seed)[0]
+                return self._reset(i, seed)
             except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
                 fault = exc
         return self._replace_env(i, fault, out)
 
-    def _replace_env(self, i: int, cause: Exception, out: StepOutput):
+    def _reset(self, i: int, seed: int | None = None) -> dict:
+        """Reset env ``i``; return its first observation, checked."""
+        return self._check_obs(self._timer.call(self.envs[i].reset, seed=seed)[0], "reset")
+
+    def _replace_env(self, i: int, cause: Exception, out: StepOutput) -> dict:
         """Close env ``i`` after ``cause``, make a new one and reset it; return its first
-        observation. Raises the fault itself without an env factory, and :class:`EnvBroken`
-        when the replacement keeps failing."""
-        if self.env_factory is None:
-            raise cause
+        observation. Raises the fault itself without an env factory, bad output at once with
+        ``env_check="strict"``, and :class:`EnvBroken` when the env faults too often or its
+        replacement keeps failing."""
         env_id = self.worker_id * len(self.envs) + i
-        out.faults.append(f"env {env_id}: {type(cause).__name__}: {cause}; recreating it")
+        self._count_fault(i, env_id, cause, out)
         for _ in range(ENV_RESTART_ATTEMPTS):
             try:
                 self.envs[i].close()
@@ -351,11 +393,30 @@ class RolloutWorker:
             out.env_restarts += 1
             try:
                 self.envs[i] = self.env_factory()
-                return self._timer.call(self.envs[i].reset)[0]
+                return self._reset(i)
             except Exception as exc:  # noqa: BLE001
+                self._stop_if_strict(env_id, exc)
                 cause = exc
         raise EnvBroken(f"env {env_id} failed {ENV_RESTART_ATTEMPTS} times in a row while being "
                         f"recreated; last error: {type(cause).__name__}: {cause}") from cause
+
+    def _count_fault(self, i: int, env_id: int, cause: Exception, out: StepOutput) -> None:
+        """Env ``i`` faulted: record it, or raise (see :meth:`_replace_env`)."""
+        self._stop_if_strict(env_id, cause)
+        if self.env_factory is None:
+            raise cause
+        fault = EnvFault(env_id, fault_kind(cause), describe(cause), type(cause).__name__)
+        out.faults.append(fault)
+        self._faults_in_a_row[i] += 1
+        if self._faults_in_a_row[i] >= ENV_FAULTS_IN_A_ROW:
+            raise EnvBroken(f"env {env_id} faulted {ENV_FAULTS_IN_A_ROW} times in a row without "
+                            f"finishing an episode; the last fault: {fault.message}") from cause
+
+    def _stop_if_strict(self, env_id: int, cause: Exception) -> None:
+        if self.strict and isinstance(cause, EnvOutputError):
+            raise EnvOutputError(f"env {env_id}: {cause} (--env_check strict stops at the first "
+                                 "bad output; --env_check warn recreates the env and goes on)",
+                                 cause.kind) from cause
 
     def _begin_trajectories(self, split_id: int, out: StepOutput) -> None:
         split = self.splits[split_id]
@@ -368,38 +429,8 @@ class RolloutWorker:
         split.t = 0
         self._ep_start[split.local] = 0
         self._final_step_np[split.buffers] = -1
-        for key, arr in self._obs_np.items():
-            for j, b in enumerate(split.buffers):
-                arr[b, 0] = split.pending_obs[j][key]
+        self._write_obs(split.buffers, 0, split.pending_obs)
         if self._has_rnn:
             self._rnn_np[split.buffers] = self._policy_rnn_np[split.env_ids]
         split.pending_obs = None
         out.requests.append(self._request(split_id))
-
-
-class _CallTimer:
-    """Runs a call with a SIGALRM deadline of ``seconds`` (0: no deadline, or not in the
-    main thread, where signals cannot be used)."""
-
-    def __init__(self, seconds: float):
-        in_main = threading.current_thread() is threading.main_thread()
-        self.seconds = seconds if seconds > 0 and in_main else 0.0
-        self._armed = False
-        if self.seconds:
-            signal.signal(signal.SIGALRM, self._on_alarm)
-
-    def _on_alarm(self, signum, frame) -> None:
-        if self._armed:  # a late alarm after the call returned is ignored
-            self._armed = False
-            raise EnvTimeout(f"env call took longer than {self.seconds:g} s")
-
-    def call(self, fn, *args, **kwargs):
-        if not self.seconds:
-            return fn(*args, **kwargs)
-        self._armed = True
-        signal.setitimer(signal.ITIMER_REAL, self.seconds)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            self._armed = False
-            signal.setitimer(signal.ITIMER_REAL, 0)

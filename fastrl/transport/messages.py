@@ -148,6 +148,14 @@ class CheckpointSaved(NamedTuple):
 # --- reports (to the runner, which keeps the statistics) ------------------------------------
 
 
+# What went wrong in an env fault (``RolloutReport.faults``): it raised, it ran past
+# --env_timeout, or its output did not fit what the worker writes it into (a reward that is
+# not a finite real number; an observation key missing, of the wrong shape or dtype, or a
+# float observation with NaN or inf).
+ENV_FAULT_KINDS = ("exception", "timeout", "reward", "obs_missing", "obs_shape", "obs_dtype",
+                   "obs_nonfinite")
+
+
 class RolloutReport(NamedTuple):
     """Rollout worker -> runner: episodes finished, env faults and busy time since the last
     report."""
@@ -155,7 +163,16 @@ class RolloutReport(NamedTuple):
     episodes: list[EpisodeStats]
     env_restarts: int
     steps_discarded: int
+    faults: dict[str, int]  # env faults by kind (ENV_FAULT_KINDS); a kind without any is absent
     busy_seconds: float = 0.0  # time spent stepping envs and routing their output
+
+
+class EnvCheckFailed(NamedTuple):
+    """Rollout worker -> runner, with ``--env_check strict``: an env's output was bad
+    (``error`` names the env, the key, what was expected and what came). The run stops."""
+
+    worker_id: int
+    error: str
 
 
 class LearnerReport(NamedTuple):
