@@ -236,7 +236,10 @@ class RolloutWorker:
                     ret, length = float(episode["r"]), int(episode["l"])
                 else:
                     ret, length = float(self._ep_return[i]), int(self._ep_len[i])
-                out.episodes.append(EpisodeStats(e, ret, length, time_limit))
+                metrics = info.get("episode_metrics")
+                out.episodes.append(EpisodeStats(e, ret, length, time_limit,
+                                                 dict(metrics) if isinstance(metrics, dict)
+                                                 else None))
                 obs = self._new_episode(i, e, t + 1, out)
             next_obs.append(obs_to_dict(obs))
         split.t = t + 1
