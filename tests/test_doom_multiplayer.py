@@ -23,6 +23,7 @@ import vizdoom as vzd  # noqa: E402
 from envs.doom import DoomEnv  # noqa: E402
 from envs.doom_multiplayer import DoomBotsEnv, free_udp_port, placing  # noqa: E402
 from envs.doom_scenarios import DEATHMATCH_HEADS, SCENARIOS  # noqa: E402
+from fastrl.config.load import parse_config  # noqa: E402
 from fastrl.env_registry import _entry, make_env  # noqa: E402
 from fastrl.transport.procs import SHM_DIR  # noqa: E402
 from tests.test_doom_envs import _vizdoom_children  # noqa: E402
@@ -60,13 +61,18 @@ def test_free_udp_port_can_be_bound():
         s.bind(("", port))
 
 
-def test_bots_scenarios_in_the_table_and_the_registry():
+def test_bots_scenarios_in_the_table_and_the_registry(tmp_path):
     for name in BOTS_SCENARIOS:
         s = SCENARIOS[name]
         assert s.bots >= 1 and s.heads == DEATHMATCH_HEADS
         pressed = {b for head in s.heads for c in head.choices for b, _ in c.buttons}
         assert set(s.buttons) == pressed
         assert _entry(name)[0].target == "envs.doom_multiplayer:DoomBotsEnv"
+        where = ["--env", name, "--experiment", "x", "--train_dir", str(tmp_path)]
+        cfg = parse_config(where)
+        assert cfg.env_reward_shaping is True and cfg.reward_scale == 1.0  # recommended
+        off = parse_config([*where, "--env_reward_shaping", "False"])
+        assert off.env_reward_shaping is False
     assert SCENARIOS["doom_duel_bots"].bots == 1
     assert SCENARIOS["doom_deathmatch_bots"].bots == 7
 
