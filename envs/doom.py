@@ -43,6 +43,7 @@ class DoomEnv(gym.Env):
     """
 
     metadata: dict[str, Any] = {"render_modes": list(RENDER_MODES), "render_fps": 35}
+    _multiplayer = False  # envs.doom_multiplayer.DoomBotsEnv hosts the scenarios with bots
 
     def __init__(
         self,
@@ -60,6 +61,11 @@ class DoomEnv(gym.Env):
             if scenario not in SCENARIOS:
                 raise ValueError(f"unknown doom scenario {scenario!r}; known: {sorted(SCENARIOS)}")
             scenario = SCENARIOS[scenario]
+        if scenario.bots is not None and not self._multiplayer:
+            raise ValueError(
+                f"{scenario.name} is a multiplayer scenario: make it with fastrl.make_env "
+                "or envs.doom_multiplayer.DoomBotsEnv"
+            )
         self.scenario = scenario
         frameskip = DEFAULT_FRAMESKIP if frameskip is None else frameskip
         if isinstance(frameskip, bool) or not isinstance(frameskip, int) or frameskip < 1:
@@ -85,7 +91,7 @@ class DoomEnv(gym.Env):
         self.metadata = {**DoomEnv.metadata, "render_fps": 35 / frameskip, "frameskip": frameskip}
         self._resize = ImageResizer(SCREEN_SHAPE, (OBS_HEIGHT, OBS_WIDTH), interpolation)
 
-        game, cfg_timeout = start_game(scenario, window_visible=render_mode == "human")
+        game, cfg_timeout = self._start_engine(window_visible=render_mode == "human")
         self._game = game
         # From here on the engine runs: close it if the rest of the setup fails.
         try:
@@ -178,6 +184,31 @@ class DoomEnv(gym.Env):
         game = self._game
         return [game.get_game_variable(v) for v in self._shaping_vars]
 
+    def _shaping_reward(self) -> float:
+        """The shaping terms of the step just taken (see `Shaping`)."""
+        values = self._read_shaping_vars()
+        reward = 0.0
+        for s, before, after in zip(self._shaping, self._shaping_prev, values, strict=True):
+            delta = after - before
+            reward += s.gain * delta if delta > 0 else s.loss * delta
+        self._shaping_prev = values
+        return reward
+
+    # -- what a multiplayer env changes (envs.doom_multiplayer) ---------------------------
+
+    def _start_engine(self, *, window_visible: bool) -> tuple[vzd.DoomGame, int]:
+        return start_game(self.scenario, window_visible=window_visible)
+
+    def _act(self, buttons: list[float]) -> float:
+        """Play `buttons` for `frameskip` tics; the native reward of those tics."""
+        return self._game.make_action(buttons, self.frameskip)
+
+    def _after_step(self) -> None:
+        """Between the step's rewards and its observation, unless the episode is over."""
+
+    def _episode_end(self, info: dict[str, Any]) -> None:
+        """Add what the env reports about the episode that ended at this step to `info`."""
+
     def _check_open(self) -> vzd.DoomGame:
         if self._game is None:
             raise RuntimeError(f"{self.scenario.name}: the env is closed")
@@ -210,14 +241,17 @@ class DoomEnv(gym.Env):
         if game is None or self._needs_reset:
             self._check_open()
             raise RuntimeError(f"{self.scenario.name}: call reset() before step()")
-        reward = game.make_action(self._buttons(action), self.frameskip)
+        reward = self._act(self._buttons(action))
         self._steps += 1
         self._return += reward
         terminated = game.is_episode_finished()
+        if self._shaping:
+            reward += self._shaping_reward()
         if terminated:
             # No state after the last tic: repeat the previous observation.
             obs = self._copy_obs(self._last_obs)
         else:
+            self._after_step()
             obs = self._observe(game.get_state())
         self._last_obs = obs
         truncated = (
@@ -225,15 +259,10 @@ class DoomEnv(gym.Env):
             and self.max_episode_steps is not None
             and self._steps >= self.max_episode_steps
         )
-        if self._shaping:
-            values = self._read_shaping_vars()
-            for s, before, after in zip(self._shaping, self._shaping_prev, values, strict=True):
-                delta = after - before
-                reward += s.gain * delta if delta > 0 else s.loss * delta
-            self._shaping_prev = values
         info: dict[str, Any] = {}
         if terminated or truncated:
             info["episode"] = {"r": self._return, "l": self._steps}
+            self._episode_end(info)
             self._needs_reset = True
         return obs, float(reward), terminated, truncated, info
 

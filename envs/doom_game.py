@@ -8,7 +8,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import vizdoom as vzd
 
@@ -30,13 +30,16 @@ def start_game(
     window_visible: bool = False,
     disable_timeout: bool = True,
     attempts: int = INIT_ATTEMPTS,
+    game_args: Callable[[], str] | None = None,
 ) -> tuple[vzd.DoomGame, int]:
     """Create and `init()` a DoomGame for `scenario` at fastrl's screen settings.
 
     Starting many engines at once occasionally fails, so `init()` is retried up to
     `attempts` times on a fresh DoomGame with a short randomized backoff. Returns the game
-    and the cfg's own episode timeout in tics (0 = none); with `disable_timeout` the
-    engine's timeout is switched off (DoomEnv counts agent steps instead).
+    and the episode timeout in tics (the scenario's, else the cfg's; 0 = none); with
+    `disable_timeout` the engine's timeout is switched off (DoomEnv counts agent steps
+    instead). `game_args`, when given, is called before each attempt and its result added
+    to the engine's arguments (a multiplayer host takes a fresh port each time).
     """
     path = scenario_config_path(scenario)
     if not os.path.isfile(path):
@@ -53,6 +56,16 @@ def start_game(
         game.set_mode(vzd.Mode.PLAYER)
         if scenario.god_mode:
             game.add_game_args("+sv_cheats 1")
+        if scenario.buttons is not None:
+            game.set_available_buttons([getattr(vzd.Button, b) for b in scenario.buttons])
+        if scenario.game_variables is not None:
+            game.set_available_game_variables(
+                [getattr(vzd.GameVariable, v) for v in scenario.game_variables]
+            )
+        if scenario.episode_timeout is not None:
+            game.set_episode_timeout(scenario.episode_timeout)
+        if game_args is not None:
+            game.add_game_args(game_args())
         cfg_timeout = game.get_episode_timeout()
         if disable_timeout:
             game.set_episode_timeout(0)

@@ -227,6 +227,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.env not in SCENARIOS:
             p.error(f"--bare needs a doom scenario name ({', '.join(SCENARIOS)}) or an "
                     f"ALE/<Game>-v5 id, got {args.env!r}")
+        if SCENARIOS[args.env].bots is not None:
+            p.error(f"--bare hosts no match and adds no bots: measure {args.env} without --bare")
 
     cores = sorted(os.sched_getaffinity(0))
     ctx = mp.get_context("spawn")

@@ -52,6 +52,11 @@ class Reporter:
             w.add_scalar("episode/length", length, step)
         if s.returns:
             w.add_scalar("episode/mean_return", s.mean_return(), step)
+        for metrics in s.take_new_metrics():
+            for name, value in metrics.items():
+                w.add_scalar(f"episode_metrics/{name}", value, step)
+        for name, mean in s.mean_metrics().items():
+            w.add_scalar(f"episode_metrics/mean_{name}", mean, step)
         w.add_scalar("perf/fps", fps, step)
         w.add_scalar("faults/env_restarts", s.env_restarts, step)
         for kind, n in s.env_faults.items():
@@ -124,6 +129,10 @@ def print_final_summary(summary: dict) -> None:
     if lag:
         lines.append(f"  policy lag      min {lag['min']:.0f}, mean {lag['mean']:.2f}, "
                      f"max {lag['max']:.0f}")
+    if summary.get("episode_metrics"):
+        lines.append("  episode metrics " + ", ".join(
+            f"{name} {mean:.2f}" for name, mean in summary["episode_metrics"].items())
+            + " (recent means)")
     if summary.get("env_restarts") or summary.get("worker_restarts"):
         lines.append(f"  faults          {summary['env_restarts']} env restarts, "
                      f"{summary['worker_restarts']} worker restarts, "

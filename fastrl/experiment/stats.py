@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections import deque
 from typing import Any
@@ -88,6 +89,10 @@ class TrainingStats:
         self.worker_restarts = 0  # rollout/policy worker processes restarted
         self.trajectories_discarded = 0  # complete trajectories of dead workers left untrained
         self._episodes_since_summary: list[tuple[float, int]] = []
+        # The envs' own episode figures (info["episode_metrics"]): recent values by name, and
+        # those not yet written to TensorBoard.
+        self.metrics: dict[str, deque[float]] = {}
+        self._metrics_since_summary: list[dict[str, float]] = []
         # The measured window of the perf scripts: (time, env_frames) at its start and end,
         # and per pipeline stage (samples, busy seconds) within it.
         self._warmup: tuple[float, int] | None = None
@@ -157,13 +162,25 @@ class TrainingStats:
         return diagnose(fractions, self.cfg, available_cores(),
                         resolved_device_type(self.cfg.device))
 
-    def add_episode(self, episode_return: float, length: int, truncated: bool = False) -> None:
-        """A finished episode; ``truncated``: a time limit ended it, not the env."""
+    def add_episode(self, episode_return: float, length: int, truncated: bool = False,
+                    metrics: dict[str, float] | None = None) -> None:
+        """A finished episode; ``truncated``: a time limit ended it, not the env; ``metrics``:
+        the env's figures about it by name (values that are not finite numbers are left out)."""
         self.episodes += 1
         self.episodes_truncated += truncated
         self.returns.append(episode_return)
         self.lengths.append(length)
         self._episodes_since_summary.append((episode_return, length))
+        if metrics:
+            kept = {str(k): float(v) for k, v in metrics.items()
+                    if isinstance(v, numbers.Real) and math.isfinite(v)}
+            for name, value in kept.items():
+                self.metrics.setdefault(name, deque(maxlen=self.cfg.stats_avg)).append(value)
+            self._metrics_since_summary.append(kept)
+
+    def mean_metrics(self) -> dict[str, float]:
+        """Each episode metric's mean over the recent episodes that reported it."""
+        return {name: float(np.mean(values)) for name, values in sorted(self.metrics.items())}
 
     def add_env_faults(self, faults: dict[str, int]) -> None:
         for kind, n in faults.items():
@@ -205,6 +222,7 @@ class TrainingStats:
             "mean_episode_return": self.mean_return(),
             "mean_episode_length": float(np.mean(self.lengths)) if self.lengths else None,
             "episodes_averaged": len(self.returns),
+            **({"episode_metrics": self.mean_metrics()} if self.metrics else {}),
             "policy_lag": lag,
             "learner_steps": self.learner_steps,
             "env_restarts": self.env_restarts,
@@ -228,3 +246,7 @@ class TrainingStats:
     def take_new_episodes(self) -> list[tuple[float, int]]:
         eps, self._episodes_since_summary = self._episodes_since_summary, []
         return eps
+
+    def take_new_metrics(self) -> list[dict[str, float]]:
+        new, self._metrics_since_summary = self._metrics_since_summary, []
+        return new

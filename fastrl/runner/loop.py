@@ -69,7 +69,7 @@ class RunLoop:
         stats = self.stats
         if isinstance(msg, RolloutReport):
             for ep in msg.episodes:
-                stats.add_episode(ep.episode_return, ep.length, ep.truncated)
+                stats.add_episode(ep.episode_return, ep.length, ep.truncated, ep.metrics)
             stats.env_restarts += msg.env_restarts
             stats.steps_discarded += msg.steps_discarded
             stats.add_env_faults(msg.faults)

@@ -297,7 +297,9 @@ class RolloutWorker:
             ret, length = float(episode["r"]), int(episode["l"])
         else:
             ret, length = float(self._ep_return[i]), int(self._ep_len[i])
-        out.episodes.append(EpisodeStats(e, ret, length, time_limit))
+        metrics = info.get("episode_metrics")  # the env's own numbers for the episode
+        out.episodes.append(EpisodeStats(e, ret, length, time_limit,
+                                         dict(metrics) if isinstance(metrics, dict) else None))
         self._faults_in_a_row[i] = 0
 
     def _keep_final_obs(self, b: int, t: int, obs: dict) -> None:

@@ -66,13 +66,15 @@ class Resume(NamedTuple):
 
 
 class EpisodeStats(NamedTuple):
-    """One finished episode: the env's native return, its length in agent steps, and whether
-    a time limit cut it (``truncated``) rather than the env ending it."""
+    """One finished episode: the env's native return, its length in agent steps, whether
+    a time limit cut it (``truncated``) rather than the env ending it, and the env's own
+    figures about it (``info["episode_metrics"]``: frags, deaths... by name), if any."""
 
     env_id: int
     episode_return: float
     length: int
     truncated: bool
+    metrics: dict[str, float] | None = None
 
 
 # --- supervision -----------------------------------------------------------------------------
