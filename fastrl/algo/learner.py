@@ -160,7 +160,7 @@ class Learner:
         vs, advantages = return_targets_and_advantages(
             log_ratio, values[:, :t], values[:, t], rewards, dones, valid, self.params, value_norm)
         if normalizer is not None:
-            normalizer.update(vs[valid], self._reduce)
+            normalizer.update(vs, self._reduce, valid)
             mean, std = normalizer.mean_std()
             targets = (vs - mean) / std
         else:
@@ -208,7 +208,7 @@ class Learner:
             exploration=exploration, behaviour_values=mb.get("values"), value_normalizer=value_norm,
             return_targets=True, reduce=self._reduce)
         if normalizer is not None:
-            normalizer.update(targets[valid], self._reduce)
+            normalizer.update(targets, self._reduce, valid)
         return self._apply(loss, stats)
 
     def _exploration(self, dist: ActionDistribution, b: int, t: int) -> torch.Tensor | None:
