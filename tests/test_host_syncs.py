@@ -16,12 +16,27 @@ tensor. The refactors that made it so must not change a number: equality checks 
 from __future__ import annotations
 
 import contextlib
+import copy
 import traceback
 from pathlib import Path
 
+import numpy as np
+import pytest
 import torch
+from gymnasium import spaces
 
+from fastrl.algo.learner import Learner, _add_time_limit_bootstrap
+from fastrl.config.settings import Config
+from fastrl.policy.model import ActorCritic
 from fastrl.policy.normalize import ReturnNormalizer, merge_moments, merge_summed_moments
+from fastrl.policy.recurrent import find_cuts, make_rnn, rnn_step, rnn_unroll, state_size
+from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
+from fastrl.sampling.staging import Staging
+from tests.test_ppo_batch import _batch
+
+VEC = spaces.Box(-1.0, 1.0, (5,))
+BOX = spaces.Box(-1.0, 1.0, (3,))
+DISCRETE = spaces.Discrete(4)
 
 _READS = ("item", "tolist", "__float__", "__int__", "__index__", "__bool__", "cpu", "nonzero",
           "masked_select", "unique", "equal", "allclose")
@@ -187,3 +202,171 @@ def test_summed_input_moments_read_nothing():
     torch.testing.assert_close(mean, x.mean(0))
     torch.testing.assert_close(var, x.var(0, unbiased=False))
     assert count.tolist() == [10.0]
+
+
+def _adam_steps(learner: Learner):
+    def exempt(tensor) -> bool:
+        return any(tensor is state.get("step") for state in learner.optimizer.state.values())
+    return exempt
+
+
+def _cfg(**overrides) -> Config:
+    settings = dict(rollout=8, batch_size=48, num_batches_per_epoch=2, num_epochs=2,
+                    use_rnn=False, encoder_mlp_layers=[16], device="cpu", precision="fp32",
+                    normalize_input=True, normalize_returns=True, exploration_loss_coeff=0.01,
+                    ppo_clip_value=0.2)
+    settings.update(overrides)
+    return Config(**settings)
+
+
+def _gathered(batch: dict, staging: Staging) -> dict:
+    """``batch`` written into trajectory buffers and gathered back the learner station's
+    way, through a ``Staging`` (which brings the host part)."""
+    b, t = batch["log_probs"].shape
+    space = spaces.Dict({"obs": VEC})
+    action_space = BOX if batch["actions"].is_floating_point() else DISCRETE
+    layout = BufferLayout.from_spaces(space, action_space, num_buffers=b + 2, rollout=t,
+                                      rnn_size=batch["rnn_states"].shape[1])
+    buffers = TrajectoryBuffers(layout)
+    slots = list(range(2, b + 2))
+    for key in ("actions", "log_probs", "values", "rewards", "dones", "policy_versions",
+                "rnn_states", "final_step"):
+        getattr(buffers, key)[slots] = batch[key]
+    buffers.obs["obs"][slots] = batch["obs"]["obs"]
+    buffers.final_obs["obs"][slots] = batch["final_obs"]["obs"]
+    return buffers.gather(slots, staging)
+
+
+# GRU and LSTM with resets and time-limit final steps, feed-forward, both --advantages; each
+# case runs 4 SGD steps (2 epochs of 2 minibatches).
+CASES = {
+    "gru-minibatch": (DISCRETE, dict(use_rnn=True, rnn_size=8)),
+    "lstm-minibatch": (BOX, dict(use_rnn=True, rnn_type="lstm", rnn_size=8)),
+    "ff-minibatch": (DISCRETE, {}),
+    "ff-batch": (BOX, dict(advantages="batch")),
+    "gru-batch": (DISCRETE, dict(use_rnn=True, rnn_size=8, advantages="batch")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_learner_batch_reads_the_device_once_and_no_sgd_step_reads_it(case):
+    space, settings = CASES[case]
+    torch.manual_seed(0)
+    cfg = _cfg(**settings)
+    model = ActorCritic(VEC, space, cfg)
+    learner = Learner(cfg, model, space, torch.device("cpu"))
+    staging = Staging("cpu")
+    batches = []
+    for seed in range(2):
+        batch = _batch(12, 8, space, seed=seed, rnn_size=model.rnn_state_size)
+        batch["final_step"][5] = 6  # a second time limit, and resets in the middle
+        batch["dones"][5, 6] = True
+        batch["dones"][7, 3] = True
+        batches.append(batch)
+    learner.train(_gathered(batches[0], staging))  # Adam's state exists from here on
+    gathered = _gathered(batches[1], staging)
+    assert set(gathered["host"]) == {"dones", "final_step"}
+    version = learner.version
+    with host_reads(exempt=_adam_steps(learner)) as reads:
+        stats = learner.train(gathered)
+    assert learner.version - version == 4  # SGD steps
+    assert len(reads) == 1 and reads[0].startswith("tolist learner.py"), reads
+    assert stats["policy_lag_max"] == version and "value_target_mean" in stats
+
+
+def test_a_batch_without_its_host_part_is_read_back_once_per_batch_not_per_step():
+    torch.manual_seed(0)
+    cfg = _cfg(use_rnn=True, rnn_size=8)
+    model = ActorCritic(VEC, DISCRETE, cfg)
+    learner = Learner(cfg, model, DISCRETE, torch.device("cpu"))
+    batch = _batch(12, 8, DISCRETE, rnn_size=model.rnn_state_size)
+    learner.train(batch)
+    with host_reads(exempt=_adam_steps(learner)) as reads:
+        learner.train(batch)
+    assert sorted(r.split(" ")[0] for r in reads) == ["cpu", "cpu", "tolist"], reads
+
+
+@pytest.mark.parametrize("case", ["gru-minibatch", "ff-batch", "gru-batch"])
+def test_the_host_part_changes_no_number(case):
+    """The learner given the host part (the station's way) and without it (read back) makes
+    the same update; the CPU-drawn minibatch order is the one torch.randperm drew before."""
+    space, settings = CASES[case]
+    torch.manual_seed(0)
+    cfg = _cfg(**settings)
+    model = ActorCritic(VEC, space, cfg)
+    twin = copy.deepcopy(model)
+    batch = _batch(12, 8, space, seed=4, rnn_size=model.rnn_state_size)
+    torch.manual_seed(1)
+    stats = Learner(cfg, model, space, torch.device("cpu")).train(batch)
+    torch.manual_seed(1)
+    twin_stats = Learner(cfg, twin, space, torch.device("cpu")).train(
+        _gathered(batch, Staging("cpu")))
+    assert stats == twin_stats
+    for (name, a), b in zip(model.state_dict().items(), twin.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def _stepwise(rnn, x, state, resets, capture):
+    """The unroll one step at a time (the slow, obvious reference)."""
+    outs, captured = [], torch.zeros_like(state)
+    for t in range(x.shape[1]):
+        state = state * (1.0 - resets[:, t:t + 1])
+        out, state = rnn_step(rnn, x[:, t], state)
+        outs.append(out)
+        captured = torch.where((capture == t).unsqueeze(1), state, captured)
+    return torch.stack(outs, dim=1), captured
+
+
+@pytest.mark.parametrize("rnn_type", ["gru", "lstm"])
+def test_the_unroll_with_host_cuts_equals_the_stepwise_one_and_reads_nothing(rnn_type):
+    torch.manual_seed(0)
+    b, t, f, h = 6, 12, 5, 8
+    rnn = make_rnn(rnn_type, f, h)
+    gen = torch.Generator().manual_seed(1)
+    for trial in range(8):
+        x = torch.randn(b, t, f, generator=gen)
+        state = torch.randn(b, state_size(rnn_type, h), generator=gen)
+        resets = (torch.rand(b, t, generator=gen) < 0.1 * (trial % 4)).float()
+        capture = torch.randint(-3, t, (b,), generator=gen).clamp(min=-1)
+        cuts = find_cuts(resets.numpy() != 0, capture.numpy())
+        with host_reads() as reads, torch.no_grad():
+            out, captured = rnn_unroll(rnn, x, state, resets, capture, cuts)
+        assert reads == []
+        with torch.no_grad():
+            read_back = rnn_unroll(rnn, x, state, resets, capture)
+            want_out, want_captured = _stepwise(rnn, x, state, resets, capture)
+        assert torch.equal(out, read_back[0]) and torch.equal(captured, read_back[1])
+        torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(captured, want_captured, rtol=1e-5, atol=1e-6)
+        assert not captured[capture < 0].any()
+
+
+def test_find_cuts():
+    resets = np.zeros((3, 6), dtype=bool)
+    resets[0, 2] = resets[2, 2] = resets[1, 4] = True
+    assert find_cuts(resets) == find_cuts(resets, None)
+    cuts = find_cuts(resets, np.array([3, -1, 3]))
+    assert cuts.resets == (2, 4) and cuts.captures == (3,)
+
+
+def _bootstrap_by_rows(rewards, final_step, final_values, gamma, value_norm):
+    """The time-limit bootstrap indexed by the rows that have one (the old way)."""
+    if value_norm is not None:
+        final_values = final_values * value_norm[1] + value_norm[0]
+    bonus = torch.zeros_like(rewards)
+    rows = torch.nonzero(final_step >= 0).flatten()
+    bonus[rows, final_step[rows]] = gamma * final_values[rows].to(rewards.dtype)
+    return rewards + bonus
+
+
+@pytest.mark.parametrize("value_norm", [None, (torch.tensor(0.3), torch.tensor(2.5))])
+def test_the_scattered_time_limit_bootstrap_equals_indexing_and_reads_nothing(value_norm):
+    gen = torch.Generator().manual_seed(2)
+    rewards = torch.randn(7, 9, generator=gen)
+    final_values = torch.randn(7, generator=gen)
+    final_step = torch.tensor([-1, 0, 8, -1, 4, 4, -1])
+    with host_reads() as reads:
+        got = _add_time_limit_bootstrap(rewards, final_step, final_values, 0.99, value_norm)
+    assert reads == []
+    assert torch.equal(got, _bootstrap_by_rows(rewards, final_step, final_values, 0.99,
+                                               value_norm))
