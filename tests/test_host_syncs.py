@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import multiprocessing
 import traceback
 from pathlib import Path
 
@@ -27,11 +28,15 @@ from gymnasium import spaces
 
 from fastrl.algo.learner import Learner, _add_time_limit_bootstrap
 from fastrl.config.settings import Config
-from fastrl.policy.model import ActorCritic
+from fastrl.policy.distributions import ActionDistribution
+from fastrl.policy.model import ActorCritic, as_dict_space
 from fastrl.policy.normalize import ReturnNormalizer, merge_moments, merge_summed_moments
 from fastrl.policy.recurrent import find_cuts, make_rnn, rnn_step, rnn_unroll, state_size
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
+from fastrl.sampling.inference import PolicyWorker, to_host
 from fastrl.sampling.staging import Staging
+from fastrl.sampling.weights import SharedWeights
+from fastrl.transport.messages import InferenceRequest
 from tests.test_ppo_batch import _batch
 
 VEC = spaces.Box(-1.0, 1.0, (5,))
@@ -370,3 +375,58 @@ def test_the_scattered_time_limit_bootstrap_equals_indexing_and_reads_nothing(va
     assert reads == []
     assert torch.equal(got, _bootstrap_by_rows(rewards, final_step, final_values, 0.99,
                                                value_norm))
+
+
+MIXED = spaces.Dict({"pick": spaces.Discrete(3), "move": spaces.Box(-1.0, 1.0, (2,))})
+
+
+@pytest.mark.parametrize("action_space", [
+    spaces.Discrete(5), spaces.MultiDiscrete([3, 4]), BOX, MIXED,
+], ids=["discrete", "multidiscrete", "box", "mixed"])
+@pytest.mark.parametrize("use_rnn", [False, True], ids=["ff", "gru"])
+def test_a_policy_worker_makes_one_transfer_per_batch(action_space, use_rnn):
+    cfg = Config(use_rnn=use_rnn, rnn_size=6, encoder_mlp_layers=[8], device="cpu",
+                 precision="fp32")
+    torch.manual_seed(0)
+    model = ActorCritic(VEC, action_space, cfg)
+    h = model.rnn_state_size
+    layout = BufferLayout.from_spaces(as_dict_space(VEC), action_space, num_buffers=4,
+                                      rollout=3, rnn_size=h)
+    buffers = TrajectoryBuffers(layout)
+    buffers.obs["obs"].normal_(generator=torch.Generator().manual_seed(1))
+    rnn_state = torch.randn(4, h)
+    state_before = rnn_state.clone()
+    shared = SharedWeights(model, multiprocessing.get_context("spawn"))
+    shared.publish(model, 2)
+    worker = PolicyWorker(copy.deepcopy(model), action_space, buffers, rnn_state,
+                          torch.device("cpu"), weights=shared, deterministic=True)
+    worker.maybe_update_weights()
+    requests = [InferenceRequest(0, 0, 1, (0, 1), (0, 1), 0, 0),  # rows in order: a batch
+                InferenceRequest(1, 0, 1, (2, 3), (2, 3), 0, 0)]  # in another order rounds apart
+    with host_reads() as reads:
+        worker.infer(requests)
+    assert [r.split(" ")[0] for r in reads] == ["cpu"], reads
+    # What was written is what the model computes, exactly.
+    with torch.no_grad():
+        logits, values, new_h = model.forward_step({"obs": buffers.obs["obs"][:, 1]},
+                                                   state_before)
+        dist = ActionDistribution(logits, model.action_spec)
+        actions = dist.mode()
+    assert buffers.actions.dtype == model.action_spec.dtype
+    assert torch.equal(buffers.actions[:, 1], actions.to(buffers.actions.dtype))
+    assert torch.equal(buffers.log_probs[:, 1], dist.log_prob(actions))
+    assert torch.equal(buffers.values[:, 1], values)
+    assert torch.equal(rnn_state, new_h if h else state_before)
+    assert buffers.policy_versions[:, 1].tolist() == [2, 2, 2, 2]
+
+
+def test_the_one_transfer_carries_every_dtype_bit_for_bit():
+    big = torch.tensor([[2**40 + 3, -7], [0, 2**62]])  # int64 beyond float32's integers
+    floats = torch.tensor([1.5e-42, float("inf")])  # a denormal survives a bit copy
+    state = torch.randn(2, 3)
+    got = to_host([big, floats, state, torch.zeros(2, 0)])
+    assert [g.dtype for g in got] == [torch.int64, torch.float32, torch.float32, torch.float32]
+    assert torch.equal(got[0], big) and torch.equal(got[1], floats)
+    assert torch.equal(got[2], state) and got[3].shape == (2, 0)
+    with pytest.raises(ValueError, match="4- or 8-byte"):
+        to_host([torch.zeros(2, dtype=torch.bool)])
