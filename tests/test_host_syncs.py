@@ -430,3 +430,30 @@ def test_the_one_transfer_carries_every_dtype_bit_for_bit():
     assert torch.equal(got[2], state) and got[3].shape == (2, 0)
     with pytest.raises(ValueError, match="4- or 8-byte"):
         to_host([torch.zeros(2, dtype=torch.bool)])
+
+
+def test_publishing_weights_reuses_the_shared_flat_tensor():
+    cfg = _cfg(use_rnn=True, rnn_size=8)
+    model = ActorCritic(VEC, DISCRETE, cfg)  # float32 weights, float64 statistics
+    shared = SharedWeights(model, multiprocessing.get_context("spawn"))
+    where = shared.flat.data_ptr()
+    calls = []
+    cat = torch.cat
+    torch.cat = lambda *a, **k: calls.append("cat") or cat(*a, **k)
+    try:
+        with host_reads() as reads:
+            for version in range(3):
+                with torch.no_grad():
+                    model.critic.bias.add_(1.0)
+                    model.returns_normalizer.count.add_(2.0)
+                shared.publish(model, version)
+    finally:
+        torch.cat = cat
+    assert calls == [] and reads == []
+    assert shared.flat.data_ptr() == where and shared.version() == 2
+    want = torch.cat([t.reshape(-1).float() for t in model.state_dict().values()])
+    assert torch.equal(shared.flat, want)
+    reader = ActorCritic(VEC, DISCRETE, cfg)
+    assert shared.load_into(reader) == 2
+    for key, value in model.state_dict().items():
+        assert torch.equal(reader.state_dict()[key], value), key
