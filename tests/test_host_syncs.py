@@ -32,8 +32,9 @@ from fastrl.policy.distributions import ActionDistribution
 from fastrl.policy.model import ActorCritic, as_dict_space
 from fastrl.policy.normalize import ReturnNormalizer, merge_moments, merge_summed_moments
 from fastrl.policy.recurrent import find_cuts, make_rnn, rnn_step, rnn_unroll, state_size
+from fastrl.sampling import inference
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
-from fastrl.sampling.inference import PolicyWorker, to_host
+from fastrl.sampling.inference import PolicyWorker, one_transfer, to_host
 from fastrl.sampling.staging import Staging
 from fastrl.sampling.weights import SharedWeights
 from fastrl.transport.messages import InferenceRequest
@@ -384,7 +385,11 @@ MIXED = spaces.Dict({"pick": spaces.Discrete(3), "move": spaces.Box(-1.0, 1.0, (
     spaces.Discrete(5), spaces.MultiDiscrete([3, 4]), BOX, MIXED,
 ], ids=["discrete", "multidiscrete", "box", "mixed"])
 @pytest.mark.parametrize("use_rnn", [False, True], ids=["ff", "gru"])
-def test_a_policy_worker_makes_one_transfer_per_batch(action_space, use_rnn):
+@pytest.mark.parametrize("path", ["cpu", "device"])
+def test_a_policy_worker_makes_one_transfer_per_batch(action_space, use_rnn, path,
+                                                      monkeypatch):
+    """On the CPU the results are on the host already (no read at all); a device's results
+    take one transfer (``one_transfer``, taken here on CPU tensors to count it)."""
     cfg = Config(use_rnn=use_rnn, rnn_size=6, encoder_mlp_layers=[8], device="cpu",
                  precision="fp32")
     torch.manual_seed(0)
@@ -403,9 +408,14 @@ def test_a_policy_worker_makes_one_transfer_per_batch(action_space, use_rnn):
     worker.maybe_update_weights()
     requests = [InferenceRequest(0, 0, 1, (0, 1), (0, 1), 0, 0),  # rows in order: a batch
                 InferenceRequest(1, 0, 1, (2, 3), (2, 3), 0, 0)]  # in another order rounds apart
+    handed = []
+    if path == "device":
+        monkeypatch.setattr(inference, "to_host",
+                            lambda parts: handed.append(len(parts)) or one_transfer(parts))
     with host_reads() as reads:
         worker.infer(requests)
-    assert [r.split(" ")[0] for r in reads] == ["cpu"], reads
+    assert [r.split(" ")[0] for r in reads] == (["cpu"] if path == "device" else []), reads
+    assert handed == ([4] if path == "device" else [])
     # What was written is what the model computes, exactly.
     with torch.no_grad():
         logits, values, new_h = model.forward_step({"obs": buffers.obs["obs"][:, 1]},
@@ -424,12 +434,17 @@ def test_the_one_transfer_carries_every_dtype_bit_for_bit():
     big = torch.tensor([[2**40 + 3, -7], [0, 2**62]])  # int64 beyond float32's integers
     floats = torch.tensor([1.5e-42, float("inf")])  # a denormal survives a bit copy
     state = torch.randn(2, 3)
-    got = to_host([big, floats, state, torch.zeros(2, 0)])
+    parts = [big, floats, state, torch.zeros(2, 0)]
+    with host_reads() as reads:
+        got = one_transfer(parts)
+    assert [r.split(" ")[0] for r in reads] == ["cpu"]
     assert [g.dtype for g in got] == [torch.int64, torch.float32, torch.float32, torch.float32]
     assert torch.equal(got[0], big) and torch.equal(got[1], floats)
     assert torch.equal(got[2], state) and got[3].shape == (2, 0)
     with pytest.raises(ValueError, match="4- or 8-byte"):
-        to_host([torch.zeros(2, dtype=torch.bool)])
+        one_transfer([torch.zeros(2, dtype=torch.bool)])
+    # Parts already on the host are handed back as they are: no copy on the CPU path.
+    assert all(a is b for a, b in zip(to_host(parts), parts))
 
 
 def test_publishing_weights_reuses_the_shared_flat_tensor():

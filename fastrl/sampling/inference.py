@@ -105,15 +105,22 @@ class PolicyWorker:
 
 
 def to_host(parts: list[torch.Tensor]) -> list[torch.Tensor]:
-    """``parts`` (each ``[B, ...]``, of 4- or 8-byte dtypes) on the host in one transfer: on
-    a GPU every separate copy would make the host wait for the device once more.
+    """``parts`` (each ``[B, ...]``, of 4- or 8-byte dtypes) on the host, in one transfer
+    from a device (:func:`one_transfer`): on a GPU every separate copy would make the host
+    wait for the device once more. Parts already on the CPU are handed back as they are."""
+    if all(part.device.type == "cpu" for part in parts):
+        return list(parts)
+    return one_transfer(parts)
 
-    Their bytes cross side by side as int32 words, a bit copy, so every value arrives exact
-    whatever its dtype (int64 actions included: no float rounding of large indices)."""
+
+def one_transfer(parts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``parts`` copied to the host with one ``.cpu()``: their bytes cross side by side as
+    int32 words, a bit copy, so every value arrives exact whatever its dtype (int64 actions
+    included: no float rounding of large indices)."""
     words = []
     for part in parts:
         if part.element_size() not in (4, 8):
-            raise ValueError(f"to_host: 4- or 8-byte dtypes only, got {part.dtype}")
+            raise ValueError(f"one_transfer: 4- or 8-byte dtypes only, got {part.dtype}")
         words.append(part.reshape(part.shape[0], -1).contiguous().view(torch.int32))
     host = torch.cat(words, dim=1).cpu()
     out, start = [], 0
