@@ -110,9 +110,8 @@ class Learner:
             last = self._train_on_fixed_targets(batch, host)
         else:
             last = self._train_on_trajectories(batch, host)
-        # One transfer for every statistic (float64 holds each exactly).
-        values = torch.cat([torch.stack([v.reshape(()).double() for v in last.values()]),
-                            lag.double()]).tolist()
+        # One transfer for every statistic (0-d tensors; stacking widens dtypes, exactly).
+        values = torch.cat([torch.stack(list(last.values())), lag]).tolist()
         stats: dict[str, float] = dict(zip(last, values))
         acted, lag_min, lag_mean, lag_max = values[len(last):]
         if acted:
