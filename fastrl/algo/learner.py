@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
 from fastrl.algo.appo import LossParams, appo_loss, clipped_loss, return_targets_and_advantages
@@ -22,6 +23,7 @@ from fastrl.device import autocast, resolve_precision
 from fastrl.policy.actions import ActionSpec
 from fastrl.policy.distributions import ActionDistribution
 from fastrl.policy.model import NORMALIZER_FRAMES, ActorCritic
+from fastrl.policy.recurrent import Cuts, find_cuts
 
 
 class Learner:
@@ -29,6 +31,13 @@ class Learner:
 
     :meth:`train` takes a batch gathered from the trajectory buffers (see
     ``TrajectoryBuffers.gather``), already on ``device``.
+
+    Nothing in an SGD step reads the device back: what decides the work of a step (where the
+    recurrent unroll is cut, which trajectories end at a time limit, the minibatch order) is
+    computed on the host, from the host copies of ``dones`` and ``final_step`` that come with
+    the batch and from a permutation drawn on the CPU; the statistics of a batch cross in one
+    transfer at its end. On a GPU every read back would make the host wait until the device
+    has caught up.
     """
 
     def __init__(self, cfg: Config, model: ActorCritic, action_space, device: torch.device,
@@ -78,11 +87,15 @@ class Learner:
         ``batch`` holds ``obs`` (dict of ``[B, T+1, ...]``), ``actions`` ``[B, T, D]``,
         ``log_probs``/``values``/``rewards``/``dones``/``policy_versions`` ``[B, T]``,
         ``rnn_states`` ``[B, H]``, and ``final_obs`` (dict of ``[B, ...]``) with
-        ``final_step`` ``[B]`` (see ``TrajectoryBuffers``). Returns scalar statistics of the
-        last step plus the policy lag of the batch.
+        ``final_step`` ``[B]`` (see ``TrajectoryBuffers``), and optionally ``host``: numpy
+        arrays of ``dones`` and ``final_step`` on the host (``TrajectoryBuffers.gather`` adds
+        them; without them they are read back from the batch). Returns scalar statistics of
+        the last step plus the policy lag of the batch, read from the device in one transfer.
         """
         start = time.perf_counter()
         cfg = self.cfg
+        batch = dict(batch)
+        host = batch.pop("host", None) or _host_part(batch)
         # Read at the end with the other statistics: on a GPU, reading a value here would
         # make the host wait for the batch's copy before it queues any training work.
         lag = _policy_lag(batch["policy_versions"], self.version)
@@ -94,11 +107,13 @@ class Learner:
             for group in self.optimizer.param_groups:
                 group["lr"] = cfg.learning_rate * max(0.0, 1.0 - done)
         if cfg.advantages == "batch":
-            last = self._train_on_fixed_targets(batch)
+            last = self._train_on_fixed_targets(batch, host)
         else:
-            last = self._train_on_trajectories(batch)
-        stats: dict[str, float] = {k: float(v) for k, v in last.items()}
-        acted, lag_min, lag_mean, lag_max = lag.tolist()
+            last = self._train_on_trajectories(batch, host)
+        # One transfer for every statistic (0-d tensors; stacking widens dtypes, exactly).
+        values = torch.cat([torch.stack(list(last.values())), lag]).tolist()
+        stats: dict[str, float] = dict(zip(last, values))
+        acted, lag_min, lag_mean, lag_max = values[len(last):]
         if acted:
             stats.update(policy_lag_min=lag_min, policy_lag_mean=lag_mean,
                          policy_lag_max=lag_max)
@@ -107,37 +122,53 @@ class Learner:
         self.train_seconds += time.perf_counter() - start
         return stats
 
-    def _train_on_trajectories(self, batch: dict) -> dict[str, torch.Tensor]:
+    def _train_on_trajectories(self, batch: dict, host: dict) -> dict[str, torch.Tensor]:
         last: dict[str, torch.Tensor] = {}
-        for mb in self._minibatches(batch, self.trajectories_per_minibatch):
-            last = self._sgd_step(mb)
+        for mb, host_mb in self._minibatches(batch, host, self.trajectories_per_minibatch):
+            last = self._sgd_step(mb, host_mb)
         return last
 
-    def _train_on_fixed_targets(self, batch: dict) -> dict[str, torch.Tensor]:
+    def _train_on_fixed_targets(self, batch: dict, host: dict) -> dict[str, torch.Tensor]:
         """``--advantages batch``: targets and advantages once, then shuffled minibatches of
         single steps (feed-forward) or whole trajectories (recurrent)."""
-        prepared = self._fixed_targets(batch)
+        prepared = self._fixed_targets(batch, host)
         if self.model.rnn is None:
             prepared = _as_single_steps(prepared)
+            host = {}  # a feed-forward step needs no cuts
         unit_len = prepared["log_probs"].shape[1]
         last: dict[str, torch.Tensor] = {}
-        for mb in self._minibatches(
-                prepared, max(1, self.cfg.batch_size // unit_len // self.world_size)):
-            last = self._sgd_step_fixed(mb)
+        for mb, host_mb in self._minibatches(
+                prepared, host, max(1, self.cfg.batch_size // unit_len // self.world_size)):
+            last = self._sgd_step_fixed(mb, host_mb)
         return last
 
-    def _minibatches(self, data: dict, per_minibatch: int):
+    def _minibatches(self, data: dict, host: dict, per_minibatch: int):
         """``num_epochs`` passes over ``data`` (entries ``[units, ...]``), each in a new random
         order, in minibatches of ``per_minibatch`` units (the whole of it, unshuffled, when
-        it fits in one)."""
+        it fits in one); yields each with the same rows of the host arrays ``host``.
+
+        The order is drawn on the CPU: the host selects its rows with it, and the device gets
+        it by an asynchronous copy."""
         units = data["log_probs"].shape[0]
         for _ in range(self.cfg.num_epochs):
             if units <= per_minibatch:
-                yield data
+                yield data, host
                 continue
-            order = torch.randperm(units, device=self.device)
+            order = torch.randperm(units)
+            host_order, device_order = order.numpy(), self._to_device(order)
             for start_idx in range(0, units, per_minibatch):
-                yield _select(data, order[start_idx:start_idx + per_minibatch])
+                rows = host_order[start_idx:start_idx + per_minibatch]
+                yield (_select(data, device_order[start_idx:start_idx + per_minibatch]),
+                       {k: v[rows] for k, v in host.items()})
+
+    def _to_device(self, host: torch.Tensor) -> torch.Tensor:
+        """A small host tensor on the device without waiting for it: on CUDA through pinned
+        memory with ``non_blocking`` (a pageable source would be a synchronous copy)."""
+        if self.device.type == "cpu":
+            return host
+        if self.device.type == "cuda":
+            return host.pin_memory().to(self.device, non_blocking=True)
+        return host.to(self.device)
 
     def _valid(self, versions: torch.Tensor) -> torch.Tensor:
         """The samples that take part in the loss: acted (not cut short by an env fault) and
@@ -145,13 +176,13 @@ class Learner:
         return (versions >= 0) & ((self.version - versions) <= self.cfg.max_policy_lag)
 
     @torch.no_grad()
-    def _fixed_targets(self, batch: dict) -> dict:
+    def _fixed_targets(self, batch: dict, host: dict) -> dict:
         """The batch's value targets (critic units) and advantages from the model as it is,
         with the steps that take part (``valid``) and what the SGD steps read."""
         dones = batch["dones"]
         b, t = dones.shape
         normalizer = self.model.returns_normalizer
-        logits, values, rewards, value_norm = self._forward_trajectories(batch)
+        logits, values, rewards, value_norm = self._forward_trajectories(batch, host)
         logits, values = logits.float(), values.float()
         dist = ActionDistribution(logits[:, :t].reshape(b * t, -1), self.action_spec)
         log_ratio = dist.log_prob(batch["actions"].reshape(b * t, -1)).reshape(b, t)
@@ -160,7 +191,7 @@ class Learner:
         vs, advantages = return_targets_and_advantages(
             log_ratio, values[:, :t], values[:, t], rewards, dones, valid, self.params, value_norm)
         if normalizer is not None:
-            normalizer.update(vs[valid], self._reduce)
+            normalizer.update(vs, self._reduce, valid)
             mean, std = normalizer.mean_std()
             targets = (vs - mean) / std
         else:
@@ -176,12 +207,18 @@ class Learner:
             "advantages": advantages, "targets": targets, "valid": valid,
         }
 
-    def _sgd_step_fixed(self, mb: dict) -> dict[str, torch.Tensor]:
+    def _sgd_step_fixed(self, mb: dict, host: dict) -> dict[str, torch.Tensor]:
         b, t = mb["log_probs"].shape
         resets = torch.zeros((b, t), device=self.device)
         resets[:, 1:] = mb["dones"][:, :-1].float()
+        cuts = None
+        if self.model.rnn is not None:
+            host_resets = np.zeros((b, t), dtype=bool)
+            host_resets[:, 1:] = host["dones"][:, :-1]
+            cuts = find_cuts(host_resets)
         with autocast(self.precision, self.device):
-            logits, values = self.model.forward_sequence(mb["obs"], mb["rnn_states"], resets)
+            logits, values = self.model.forward_sequence(mb["obs"], mb["rnn_states"], resets,
+                                                         cuts=cuts)
         dist = ActionDistribution(logits.reshape(b * t, -1), self.action_spec)
         target_log_probs = dist.log_prob(mb["actions"].reshape(b * t, -1)).reshape(b, t)
         exploration = self._exploration(dist, b, t)
@@ -192,11 +229,11 @@ class Learner:
         stats["value_target_mean"] = self._value_target_mean
         return self._apply(loss, stats)
 
-    def _sgd_step(self, mb: dict) -> dict[str, torch.Tensor]:
+    def _sgd_step(self, mb: dict, host: dict) -> dict[str, torch.Tensor]:
         dones = mb["dones"]
         b, t = dones.shape
         normalizer = self.model.returns_normalizer
-        logits, values, rewards, value_norm = self._forward_trajectories(mb)
+        logits, values, rewards, value_norm = self._forward_trajectories(mb, host)
         dist = ActionDistribution(logits[:, :t].reshape(b * t, -1), self.action_spec)
         actions = mb["actions"].reshape(b * t, -1)
         target_log_probs = dist.log_prob(actions).reshape(b, t)
@@ -208,7 +245,7 @@ class Learner:
             exploration=exploration, behaviour_values=mb.get("values"), value_normalizer=value_norm,
             return_targets=True, reduce=self._reduce)
         if normalizer is not None:
-            normalizer.update(targets[valid], self._reduce)
+            normalizer.update(targets, self._reduce, valid)
         return self._apply(loss, stats)
 
     def _exploration(self, dist: ActionDistribution, b: int, t: int) -> torch.Tensor | None:
@@ -217,10 +254,11 @@ class Learner:
             return dist.symmetric_kl_to_uniform().reshape(b, t)
         return None
 
-    def _forward_trajectories(self, batch: dict) -> tuple:
+    def _forward_trajectories(self, batch: dict, host: dict) -> tuple:
         """The model over whole trajectories (``obs`` ``[B, T + 1, ...]``): logits
         ``[B, T + 1, P]`` and values ``[B, T + 1]`` (with gradient), the rewards with the
-        time-limit bootstrap added, and the return normaliser's ``(mean, std)`` (or None)."""
+        time-limit bootstrap added, and the return normaliser's ``(mean, std)`` (or None).
+        ``host``: the batch's ``dones`` and ``final_step`` as host arrays."""
         cfg = self.cfg
         dones = batch["dones"]
         b, t = dones.shape
@@ -231,10 +269,20 @@ class Learner:
         value_norm = None if normalizer is None else normalizer.mean_std()
         rewards = batch["rewards"]
         bootstrap = cfg.value_bootstrap and "final_step" in batch
+        final_step = host["final_step"] if bootstrap else None
+        cuts: Cuts | None = None
+        if self.model.rnn is not None:
+            host_resets = np.zeros((b, t + 1), dtype=bool)
+            host_resets[:, 1:] = host["dones"]
+            cuts = find_cuts(host_resets, final_step)
+        extra: dict = {}
+        if bootstrap:
+            rows = torch.from_numpy(np.flatnonzero(final_step >= 0))
+            extra = dict(final_obs=batch["final_obs"], final_step=batch["final_step"],
+                         final_rows=self._to_device(rows))
         with autocast(self.precision, self.device):
-            out = self.model.forward_sequence(
-                batch["obs"], batch["rnn_states"], resets,
-                *((batch["final_obs"], batch["final_step"]) if bootstrap else ()))
+            out = self.model.forward_sequence(batch["obs"], batch["rnn_states"], resets,
+                                              cuts=cuts, **extra)
         if bootstrap:
             rewards = _add_time_limit_bootstrap(rewards, batch["final_step"], out[2].detach(),
                                                 cfg.gamma, value_norm)
@@ -303,14 +351,19 @@ def _add_time_limit_bootstrap(rewards: torch.Tensor, final_step: torch.Tensor,
                               value_norm: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
     """``rewards`` ``[B, T]`` plus ``gamma * V(final observation)`` at the step where a time
     limit cut each trajectory's episode (``final_step`` ``[B]``, -1: none). The step stays a
-    done step, so the return is the same as if the episode had gone on with that value."""
-    has = final_step >= 0
+    done step, so the return is the same as if the episode had gone on with that value.
+    Scattered, not indexed by the rows that have one: that would read them back."""
     if value_norm is not None:
         final_values = final_values * value_norm[1] + value_norm[0]
-    bonus = torch.zeros_like(rewards)
-    rows = torch.nonzero(has).flatten()
-    bonus[rows, final_step[rows]] = gamma * final_values[rows].to(rewards.dtype)
-    return rewards + bonus
+    bonus = torch.where(final_step >= 0, gamma * final_values.to(rewards.dtype), 0.0)
+    return rewards.scatter_add(1, final_step.clamp(min=0).unsqueeze(1), bonus.unsqueeze(1))
+
+
+def _host_part(batch: dict) -> dict:
+    """``dones`` and ``final_step`` of a batch that came without them on the host, read back
+    (one transfer each when the batch is on a device; a batch from
+    ``TrajectoryBuffers.gather`` brings them)."""
+    return {k: batch[k].cpu().numpy() for k in ("dones", "final_step") if k in batch}
 
 
 def _normalizer_frames(obs: dict, t: int) -> dict:

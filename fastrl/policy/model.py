@@ -44,7 +44,7 @@ from fastrl.policy.distributions import LOG_STD_MAX, LOG_STD_MIN, mask_logits
 from fastrl.policy.encoders import init_layer, make_encoder, make_nonlinearity
 from fastrl.policy.normalize import ReturnNormalizer
 from fastrl.policy.obs import ACTION_MASK_KEY, as_dict_space, has_action_mask, obs_to_dict
-from fastrl.policy.recurrent import make_rnn, rnn_step, rnn_unroll, state_size
+from fastrl.policy.recurrent import Cuts, make_rnn, rnn_step, rnn_unroll, state_size
 
 __all__ = ["NORMALIZER_FRAMES", "ActorCritic"]
 
@@ -228,6 +228,7 @@ class ActorCritic(nn.Module):
     def forward_sequence(
         self, obs: Mapping[str, Tensor] | Tensor, rnn_state0: Tensor, resets: Tensor,
         final_obs: Mapping[str, Tensor] | Tensor | None = None, final_step: Tensor | None = None,
+        *, cuts: Cuts | None = None, final_rows: Tensor | None = None,
     ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
         """A batch of trajectories, as the learner needs it.
 
@@ -242,6 +243,11 @@ class ActorCritic(nn.Module):
                 observation of an episode cut by a time limit after step ``final_step[b]``
                 (int64 ``[B]``, -1 where a trajectory has none); its value is computed as
                 ``forward_step`` would after step ``final_step[b]``, before any reset.
+            cuts, final_rows: optional, what the host already knows, so that nothing is read
+                back from the device (on a GPU each read makes the host wait): ``cuts``,
+                ``fastrl.policy.recurrent.find_cuts`` of ``resets`` and ``final_step``;
+                ``final_rows``, int64 ``[K]`` on the model's device, the rows where
+                ``final_step >= 0``, ascending. Without them they are read from the tensors.
 
         Returns:
             logits ``[B, T, P]``, values ``[B, T]``; with ``final_step`` also the values of
@@ -254,7 +260,8 @@ class ActorCritic(nn.Module):
         x = self._encode(flat)
         captured = None
         if self.rnn is not None:
-            seq, captured = rnn_unroll(self.rnn, x.view(b, t, -1), rnn_state0, resets, final_step)
+            seq, captured = rnn_unroll(self.rnn, x.view(b, t, -1), rnn_state0, resets,
+                                       final_step, cuts)
             x = seq.reshape(b * t, -1)
         mask = obs.get(ACTION_MASK_KEY)
         logits, values = self._heads(x, None if mask is None else mask.reshape(b * t, -1),
@@ -262,7 +269,7 @@ class ActorCritic(nn.Module):
         if final_step is None:
             return logits.view(b, t, -1), values.view(b, t)
         final_values = values.new_zeros(b)
-        rows = torch.nonzero(final_step >= 0).flatten()
+        rows = torch.nonzero(final_step >= 0).flatten() if final_rows is None else final_rows
         if rows.numel():
             final = obs_to_dict(final_obs)
             final = {key: final[key].index_select(0, rows) for key in self._obs_keys}

@@ -13,8 +13,10 @@ model (perf/RESULTS.md, the GPU sessions of 2026-11-25), so nothing shows it fas
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import pairwise
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -72,8 +74,28 @@ def rnn_step(rnn: nn.Module, x: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
     return out.squeeze(1), _pack(hidden)
 
 
+@dataclass(frozen=True)
+class Cuts:
+    """Where :func:`rnn_unroll` cuts a batch's sequence, found on the host: ``resets``, the
+    steps ``t`` before which some row's state is zeroed; ``captures``, the steps after which
+    some row's state is captured (both ascending)."""
+
+    resets: tuple[int, ...]
+    captures: tuple[int, ...] = ()
+
+
+def find_cuts(resets: np.ndarray, capture: np.ndarray | None = None) -> Cuts:
+    """The :class:`Cuts` of host arrays: ``resets`` ``[B, T]`` (nonzero where the state is
+    zeroed before step t), ``capture`` int ``[B]`` (-1 for none), as :func:`rnn_unroll`
+    takes them."""
+    steps = np.flatnonzero(np.asarray(resets).any(axis=0))
+    captures = () if capture is None else np.unique(capture[capture >= 0])
+    return Cuts(tuple(int(s) for s in steps), tuple(int(s) for s in captures))
+
+
 def rnn_unroll(rnn: nn.Module, x: Tensor, state0: Tensor, resets: Tensor,
-               capture: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+               capture: Tensor | None = None, cuts: Cuts | None = None
+               ) -> tuple[Tensor, Tensor | None]:
     """Over time with resets. x: ``[B, T, F]``, state0: ``[B, S]``, resets: ``[B, T]`` (1.0
     where the state is zeroed before step t) -> outputs ``[B, T, H]``, and with ``capture``
     (int ``[B]``, -1 for none) the state after step ``capture[b]`` of each row (before any
@@ -81,30 +103,28 @@ def rnn_unroll(rnn: nn.Module, x: Tensor, state0: Tensor, resets: Tensor,
 
     The sequence is cut at every step where any trajectory resets (and after each captured
     step); each segment runs as one ``rnn`` call (a C++/cuDNN loop over time), so a batch
-    without resets is a single call.
+    without resets is a single call. ``cuts`` (:func:`find_cuts` of the same resets and
+    capture, on the host) says where: without it they are read back from ``resets`` and
+    ``capture``, which on a GPU makes the host wait for the device.
     """
     b, t = resets.shape
-    # One host sync per learner batch to find the cuts.
-    reset_steps = torch.nonzero(resets.detach().ne(0).any(dim=0)).flatten().tolist()
-    wanted: dict[int, list[int]] = {}  # segment end -> rows whose state is captured there
-    if capture is not None:
-        for row, step in enumerate(capture.tolist()):
-            if step >= 0:
-                wanted.setdefault(step + 1, []).append(row)
-    cuts = sorted({0, *reset_steps, *wanted, t})
+    if cuts is None:
+        cuts = find_cuts(resets.detach().ne(0).cpu().numpy(),
+                         None if capture is None else capture.cpu().numpy())
+    ends = {step + 1 for step in cuts.captures}  # segment ends where states are captured
     x, state0 = x.float(), state0.float()
     keep = 1.0 - resets.float()
     hidden = _unpack(rnn, state0)
     captured = state0.new_zeros(state0.shape) if capture is not None else None
-    reset_set = set(reset_steps)
+    reset_set = set(cuts.resets)
     outputs = []
     with autocast_off(x.device):
-        for start, end in pairwise(cuts):
+        for start, end in pairwise(sorted({0, *reset_set, *ends, t})):
             if start in reset_set:
                 hidden = _scale(hidden, keep[:, start])
             out, hidden = rnn(x[:, start:end], hidden)
             outputs.append(out)
-            if end in wanted:
-                rows = torch.tensor(wanted[end], device=x.device)
-                captured = captured.index_copy(0, rows, _pack(hidden).index_select(0, rows))
+            if end in ends:
+                rows = capture.eq(end - 1).unsqueeze(1)
+                captured = torch.where(rows, _pack(hidden), captured)
     return (outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)), captured

@@ -117,7 +117,9 @@ class TrajectoryBuffers:
         ``rnn_states`` ``[B, H]``, ``final_obs`` (dict of ``[B, ...]``) and ``final_step``
         ``[B]``. Without ``staging`` they are new CPU tensors; with one, they are on its
         device, in its kept buffers (valid for its ``depth`` calls: see
-        :class:`fastrl.sampling.staging.Staging`).
+        :class:`fastrl.sampling.staging.Staging`). ``host`` holds ``dones`` and
+        ``final_step`` again, as numpy arrays on the host (views of the rows gathered there),
+        for what the learner decides on the host without reading the device.
         """
         idx = torch.as_tensor(indices, dtype=torch.int64)
         flat = {f"obs/{k}": v for k, v in self.obs.items()}
@@ -127,10 +129,12 @@ class TrajectoryBuffers:
                     final_step=self.final_step)
         flat.update({f"final_obs/{k}": v for k, v in self.final_obs.items()})
         if staging is None:
-            out = {key: v.index_select(0, idx) for key, v in flat.items()}
+            out = host = {key: v.index_select(0, idx) for key, v in flat.items()}
         else:
             out = staging.take({key: (v, idx) for key, v in flat.items()})
-        batch: dict = {"obs": {}, "final_obs": {}}
+            host = staging.host_rows()
+        batch: dict = {"obs": {}, "final_obs": {},
+                       "host": {key: host[key].numpy() for key in ("dones", "final_step")}}
         for key, value in out.items():
             group, _, name = key.partition("/")
             if name:

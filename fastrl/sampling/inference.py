@@ -1,9 +1,10 @@
 """The policy worker core: batched inference over whatever requests are waiting.
 
 Observations are gathered from the trajectory buffers with one indexed read per key, the
-model runs once under ``torch.inference_mode`` on the worker's device, and actions,
-log-probs, values and the acting policy version are written back into the same buffer
-positions with one indexed write each.
+model runs once under ``torch.inference_mode`` on the worker's device, actions, log-probs,
+values and the new recurrent states come back to the host in one transfer (:func:`to_host`),
+and they and the acting policy version are written into the same buffer positions with one
+indexed write each.
 """
 
 from __future__ import annotations
@@ -90,12 +91,43 @@ class PolicyWorker:
             dist = ActionDistribution(logits, self.action_spec)
             actions = dist.mode() if self.deterministic else dist.sample()
             log_probs = dist.log_prob(actions)
-        self.buffers.actions[b_idx, t_idx] = actions.cpu()
-        self.buffers.log_probs[b_idx, t_idx] = log_probs.float().cpu()
-        self.buffers.values[b_idx, t_idx] = values.float().cpu()
+        actions, log_probs, values, new_h = to_host(
+            [actions.to(self.buffers.actions.dtype), log_probs.float(), values.float(),
+             new_h.float()])
+        self.buffers.actions[b_idx, t_idx] = actions
+        self.buffers.log_probs[b_idx, t_idx] = log_probs
+        self.buffers.values[b_idx, t_idx] = values
         self.buffers.policy_versions[b_idx, t_idx] = self.policy_version
         if new_h.shape[-1]:
-            self.rnn_state[e_idx] = new_h.float().cpu()
+            self.rnn_state[e_idx] = new_h
         return [ActionsReady(req.worker_id, req.split_id, req.t, req.generation, req.epoch)
                 for req in requests]
 
+
+def to_host(parts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``parts`` (each ``[B, ...]``, of 4- or 8-byte dtypes) on the host, in one transfer
+    from a device (:func:`one_transfer`): on a GPU every separate copy would make the host
+    wait for the device once more. Parts already on the CPU are handed back as they are."""
+    if all(part.device.type == "cpu" for part in parts):
+        return list(parts)
+    return one_transfer(parts)
+
+
+def one_transfer(parts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``parts`` copied to the host with one ``.cpu()``: their bytes cross side by side as
+    int32 words, a bit copy, so every value arrives exact whatever its dtype (int64 actions
+    included: no float rounding of large indices)."""
+    words = []
+    for part in parts:
+        if part.element_size() not in (4, 8):
+            raise ValueError(f"one_transfer: 4- or 8-byte dtypes only, got {part.dtype}")
+        words.append(part.reshape(part.shape[0], -1).contiguous().view(torch.int32))
+    host = torch.cat(words, dim=1).cpu()
+    out, start = [], 0
+    for part, word in zip(parts, words, strict=True):
+        chunk = host[:, start:start + word.shape[1]]
+        start += word.shape[1]
+        if part.element_size() != 4:
+            chunk = chunk.contiguous()  # a wider view needs aligned rows
+        out.append(chunk.view(part.dtype).reshape(part.shape))
+    return out

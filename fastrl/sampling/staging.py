@@ -60,6 +60,7 @@ class Staging:
         self._turn = 0
         self._stream = torch.cuda.Stream(self.device) if self.cuda else None
         self.allocations = 0  # buffers allocated so far (grows only on a bigger request)
+        self._host_rows: dict[str, torch.Tensor] = {}
 
     def _buffer(self, store: dict, key: str, like: torch.Tensor, rows: int,
                 device: torch.device, pin: bool) -> torch.Tensor:
@@ -88,6 +89,7 @@ class Staging:
             out = self._buffer(s.host, key, source, len(index), torch.device("cpu"), self.cuda)
             torch.index_select(source, 0, index, out=out)
             host[key] = out
+        self._host_rows = host
         if not self.cuda:
             return host
         out = {}
@@ -104,3 +106,9 @@ class Staging:
         for dev in out.values():
             dev.record_stream(compute)
         return out
+
+    def host_rows(self) -> dict[str, torch.Tensor]:
+        """The rows of the last :meth:`take` as they are on the host (on the CPU, the very
+        tensors it returned): reading them needs no transfer from the device. Valid as long
+        as that call's rows."""
+        return self._host_rows

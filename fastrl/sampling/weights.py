@@ -27,7 +27,11 @@ class WeightsSource(Protocol):
 class SharedWeights:
     """The learner's newest weights in one flat shared tensor, with a version counter.
 
-    A lock keeps a reader from copying weights half-written by the learner.
+    A lock keeps a reader from copying weights half-written by the learner. Publishing
+    allocates nothing: a CPU model's tensors are copied straight into the shared tensor; a
+    GPU model's into a flat device buffer kept from call to call, which then crosses in one
+    copy (after the host has waited for the device outside the lock, so that readers are not
+    held while the learner's queued work finishes).
     """
 
     def __init__(self, model: torch.nn.Module, ctx):
@@ -35,17 +39,33 @@ class SharedWeights:
         self.flat = torch.zeros(self.numel, dtype=torch.float32).share_memory_()
         self._version = ctx.Value("q", -1, lock=False)
         self._lock = ctx.Lock()
+        self._staged: torch.Tensor | None = None  # the publisher's device buffer
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_staged"] = None  # the publisher's own, on its device
+        return state
 
     def version(self) -> int:
         return int(self._version.value)
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
+        tensors = list(model.state_dict().values())
+        device = tensors[0].device
         with torch.no_grad():
-            parts = [t.detach().reshape(-1).float() for t in model.state_dict().values()]
-            cpu = torch.cat(parts).cpu()
-        with self._lock:
-            self.flat.copy_(cpu)
-            self._version.value = version
+            if device.type == "cpu":
+                with self._lock:
+                    _copy_into(tensors, self.flat)
+                    self._version.value = version
+                return
+            if self._staged is None or self._staged.device != device:
+                self._staged = torch.empty(self.numel, dtype=torch.float32, device=device)
+            _copy_into(tensors, self._staged)
+            if device.type == "cuda":
+                torch.cuda.current_stream(device).synchronize()
+            with self._lock:
+                self.flat.copy_(self._staged)
+                self._version.value = version
 
     def publish_flat(self, flat: torch.Tensor, version: int) -> None:
         """Publish weights that arrive already flat (a sampler node's copy of the learner's)."""
@@ -63,13 +83,27 @@ class SharedWeights:
         with self._lock:
             flat = self.flat.clone()
             version = int(self._version.value)
+        tensors = list(model.state_dict().values())
+        # A model on a GPU takes the weights in one copy, then splits them there: a copy
+        # per tensor would make the host wait for the device once per tensor.
+        flat = flat.to(tensors[0].device)
         offset = 0
         with torch.no_grad():
-            for tensor in model.state_dict().values():
+            for tensor in tensors:
                 n = tensor.numel()
                 tensor.copy_(flat[offset:offset + n].view_as(tensor))
                 offset += n
         return version
+
+
+def _copy_into(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
+    """Each of ``tensors`` into its stretch of ``flat`` (float32, in order, elements in each
+    tensor's logical order), converting the dtype on the way."""
+    offset = 0
+    for tensor in tensors:
+        n = tensor.numel()
+        flat[offset:offset + n].view_as(tensor).copy_(tensor)
+        offset += n
 
 
 class LocalWeights:
