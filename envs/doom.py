@@ -19,7 +19,7 @@ from gymnasium import spaces
 
 from envs.doom_game import SCREEN_SHAPE, button_table, default_max_episode_steps, start_game
 from envs.doom_image import INTERPOLATIONS, ImageResizer
-from envs.doom_scenarios import SCENARIOS, DoomScenario
+from envs.doom_scenarios import DoomScenario, scenario_named
 
 DEFAULT_FRAMESKIP = 4
 OBS_HEIGHT, OBS_WIDTH = 72, 128
@@ -57,10 +57,7 @@ class DoomEnv(gym.Env):
         interpolation: str = "nearest",
     ) -> None:
         self._game: vzd.DoomGame | None = None
-        if isinstance(scenario, str):
-            if scenario not in SCENARIOS:
-                raise ValueError(f"unknown doom scenario {scenario!r}; known: {sorted(SCENARIOS)}")
-            scenario = SCENARIOS[scenario]
+        scenario = scenario_named(scenario)
         if scenario.bots is not None and not self._multiplayer:
             raise ValueError(
                 f"{scenario.name} is a multiplayer scenario: make it with fastrl.make_env "

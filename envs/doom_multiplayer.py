@@ -40,7 +40,7 @@ from gymnasium.envs.registration import EnvSpec
 
 from envs.doom import DoomEnv
 from envs.doom_game import start_game
-from envs.doom_scenarios import SCENARIOS, DoomScenario
+from envs.doom_scenarios import DoomScenario, scenario_named
 
 MAX_PLAYERS = 16  # PLAYER1_FRAGCOUNT .. PLAYER16_FRAGCOUNT
 HOST_ARGS = (
@@ -89,10 +89,7 @@ class DoomBotsEnv(DoomEnv):
         interpolation: str = "nearest",
     ) -> None:
         self._game = None
-        if isinstance(scenario, str):
-            if scenario not in SCENARIOS:
-                raise ValueError(f"unknown doom scenario {scenario!r}; known: {sorted(SCENARIOS)}")
-            scenario = SCENARIOS[scenario]
+        scenario = scenario_named(scenario)
         if scenario.bots is None:
             raise ValueError(f"{scenario.name} is a single-player scenario: use envs.doom.DoomEnv")
         bots = scenario.bots if bots is None else bots

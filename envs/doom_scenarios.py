@@ -268,3 +268,13 @@ def builtin_envs() -> dict[str, tuple[str, tuple, dict]]:
 
 
 MULTIPLAYER_FACTORY = "envs.doom_multiplayer:DoomBotsEnv"
+
+
+def scenario_named(scenario: str | DoomScenario) -> DoomScenario:
+    """``scenario`` itself, or the built-in scenario of that name (a one-line error naming the
+    known ones otherwise)."""
+    if isinstance(scenario, DoomScenario):
+        return scenario
+    if scenario not in SCENARIOS:
+        raise ValueError(f"unknown doom scenario {scenario!r}; known: {sorted(SCENARIOS)}")
+    return SCENARIOS[scenario]
