@@ -25,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         parser.error(f"--connect={args.connect}: must be HOST:PORT, with a port 1 to 65535")
 
+    import threading
+
     from fastrl.runner.link import join_store
     from fastrl.runner.node import run_node
     from fastrl.train import user_error_types
@@ -36,18 +38,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fastrl.node: error: cannot reach the learner node at {args.connect}: "
               f"{str(exc).splitlines()[0]}", file=sys.stderr)
         return 1
+    # Ctrl-C, SIGTERM or SIGHUP: the node finishes the message it is sending, stops its
+    # workers and tells the learner node it leaves (its trajectories in flight are dropped and
+    # counted there, as for a lost node); exit status 0. A second signal quits at once.
+    stop = threading.Event()
     try:
-        # Ctrl-C, SIGTERM or SIGHUP: the node stops its workers and tells the learner node it
-        # leaves (its trajectories in flight are dropped and counted there, as for a lost
-        # node); exit status 0. A second signal quits at once.
-        with LauncherSignals():
-            run_node(store, args.node_rank)
-    except KeyboardInterrupt as exc:
-        print(f"fastrl.node: stopped ({exc or 'SIGINT'})", file=sys.stderr)
-        return 0
+        with LauncherSignals(on_stop=stop.set) as signals:
+            run_node(store, args.node_rank, stop=stop)
+    except KeyboardInterrupt:  # before the handlers were in place
+        signals = None
     except (ValueError, *user_error_types()) as exc:
         print(f"fastrl.node: error: {exc}", file=sys.stderr)
         return 1
+    if signals is None or signals.stopped_by is not None:
+        by = signals.stopped_by if signals is not None else "SIGINT"
+        print(f"fastrl.node: stopped ({by})", file=sys.stderr)
     return 0
 
 

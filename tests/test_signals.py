@@ -51,6 +51,17 @@ def test_while_stopping_the_first_signal_lets_the_stop_finish(capsys):
             os.kill(os.getpid(), signal.SIGHUP)
 
 
+def test_with_on_stop_the_first_signal_only_raises_the_flag():
+    """A sampler node's loop must not be cut halfway through a message: the first signal
+    calls ``on_stop`` (the loop polls the flag); the second still quits."""
+    flag = threading.Event()
+    with LauncherSignals(_quit, on_stop=flag.set) as signals:
+        os.kill(os.getpid(), signal.SIGTERM)  # raises nothing
+        assert flag.is_set() and signals.stopped_by == "SIGTERM"
+        with pytest.raises(_Quit):
+            os.kill(os.getpid(), signal.SIGINT)
+
+
 def test_the_save_signal_asks_for_one_checkpoint_and_stops_nothing():
     with LauncherSignals(_quit) as signals:
         assert not signals.take_save_request()

@@ -106,13 +106,15 @@ class Gateway:
 
 class NodeRunner:
     def __init__(self, cfg: Config, store: dist.Store, node: int, generation: int,
-                 parent_alive: Callable[[], bool]):
+                 parent_alive: Callable[[], bool], stop: threading.Event | None = None):
         self.cfg = cfg
         self.store = store
         self.node = node
         self.generation = generation
         self.parent_alive = parent_alive
-        self.stop = threading.Event()
+        # Set by the weights receiver when the learner leaves, or by a stop signal: the loop
+        # ends between two messages, never halfway through one (the BYE must be readable).
+        self.stop = stop if stop is not None else threading.Event()
         self.gateway: Gateway | None = None
         self.supervisor: Supervisor | None = None
         self.wiring: Wiring | None = None
@@ -195,15 +197,18 @@ def node_config(cfg: Config, node: int, generation: int) -> Config:
 
 
 def run_node(store: dist.Store, node: int,
-             parent_alive: Callable[[], bool] = lambda: True) -> None:
-    """Be sampler node ``node`` of the run whose learner hosts ``store``, until it ends."""
+             parent_alive: Callable[[], bool] = lambda: True,
+             stop: threading.Event | None = None) -> None:
+    """Be sampler node ``node`` of the run whose learner hosts ``store``, until it ends (the
+    learner says goodbye or is lost, ``parent_alive()`` turns false, or ``stop`` is set)."""
     os.environ["FASTRL_LOG_PREFIX"] = f"fastrl node {node}"  # the workers inherit it
     cfg = fetch_config(store)
     if not 0 <= node < cfg.num_sampler_nodes:
         raise ValueError(f"--node_rank={node}: the run has {cfg.num_sampler_nodes} sampler "
                          f"nodes (0 to {cfg.num_sampler_nodes - 1})")
     generation = store.add(generation_key(node), 1)
-    NodeRunner(node_config(cfg, node, generation), store, node, generation, parent_alive).run()
+    NodeRunner(node_config(cfg, node, generation), store, node, generation, parent_alive,
+               stop).run()
 
 
 def local_node_main(wiring: Wiring, node: int) -> None:

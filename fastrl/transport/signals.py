@@ -68,10 +68,16 @@ class LauncherSignals:
     already handles as Ctrl-C (save, then stop in order); ``stopped_by`` names it. A second
     calls ``quit_now(signum)``, which must not return (kill what is left and ``os._exit``).
     ``SAVE_SIGNAL`` only raises a flag that the run loop takes with :meth:`take_save_request`.
+
+    With ``on_stop``, the first stop signal calls ``on_stop()`` instead of raising: for a main
+    loop that must not be cut in the middle of what it does (a sampler node halfway through
+    sending a message would leave the link unreadable), and that polls a flag instead.
     """
 
-    def __init__(self, quit_now: Callable[[int], None] | None = None):
+    def __init__(self, quit_now: Callable[[int], None] | None = None,
+                 on_stop: Callable[[], None] | None = None):
         self.quit_now = quit_now or quit_alone
+        self.on_stop = on_stop
         self.stopped_by: str | None = None
         self._save = threading.Event()
         self._stopping = False
@@ -107,6 +113,9 @@ class LauncherSignals:
         if self._stopping:  # already stopping in order (the last checkpoint, the shutdown)
             print(f"{self.stopped_by}: already stopping; a second signal quits at once",
                   file=sys.stderr, flush=True)
+            return
+        if self.on_stop is not None:
+            self.on_stop()
             return
         raise KeyboardInterrupt(self.stopped_by)
 
