@@ -87,7 +87,7 @@ def test_an_env_bound_run_names_the_envs(tmp_path):
     # Each step of this env sleeps 4 ms: the rollout workers are busy all the time while
     # inference and learning on 3-number observations take little.
     args = base_args(tmp_path, "tests.counting_env:SlowCountingEnv-v0",
-                     "--train_for_env_steps", "2500")
+                     "--train_for_env_steps", "1500")
     proc = run_train(args)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     summary = json.loads((tmp_path / "x" / "summary.json").read_text())

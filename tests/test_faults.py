@@ -146,7 +146,7 @@ def test_env_that_raises_is_recreated_and_training_goes_on(tmp_path):
 
 
 def test_env_that_hangs_is_timed_out_and_recreated(tmp_path):
-    proc = run_train(base_args(tmp_path, HANGING, "--train_for_seconds", "8",
+    proc = run_train(base_args(tmp_path, HANGING, "--train_for_seconds", "4",
                                "--env_timeout", "0.5"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = summary_of(tmp_path)
@@ -231,11 +231,11 @@ def test_stuck_workers_of_a_killed_runner_exit_by_themselves(tmp_path):
         # Every env hangs at its step 40: 5 trajectories of 8 steps, so 40 in all.
         wait_until(lambda: "frames " in run.output and run.pid("fastrl-rollout-1") is not None,
                    60, "the workers")
-        time.sleep(3)
+        time.sleep(1)  # every env is stuck by now (40 steps of a counting env take ~10 ms)
         run.pid("fastrl-learner")  # note every child while they are still below the runner
         stuck = [run.pid(f"fastrl-rollout-{w}") for w in (0, 1)]
         run.proc.kill()
-        time.sleep(ORPHAN_GRACE / 2)
+        time.sleep(ORPHAN_GRACE / 4)
         assert all(alive([pid]) for pid in stuck), "the workers were not stuck"
         wait_until(lambda: not alive(run.kids), ORPHAN_GRACE + 20, "every child to exit")
     finally:

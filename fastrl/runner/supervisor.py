@@ -70,7 +70,8 @@ class Child:
         (kill_session if self.session else kill_group)(self.proc.pid, wait)
 
 
-ORPHAN_GRACE = 10.0  # seconds a child whose runner died has to exit on its own
+ORPHAN_GRACE = 5.0  # seconds a child whose runner died has to exit on its own (closing its
+# engines takes well under one)
 
 
 def _child_setup(name: str, threads: int, session: bool, parent: Lifeline) -> None:
