@@ -39,6 +39,7 @@ _LEGACY_ID = re.compile(r"(?P<game>[A-Za-z]+?)(?:Deterministic|NoFrameskip)?(?:-
 # Training settings for every Atari id (Config field names; flags override them). They follow
 # PPO on Atari (Schulman et al. 2017, and CleanRL's ppo_atari), not a fastrl measurement yet.
 RECOMMENDED: dict[str, Any] = {
+    "recipe": "pixels",
     # A feed-forward policy on the last 4 frames, as in DQN and PPO on Atari: the stack shows
     # motion (ball direction and speed), which is all most games need from the past.
     "env_framestack": 4,

@@ -263,7 +263,7 @@ def builtin_envs() -> dict[str, tuple[str, tuple, dict]]:
     for every scenario: the rows ``fastrl.env_registry`` reads. The factory is imported (and
     with it vizdoom) only when an env is made."""
     return {name: (MULTIPLAYER_FACTORY if s.bots is not None else "envs.doom:DoomEnv", (name,),
-                   dict(s.recommended))
+                   {"recipe": "pixels", **dict(s.recommended)})
             for name, s in SCENARIOS.items()}
 
 

@@ -116,39 +116,18 @@ def register_env(name: str, factory: EnvFactory, *, recommended: dict[str, Any] 
     _REGISTRY[name] = (factory, dict(recommended or {}))
 
 
-# Gymnasium ids with measured recommendations (perf/RESULTS.md, "Learning"). CartPole: a
-# small tanh MLP and PPO-style reuse of each batch (4 epochs of 4 minibatches); the pixel
-# defaults (one pass over 1024 samples) learn it too slowly to reach 450 in 300K steps.
+# Gymnasium ids with measured recommendations (perf/RESULTS.md, "Learning"), over the recipe
+# for their kind (fastrl.config.recipes). CartPole learned the classic recipe first; its
+# rewards of 1 per step are scaled to 0.1.
 _GYM_RECOMMENDED: dict[str, dict[str, Any]] = {
-    "CartPole-v1": {
-        "num_envs_per_worker": 16, "rollout": 64, "batch_size": 256, "num_batches_per_epoch": 4,
-        "num_epochs": 4, "ppo_clip_ratio": 0.2, "encoder_mlp_layers": [64, 64],
-        "nonlinearity": "tanh", "exploration_loss_coeff": 0.0, "reward_scale": 0.1,
-        "learning_rate": 1e-3,
-    },
+    "CartPole-v1": {"recipe": "classic", "reward_scale": 0.1},
 }
-
-
-# MuJoCo control tasks (the optional extra fastrl[mujoco]): PPO's usual recipe for them,
-# measured on Hopper-v5 (perf/RESULTS.md, "Continuous control"). Separate 64-64 tanh MLPs for
-# actor and critic, on-policy batches of 2,048 steps (sync mode) reused for 10 epochs of 32
-# minibatches, no entropy bonus; input and return normalisation stay on (the defaults).
-# Plain GAE(0.95) targets instead of V-trace, and no value clipping: with V-trace and the
-# default value clip of 0.2 (in normalised units) Hopper-v5 stalled at a return of about 400
-# (seed 1, 560K steps); with both changed it passed 880 by 160K.
-_MUJOCO_RECOMMENDED: dict[str, Any] = {
-    "async_rl": False, "use_rnn": False, "actor_critic_share_weights": False,
-    "encoder_mlp_layers": [64, 64], "nonlinearity": "tanh", "num_workers": 2,
-    "num_envs_per_worker": 8, "rollout": 128, "batch_size": 64, "num_batches_per_epoch": 32,
-    "num_epochs": 10, "advantages": "batch",
-    "learning_rate": 3e-4, "adam_eps": 1e-5, "max_grad_norm": 0.5,
-    "ppo_clip_ratio": 0.2, "exploration_loss_coeff": 0.0, "with_vtrace": False,
-    "ppo_clip_value": 0.0, "lr_schedule": "linear_decay",
-}
+# MuJoCo control tasks (the optional extra fastrl[mujoco]): the continuous recipe, measured
+# on Hopper-v5 (perf/RESULTS.md, "Continuous control").
 _MUJOCO_TASKS = ("Ant", "HalfCheetah", "Hopper", "Humanoid", "HumanoidStandup",
                  "InvertedDoublePendulum", "InvertedPendulum", "Pusher", "Reacher", "Swimmer",
                  "Walker2d")
-_GYM_RECOMMENDED.update({f"{task}-v{v}": _MUJOCO_RECOMMENDED
+_GYM_RECOMMENDED.update({f"{task}-v{v}": {"recipe": "continuous"}
                          for task in _MUJOCO_TASKS for v in (4, 5)})
 
 

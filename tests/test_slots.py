@@ -87,7 +87,8 @@ def _learner_station(tmp_path, *extra):
     cfg = parse_config(["--env", "tests.counting_env:CountingEnv-v0", "--train_dir",
                         str(tmp_path), "--experiment", "x", "--device", "cpu", "--use_rnn",
                         "False", "--encoder_mlp_layers", "16", "--rollout", "8",
-                        "--batch_size", "32", "--num_envs_per_worker", "2", *extra])
+                        "--batch_size", "32", "--num_envs_per_worker", "2", "--recipe", "pixels",
+                        *extra])
     env = create_env(cfg)
     info = env_info(env)
     env.close()

@@ -104,14 +104,22 @@ def _legacy_reward_scale(saved: dict[str, Any]) -> dict[str, Any]:
 
 
 def apply_recommended(cfg: Config, keep: set[str]) -> list[str]:
-    """Set the env's recommended settings (see ``fastrl.env_registry.recommended_settings``)
-    on ``cfg``, except the fields in ``keep`` (given as flags, or saved by an earlier run);
-    then resolve ``reward_scale`` None to 1.0. Returns errors for unknown settings."""
+    """Set the recipe for the env's kind (``fastrl.config.recipes``) and over it the env's
+    recommended settings (``fastrl.env_registry.recommended_settings``) on ``cfg``, except the
+    fields in ``keep`` (given as flags, or saved by an earlier run); ``cfg.recipe`` names the
+    recipe chosen; then resolve ``reward_scale`` None to 1.0. Returns errors for unknown
+    settings."""
+    from fastrl.config.recipes import RECIPES, choose_recipe
     from fastrl.env_registry import recommended_settings
 
     known = {f.name for f in _fields()}
     errors = []
-    for key, value in recommended_settings(cfg.env).items():
+    entry = recommended_settings(cfg.env)
+    if cfg.recipe == "auto":
+        cfg.recipe = choose_recipe(cfg.env, cfg.recipe, entry)[0]
+    layers = {**RECIPES.get(cfg.recipe, {}), **entry}
+    layers.pop("recipe", None)
+    for key, value in layers.items():
         if key not in known:
             errors.append(f"env {cfg.env!r} recommends unknown setting {key!r}")
         elif key not in keep:

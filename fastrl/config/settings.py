@@ -52,6 +52,14 @@ class Config:
     train_for_seconds: float = _f(10_000_000_000.0, "Stop after this many seconds of training in "
                                   "this run", "experiment")
 
+    recipe: str = _f("auto", "Default settings for the kind of env, under its registry entry and "
+                     "any flag: pixels (image observations: conv encoder, GRU, one pass over "
+                     "batches of 1024), classic (vector observations, discrete actions: small "
+                     "tanh MLP, 4 epochs of 4 minibatches of 256), continuous (vector "
+                     "observations, Box actions: PPO's control recipe), or auto = from the "
+                     "env's spaces", "experiment",
+                     choices=("auto", "pixels", "classic", "continuous"))
+
     # --- sampling ---------------------------------------------------------------------
     serial_mode: bool = _f(False, "Run rollout, inference and learning in one process (debugging, "
                            "profiling)", "sampling")
@@ -348,4 +356,4 @@ ADDED_LATER = {"normalize_input": False, "normalize_returns": False, "exploratio
                "rnn_type": "gru", "action_log_std": "state_independent",
                "action_bounds": "clip", "actor_critic_share_weights": True,
                "env_atari_rgb": False, "lr_schedule": "constant",
-               "advantages": "minibatch"}
+               "advantages": "minibatch", "recipe": "pixels"}

@@ -11,8 +11,10 @@ import numpy as np
 import torch
 
 from fastrl.algo.learner import exploration_problem
+from fastrl.config.recipes import recipe_line
 from fastrl.config.settings import Config
 from fastrl.errors import EnvSettingsError, StartMethodError
+from fastrl.log import log
 from fastrl.policy.actions import ActionSpec
 from fastrl.policy.model import ActorCritic
 from fastrl.sampling.env_setup import EnvInfo
@@ -28,6 +30,11 @@ def check_env_settings(cfg: Config, info: EnvInfo) -> None:
     problem = exploration_problem(cfg.exploration_loss, spec)
     if problem:
         raise EnvSettingsError(f"env {cfg.env!r} ({info.action_space}): {problem}")
+
+
+def announce_recipe(cfg: Config, info: EnvInfo) -> None:
+    """The run's first line about its settings: the recipe for the env's kind, and why."""
+    log(recipe_line(cfg.env, cfg.recipe, info.obs_space, info.action_space))
 
 
 def build_model(cfg: Config, info: EnvInfo, device: torch.device) -> ActorCritic:

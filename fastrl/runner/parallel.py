@@ -35,6 +35,7 @@ from fastrl.experiment.stats import TrainingStats
 from fastrl.log import log
 from fastrl.runner.children import POLL, learner_main, start_sampling
 from fastrl.runner.common import (
+    announce_recipe,
     buffers_per_env,
     build_model,
     check_env_settings,
@@ -95,6 +96,7 @@ class ParallelRunner:
         seed_everything(cfg.seed)
         info = probe_env(cfg)
         check_env_settings(cfg, info)
+        announce_recipe(cfg, info)
         model = build_model(cfg, info, torch.device("cpu"))
         if cfg.num_sampler_nodes:
             # Sampler node k plays rollout worker k: it owns the slots of a node's envs. Each

@@ -1,0 +1,141 @@
+"""Default recipes chosen from an env's spaces: what a bare ``train.py --env <id>`` trains with.
+
+Settings come in layers, each over the one before: ``Config``'s defaults, the **recipe** for
+the kind of env, the env's registry entry (``fastrl.env_registry.recommended_settings``), a
+resumed experiment's ``config.json``, and last the flags given on the command line.
+
+* ``pixels``: the VizDoom recipe, which ``Config``'s defaults are (a conv encoder, a GRU, one
+  pass over batches of 1,024). For image observations.
+* ``classic``: vector observations and discrete actions (CartPole, Acrobot, LunarLander...):
+  a small tanh MLP without a recurrent core, and PPO-style reuse of each batch (4 epochs of
+  4 minibatches of 256).
+* ``continuous``: vector observations and continuous (Box) actions (MuJoCo, Pendulum...):
+  PPO's usual recipe for control tasks, on-policy batches of 2,048 steps (sync mode) reused
+  for 10 epochs of 32 minibatches, separate 64-64 tanh actor and critic, no entropy bonus,
+  plain GAE(0.95) targets without V-trace and no value clipping: with V-trace and the default
+  value clip of 0.2 (normalised units) Hopper-v5 stalled at a return of about 400 (seed 1,
+  560K steps); with both changed it passed 880 by 160K.
+
+``--recipe auto`` (the default) looks at the env's spaces, unless its registry entry names a
+recipe (the VizDoom and Atari families do: no engine is started to find out). How each
+recipe was measured: perf/RESULTS.md, "Default recipes".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+# Settings of each recipe (``Config`` field names). ``pixels`` is ``Config``'s defaults.
+RECIPES: dict[str, dict[str, Any]] = {
+    "pixels": {},
+    "classic": {
+        "use_rnn": False, "num_envs_per_worker": 16, "rollout": 64, "batch_size": 256,
+        "num_batches_per_epoch": 4, "num_epochs": 4, "ppo_clip_ratio": 0.2,
+        "encoder_mlp_layers": [64, 64], "nonlinearity": "tanh", "exploration_loss_coeff": 0.0,
+        "learning_rate": 1e-3,
+    },
+    "continuous": {
+        "async_rl": False, "use_rnn": False, "actor_critic_share_weights": False,
+        "encoder_mlp_layers": [64, 64], "nonlinearity": "tanh", "num_workers": 2,
+        "num_envs_per_worker": 8, "rollout": 128, "batch_size": 64,
+        "num_batches_per_epoch": 32, "num_epochs": 10, "advantages": "batch",
+        "learning_rate": 3e-4, "adam_eps": 1e-5, "max_grad_norm": 0.5, "ppo_clip_ratio": 0.2,
+        "exploration_loss_coeff": 0.0, "with_vtrace": False, "ppo_clip_value": 0.0,
+        "lr_schedule": "linear_decay",
+    },
+}
+RECIPE_CHOICES = ("auto", *RECIPES)
+
+
+def is_image_space(space: gym.Space) -> bool:
+    """Whether ``space`` holds images: a uint8 Box of rank 2 or 3 (either channel layout), or
+    a float Box of rank 3 (images in [0, 1])."""
+    if not isinstance(space, gym.spaces.Box):
+        return False
+    if space.dtype == np.uint8:
+        return len(space.shape) in (2, 3)
+    return len(space.shape) == 3 and np.issubdtype(space.dtype, np.floating)
+
+
+def _leaves(space: gym.Space) -> list[gym.Space]:
+    if isinstance(space, gym.spaces.Dict):
+        return [leaf for sub in space.spaces.values() for leaf in _leaves(sub)]
+    if isinstance(space, gym.spaces.Tuple):
+        return [leaf for sub in space.spaces for leaf in _leaves(sub)]
+    return [space]
+
+
+def recipe_for_spaces(obs_space: gym.Space, action_space: gym.Space) -> tuple[str, str]:
+    """(recipe, why) for an env with these spaces."""
+    images = [leaf for leaf in _leaves(obs_space) if is_image_space(leaf)]
+    if images:
+        return "pixels", f"image observations {tuple(images[0].shape)}"
+    continuous = any(isinstance(leaf, gym.spaces.Box) for leaf in _leaves(action_space))
+    obs = _describe(obs_space)
+    if continuous:
+        return "continuous", f"vector observations {obs}, continuous actions"
+    return "classic", f"vector observations {obs}, discrete actions"
+
+
+def _describe(space: gym.Space) -> str:
+    if isinstance(space, gym.spaces.Box):
+        return str(tuple(space.shape))
+    if isinstance(space, gym.spaces.Dict):
+        if len(space.spaces) == 1:  # the gymnasium adapter's {"obs": ...}
+            return _describe(next(iter(space.spaces.values())))
+        return "{" + ", ".join(f"{k}: {_describe(v)}" for k, v in space.spaces.items()) + "}"
+    return str(space)
+
+
+def probe_spaces(env_name: str) -> tuple[gym.Space, gym.Space]:
+    """Make env ``env_name`` with its default options, read its spaces, close it."""
+    from fastrl.env_registry import make_env
+
+    env = make_env(env_name)
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
+
+
+def choose_recipe(env_name: str, asked: str, entry: dict[str, Any]) -> tuple[str, str]:
+    """(recipe, why) for env ``env_name``: ``asked`` unless it is ``auto``, then the one the
+    env's registry ``entry`` names, then the one its spaces call for. An env that cannot be
+    made here keeps ``pixels`` (the defaults); making it for the run reports why."""
+    if asked != "auto":
+        return asked, "--recipe"
+    if "recipe" in entry:
+        return entry["recipe"], f"{env_name}'s registry entry"
+    try:
+        obs_space, action_space = probe_spaces(env_name)
+    except Exception as exc:  # noqa: BLE001 - the run itself reports a bad env, in one line
+        return "pixels", f"the env could not be made to look at its spaces ({type(exc).__name__})"
+    return recipe_for_spaces(obs_space, action_space)
+
+
+def recipe_line(env_name: str, recipe: str, obs_space: gym.Space,
+                action_space: gym.Space) -> str:
+    """The run's line that says which recipe it trains with, and why."""
+    from fastrl.env_registry import recommended_settings
+
+    entry = recommended_settings(env_name)
+    by_spaces, why = recipe_for_spaces(obs_space, action_space)
+    if entry.get("recipe") == recipe:
+        why = f"{env_name}'s registry entry" + (
+            f", with settings of its own: {', '.join(sorted(set(entry) - {'recipe'}))}"
+            if set(entry) - {"recipe"} else "")
+    elif recipe != by_spaces:
+        why = f"--recipe {recipe}; the spaces call for {by_spaces}"
+    return (f"recipe {recipe} ({why}): {describe(recipe)}; --recipe chooses another, any "
+            "flag overrides a setting")
+
+
+def describe(recipe: str) -> str:
+    """The recipe's settings in one line."""
+    settings = RECIPES[recipe]
+    if not settings:
+        return "fastrl's defaults (conv encoder, GRU, one pass over batches of 1024)"
+    return ", ".join(f"{k}={v}" for k, v in settings.items())

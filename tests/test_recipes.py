@@ -1,0 +1,126 @@
+"""The recipe a bare ``train.py --env <id>`` trains with: chosen from the env's spaces, under
+the env's registry entry and any flag (fastrl.config.recipes)."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from fastrl.config import recipes
+from fastrl.config.load import parse_config
+from fastrl.config.settings import Config, ConfigError
+from fastrl.env_registry import register_env
+from tests.counting_env import CountingEnv
+
+Box, Discrete = gym.spaces.Box, gym.spaces.Discrete
+VECTOR = Box(-1.0, 1.0, (4,), np.float32)
+
+
+def parse(tmp_path, *argv):
+    return parse_config(["--train_dir", str(tmp_path), "--experiment", "x", *argv])
+
+
+@pytest.mark.parametrize(("obs", "action", "recipe"), [
+    (Box(0, 255, (3, 84, 84), np.uint8), Discrete(3), "pixels"),  # channels first
+    (Box(0, 255, (96, 96, 3), np.uint8), VECTOR, "pixels"),  # channels last, Box actions
+    (Box(0, 255, (64, 64), np.uint8), Discrete(3), "pixels"),  # one channel
+    (Box(0.0, 1.0, (3, 32, 32), np.float32), Discrete(3), "pixels"),  # float image
+    (gym.spaces.Dict({"screen": Box(0, 255, (3, 8, 8), np.uint8), "hp": VECTOR}), Discrete(2),
+     "pixels"),
+    (VECTOR, Discrete(2), "classic"),
+    (Box(-1.0, 1.0, (4, 3), np.float32), gym.spaces.MultiDiscrete([2, 3]), "classic"),
+    (gym.spaces.Dict({"a": VECTOR, "b": Discrete(5)}), Discrete(2), "classic"),
+    (VECTOR, VECTOR, "continuous"),
+    (VECTOR, gym.spaces.Tuple((Discrete(2), VECTOR)), "continuous"),
+])
+def test_the_recipe_follows_the_spaces(obs, action, recipe):
+    chosen, why = recipes.recipe_for_spaces(obs, action)
+    assert chosen == recipe
+    assert ("image" in why) == (recipe == "pixels")
+
+
+def test_every_recipe_is_a_choice_and_names_real_settings():
+    field = next(f for f in Config.__dataclass_fields__.values() if f.name == "recipe")
+    assert field.metadata["choices"] == recipes.RECIPE_CHOICES
+    names = set(Config.__dataclass_fields__)
+    for settings in recipes.RECIPES.values():
+        assert set(settings) <= names
+
+
+def test_a_bare_command_gets_the_recipe_of_its_kind(tmp_path):
+    acrobot = parse(tmp_path, "--env", "Acrobot-v1")  # no registry entry: its spaces decide
+    assert acrobot.recipe == "classic"
+    for key, value in recipes.RECIPES["classic"].items():
+        assert getattr(acrobot, key) == value, key
+    pendulum = parse(tmp_path, "--env", "Pendulum-v1", "--experiment", "p")
+    assert pendulum.recipe == "continuous" and pendulum.with_vtrace is False
+    assert pendulum.num_epochs == 10 and pendulum.async_rl is False
+
+
+def test_precedence_flag_over_entry_over_recipe(tmp_path):
+    # CartPole's entry: the classic recipe and a reward scale of its own.
+    cartpole = parse(tmp_path, "--env", "CartPole-v1", "--num_epochs", "2")
+    assert cartpole.recipe == "classic" and cartpole.reward_scale == 0.1
+    assert cartpole.num_epochs == 2 and cartpole.batch_size == 256
+    # An entry's setting wins over its recipe's; --recipe chooses another recipe.
+    register_env("counting_with_recipe", lambda: CountingEnv(), overwrite=True,
+                 recommended={"recipe": "classic", "num_epochs": 3})
+    cfg = parse(tmp_path, "--env", "counting_with_recipe", "--experiment", "y")
+    assert (cfg.recipe, cfg.num_epochs, cfg.batch_size) == ("classic", 3, 256)
+    pixels = parse(tmp_path, "--env", "Acrobot-v1", "--recipe", "pixels", "--experiment", "z")
+    assert pixels.recipe == "pixels" and pixels.use_rnn is True and pixels.num_epochs == 1
+
+
+def test_builtin_families_name_their_recipe_without_starting_an_engine(tmp_path, monkeypatch):
+    def no_probe(name):
+        raise AssertionError(f"{name} was made to look at its spaces")
+
+    monkeypatch.setattr(recipes, "probe_spaces", no_probe)
+    assert parse(tmp_path, "--env", "doom_basic").recipe == "pixels"
+    assert parse(tmp_path, "--env", "Hopper-v5", "--experiment", "h").recipe == "continuous"
+    # A resumed experiment keeps the recipe it was trained with, and is not probed either.
+    exp = tmp_path / "old"
+    exp.mkdir()
+    (exp / "config.json").write_text(json.dumps({"env": "Acrobot-v1", "recipe": "classic"}))
+    assert parse(tmp_path, "--experiment", "old").recipe == "classic"
+
+
+def test_an_old_config_trained_with_the_defaults_keeps_them(tmp_path):
+    exp = tmp_path / "x"
+    exp.mkdir()
+    (exp / "config.json").write_text(json.dumps({"env": "Acrobot-v1", "use_rnn": True}))
+    cfg = parse(tmp_path)
+    assert cfg.recipe == "pixels" and cfg.use_rnn is True and cfg.num_epochs == 1
+
+
+def test_a_bad_recipe_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as flag:  # on the command line: argparse's one line
+        parse(tmp_path, "--env", "Acrobot-v1", "--recipe", "fast")
+    assert flag.value.code == 2
+    assert "argument --recipe: invalid choice: 'fast'" in capsys.readouterr().err
+    exp = tmp_path / "x"  # in a config.json: the checks' one line
+    exp.mkdir()
+    (exp / "config.json").write_text(json.dumps({"env": "Acrobot-v1", "recipe": "fast"}))
+    with pytest.raises(ConfigError) as err:
+        parse(tmp_path)
+    assert err.value.errors == [
+        "--recipe='fast': must be one of auto, pixels, classic, continuous"]
+
+
+def test_an_env_that_cannot_be_made_keeps_the_defaults(tmp_path):
+    assert recipes.choose_recipe("NoSuchEnv-v0", "auto", {})[0] == "pixels"
+
+
+def test_the_run_says_which_recipe_and_why():
+    line = recipes.recipe_line("Acrobot-v1", "classic", Box(-1, 1, (6,), np.float32),
+                               Discrete(3))
+    assert line.startswith("recipe classic (vector observations (6,), discrete actions): ")
+    assert "num_epochs=4" in line and "--recipe chooses another" in line
+    asked = recipes.recipe_line("Acrobot-v1", "pixels", Box(-1, 1, (6,), np.float32),
+                                Discrete(3))
+    assert asked.startswith("recipe pixels (--recipe pixels; the spaces call for classic)")
+    entry = recipes.recipe_line("CartPole-v1", "classic", VECTOR, Discrete(2))
+    assert "CartPole-v1's registry entry, with settings of its own: reward_scale" in entry
