@@ -107,3 +107,27 @@ def test_tiny_cartpole_run_writes_json_and_plot(tmp_path):
     assert report["host"]["cpu_flags"].keys() == {"avx512f", "avx512_bf16", "amx_bf16"}
     assert report["reference"]["points"][0]["ret"] == 500.0
     assert (tmp_path / "learning.png").stat().st_size > 10_000
+
+
+def test_the_suite_table_has_a_row_per_env_and_seed():
+    import learning_suite as ls
+
+    item = ls.SuiteEnv("Acrobot-v1", 300_000, -80.0, "ref")
+    runs = [{"seed": 1, "final_return": -83.27, "frames_to_target": 228_352.0,
+             "minutes_to_target": 2.46, "run_minutes": 3.2},
+            {"seed": 2, "final_return": None, "frames_to_target": None,
+             "minutes_to_target": None, "run_minutes": 0.1}]
+    md = ls.table([(item, 300_000, {"runs": runs})], bare=True).splitlines()
+    assert md[2] == "| Acrobot-v1 | 1 | 300,000 | -83.3 | -80 | 228,352 | 2.5 | 3.2 | ref |"
+    assert md[3] == "| Acrobot-v1 | 2 | 300,000 | n/a | -80 | not reached |  | 0.1 | ref |"
+    assert "not the bare command" in ls.table([(item, 1, {"runs": runs})], bare=False)
+    assert {s.env for s in ls.SUITES["classic"]} >= {"CartPole-v1", "Acrobot-v1"}
+
+
+def test_the_suite_refuses_an_env_it_does_not_hold(capsys):
+    import learning_suite as ls
+
+    with pytest.raises(SystemExit) as exit_:
+        ls.main(["--suite", "classic", "--envs", "Pong"])
+    assert exit_.value.code == 2
+    assert "--envs Pong: not in suite classic (CartPole-v1, Acrobot-v1" in capsys.readouterr().err

@@ -34,7 +34,7 @@ def _args(tmp_path, env: str, mode: str, frames: int, *extra: str) -> list[str]:
             "--device", "cpu", "--seed", "1", "--num_workers", "2", "--num_envs_per_worker", "4",
             "--worker_num_splits", "2", "--rollout", "8", "--batch_size", "64",
             "--train_for_env_steps", str(frames), "--log_every_sec", "1",
-            "--summaries_every_sec", "1", *extra]
+            "--summaries_every_sec", "1", "--recipe", "pixels", *extra]
 
 
 def _train(tmp_path, args: list[str], mode: str) -> dict:

@@ -37,7 +37,7 @@ def base_args(tmp_path, env=COUNTING, *extra):
             "--use_rnn", "False", "--num_workers", "2", "--num_envs_per_worker", "4",
             "--worker_num_splits", "2", "--rollout", "8", "--batch_size", "32",
             "--encoder_mlp_layers", "16", "--log_every_sec", "1", "--summaries_every_sec", "1",
-            "--decorrelate_envs_on_one_worker", "False", *extra]
+            "--decorrelate_envs_on_one_worker", "False", "--recipe", "pixels", *extra]
 
 
 def publish_first_weights(shared, version: int = 0) -> None:

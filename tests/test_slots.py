@@ -156,3 +156,20 @@ def test_learner_station_answers_a_fence_between_the_batches_of_a_backlog(tmp_pa
     # Worker 1's slots were dropped unread; only worker 0's data was trained on.
     assert events == ["train", Fenced(1, 1, per)]
     assert station.pending.waiting == list(range(batch, per))
+
+
+def test_slots_per_env_hold_two_batches_and_no_more():
+    """One slot being filled per env, plus the fewest that hold two learner batches."""
+    from types import SimpleNamespace
+
+    from fastrl.runner.common import buffers_per_env
+
+    for per_batch in (1, 3, 8, 16, 32, 33, 64):
+        for envs in (1, 2, 7, 16, 32, 64, 100):
+            slots = buffers_per_env(SimpleNamespace(trajectories_per_batch=per_batch), envs)
+            waiting = (slots - 1) * envs  # trajectories that can wait for the learner
+            assert waiting >= 2 * per_batch > waiting - envs, (per_batch, envs, slots)
+    # The classic recipe's 2 x 16 envs, 16 trajectories a batch: 2 slots (was 3); doom_basic's
+    # defaults, 16 envs and 32 trajectories a batch: 5, as before.
+    assert buffers_per_env(SimpleNamespace(trajectories_per_batch=16), 32) == 2
+    assert buffers_per_env(SimpleNamespace(trajectories_per_batch=32), 16) == 5

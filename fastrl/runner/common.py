@@ -46,8 +46,12 @@ def build_model(cfg: Config, info: EnvInfo, device: torch.device) -> ActorCritic
 
 
 def buffers_per_env(cfg: Config, num_envs: int) -> int:
-    """Trajectory slots per env: one being filled plus room for two learner batches."""
-    return 2 * math.ceil(cfg.trajectories_per_batch / num_envs) + 1
+    """Trajectory slots per env: one being filled plus room for two learner batches (the one
+    training and the next), and no more: a learner-bound run fills every slot, so each slot
+    beyond that adds policy lag, not speed. (Rounding up per batch rather than for both
+    gave CartPole's classic recipe 3 slots per env where 2 hold both batches: its policy lag
+    went from 88-95 SGD steps to 45-63, perf/RESULTS.md, "Default recipes".)"""
+    return math.ceil(2 * cfg.trajectories_per_batch / num_envs) + 1
 
 
 # What the fork server imports once, so that no child it forks imports torch again (under
