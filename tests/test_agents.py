@@ -9,6 +9,7 @@ import torch
 from gymnasium import spaces
 
 from fastrl.config.load import parse_config
+from fastrl.enjoy import main as enjoy_main
 from fastrl.errors import EnvSettingsError
 from fastrl.runner.common import check_env_settings
 from fastrl.runner.serial import run_serial
@@ -204,7 +205,7 @@ SERIAL = ["--env", AGENTS, "--serial_mode", "--device", "cpu", "--seed", "1",
 
 
 @pytest.mark.learning
-def test_serial_mode_learns_every_agents_cue(tmp_path):
+def test_serial_mode_learns_every_agents_cue(tmp_path, capsys):
     """Random actions score a third of each episode (5 or 7 steps: 2 on average); the shared
     policy learns to match each agent's own cue."""
     summary = run_serial(parse_config([*SERIAL, "--train_dir", str(tmp_path), "--experiment",
@@ -212,3 +213,9 @@ def test_serial_mode_learns_every_agents_cue(tmp_path):
     assert summary["env_frames"] >= 16000
     # measured: 5.69 and 5.67 over the last 100 episodes (6 at best, 2 at random)
     assert summary["mean_episode_return"] > 5.0, summary["mean_episode_return"]
+    # enjoy.py plays single-agent envs only: one line, not a traceback
+    capsys.readouterr()
+    assert enjoy_main(["--train_dir", str(tmp_path), "--experiment", "x", "--env", AGENTS,
+                       "--device", "cpu", "--max_num_episodes", "1"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has 2 agents: enjoy.py plays single-agent envs only" in err[0]
