@@ -11,6 +11,7 @@ from gymnasium.wrappers import DtypeObservation, RecordEpisodeStatistics
 
 from fastrl.policy.actions import ActionSpec
 from fastrl.policy.obs import ACTION_MASK_KEY, obs_to_dict
+from fastrl.sampling.agents import is_multi_agent
 from fastrl.sampling.env_faults import check_reward
 
 
@@ -108,6 +109,9 @@ def make_gym_env(
       over a :class:`RewardCheck`;
     - casts a floating-point `Box` observation that is not float32 to float32;
     - `action_mask_from_info`: wraps in :class:`InfoActionMask`.
+
+    A multi-agent env (`fastrl.sampling.agents`: an int `num_agents`) is returned unwrapped:
+    gymnasium's wrappers step one agent. It keeps its own time limit and episode statistics.
     """
     if frameskip is not None and frameskip != 1:
         raise ValueError(
@@ -128,6 +132,8 @@ def make_gym_env(
         extra = "mujoco" if "mujoco" in str(exc).lower() else None
         hint = f" (pip install 'fastrl[{extra}]')" if extra else ""
         raise MissingExtraError(f"env {env_id!r}: {exc}{hint}") from exc
+    if is_multi_agent(env.unwrapped):
+        return _multi_agent(env_id, env, max_episode_steps, action_mask_from_info)
     env = RewardCheck(env)
     space = env.observation_space
     if (
@@ -143,4 +149,19 @@ def make_gym_env(
     metadata: dict[str, Any] = dict(env.metadata)
     metadata["frameskip"] = 1
     env.metadata = metadata
+    return env
+
+
+def _multi_agent(env_id: str, env: gym.Env, max_episode_steps: int | None,
+                 action_mask_from_info: bool) -> gym.Env:
+    """A multi-agent env made by `gymnasium.make`, without gymnasium's wrappers."""
+    for option, value in (("max_episode_steps", max_episode_steps),
+                          ("action_mask_from_info", action_mask_from_info or None)):
+        if value is not None:
+            env.close()
+            raise ValueError(f"{option}={value!r} is not supported for the multi-agent env "
+                             f"{env_id!r}: gymnasium's wrappers step a single agent (give the "
+                             "option to the env itself)")
+    env = env.unwrapped
+    env.metadata = {**env.metadata, "frameskip": int(env.metadata.get("frameskip", 1))}
     return env

@@ -34,7 +34,7 @@ from fastrl.config.settings import (
     build_parser,
     str2bool,
 )
-from fastrl.errors import ExperimentError
+from fastrl.errors import EnvSettingsError, ExperimentError
 from fastrl.experiment.checkpoint import (
     checkpoint_dir,
     list_checkpoints,
@@ -256,6 +256,9 @@ def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOp
     interrupted = False
     try:
         info = env_info(env)
+        if info.multi_agent:
+            raise EnvSettingsError(f"env {cfg.env!r} has {info.num_agents} agents: enjoy.py "
+                                   "plays single-agent envs only (for now)")
         check_checkpoint_compatible(state, cfg, info, ckpt_path)
         model = build_model(cfg, info, device)
         try:

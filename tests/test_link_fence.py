@@ -29,7 +29,7 @@ def _wiring(num_nodes: int = 2) -> SimpleNamespace:
                                       spaces.Discrete(2), num_nodes * PER_NODE, 4, 0)
     return SimpleNamespace(
         cfg=SimpleNamespace(worker_timeout=10.0, num_envs=2),
-        per_worker_buffers=PER_NODE, buffers=TrajectoryBuffers(layout),
+        per_worker_buffers=PER_NODE, envs_per_worker=2, buffers=TrajectoryBuffers(layout),
         learner_queue=LocalQueue(), runner_queue=LocalQueue(),
         worker_queues=[LocalQueue() for _ in range(num_nodes)], worker_gen=[0] * num_nodes,
         weights=SimpleNamespace(version=lambda: 0), beat=lambda slot: None)

@@ -30,6 +30,22 @@ def check_env_settings(cfg: Config, info: EnvInfo) -> None:
     problem = exploration_problem(cfg.exploration_loss, spec)
     if problem:
         raise EnvSettingsError(f"env {cfg.env!r} ({info.action_space}): {problem}")
+    if info.multi_agent:
+        check_agents_settings(cfg, info)
+
+
+def check_agents_settings(cfg: Config, info: EnvInfo) -> None:
+    """Refuse what a multi-agent env cannot do (yet), naming the flag."""
+    name = f"env {cfg.env!r} ({info.num_agents} agents)"
+    if cfg.eval_every_env_frames:
+        raise EnvSettingsError(f"{name}: --eval_every_env_frames={cfg.eval_every_env_frames}: "
+                               "evaluation plays single-agent envs only; set it to 0")
+    slots = cfg.num_envs * info.num_agents
+    if not cfg.async_rl and cfg.trajectories_per_batch % slots:
+        raise EnvSettingsError(
+            f"{name}: --batch_size={cfg.batch_size}: with --async_rl=False, batch_size x "
+            f"num_batches_per_epoch must be a multiple of rollout x num_workers x "
+            f"num_envs_per_worker x agents = {cfg.rollout * slots}")
 
 
 def announce_recipe(cfg: Config, info: EnvInfo) -> None:

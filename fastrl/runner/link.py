@@ -217,7 +217,7 @@ class NodeLink:
         # read them, so no node may write them until it confirms fence `held_fence`.
         self.held: set[int] = set()
         self.held_fence = 0
-        self.codec = SlotCodec(wiring.buffers, min(per, cfg.num_envs))
+        self.codec = SlotCodec(wiring.buffers, min(per, wiring.envs_per_worker))
         self.generation = 0  # of the node connection being served (0: none yet)
         self.connected = False
         self.stopping = threading.Event()

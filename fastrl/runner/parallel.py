@@ -103,8 +103,9 @@ class ParallelRunner:
             # node fills one slot per env of its own, so together they hold what one machine's
             # slots would, unless that is less than a whole batch per node: training must go
             # on while only one node is connected.
-            slots_per_env = max(buffers_per_env(cfg, cfg.num_sampler_nodes * cfg.num_envs) - 1,
-                                -(-cfg.trajectories_per_batch // cfg.num_envs) + 1)
+            slots = cfg.num_envs * info.num_agents  # a node's env slots
+            slots_per_env = max(buffers_per_env(cfg, cfg.num_sampler_nodes * slots) - 1,
+                                -(-cfg.trajectories_per_batch // slots) + 1)
             self.shared = wiring = build_wiring(cfg, info, model, cfg.num_sampler_nodes,
                                                 cfg.num_envs, ctx=self.ctx,
                                                 slots_per_env=slots_per_env)

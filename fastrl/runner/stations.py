@@ -23,6 +23,7 @@ from fastrl.log import log
 from fastrl.runner.common import build_model
 from fastrl.runner.slots import PendingSlots
 from fastrl.runner.wiring import Wiring
+from fastrl.sampling.agents import MultiAgentRolloutWorker
 from fastrl.sampling.env_faults import EnvFault
 from fastrl.sampling.env_setup import EnvInfo, create_env, reward_scale
 from fastrl.sampling.inference import PolicyWorker
@@ -107,7 +108,7 @@ class RolloutStation:
         """Create the envs (unless given) and the worker; send the first requests."""
         w, cfg = self.wiring, self.wiring.cfg
         if envs is None:
-            for _ in range(w.envs_per_worker):
+            for _ in range(w.envs_per_worker // w.info.num_agents):
                 w.beat(self.worker_id)
                 self.envs.append(create_env(cfg))
         else:
@@ -119,7 +120,8 @@ class RolloutStation:
         seed = None
         if cfg.seed is not None:  # a restarted worker must not replay its predecessor's episodes
             seed = cfg.seed + 1_000_003 * self.generation
-        self.worker = RolloutWorker(
+        worker_type = MultiAgentRolloutWorker if w.info.multi_agent else RolloutWorker
+        self.worker = worker_type(
             self.worker_id, self.envs, w.buffers, w.rnn_state,
             list(range(first, first + w.per_worker_buffers)), cfg.worker_num_splits,
             reward_scale(cfg), cfg.reward_clip, trajectories_per_round=per_round, seed=seed,

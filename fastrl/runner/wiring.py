@@ -54,7 +54,7 @@ class Wiring:
     cfg: Config
     info: EnvInfo
     num_workers: int
-    envs_per_worker: int
+    envs_per_worker: int  # env slots: one per agent (fastrl.sampling.agents), so envs x agents
     layout: BufferLayout
     buffers: TrajectoryBuffers
     rnn_state: torch.Tensor  # [num_envs, H]: each env's recurrent state while acting
@@ -121,10 +121,13 @@ class _Counter:
 def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers: int,
                  envs_per_worker: int, ctx=None, slots_per_env: int | None = None) -> Wiring:
     """Allocate buffers and queues for ``num_workers`` rollout workers of ``envs_per_worker``
-    envs. With a multiprocessing context ``ctx`` everything lives in shared memory (parallel
-    mode, the weights published by copy); without, in this process (serial mode, where the
-    policy acts with ``model`` itself). ``slots_per_env``: trajectory slots per env (default:
-    room for two learner batches, see ``buffers_per_env``)."""
+    envs of ``info.num_agents`` agents each: every agent is an env slot, and past this point
+    "envs" count slots (``Wiring.envs_per_worker``, ``num_envs``). With a multiprocessing
+    context ``ctx`` everything lives in shared memory (parallel mode, the weights published by
+    copy); without, in this process (serial mode, where the policy acts with ``model``
+    itself). ``slots_per_env``: trajectory slots per env slot (default: room for two learner
+    batches, see ``buffers_per_env``)."""
+    envs_per_worker *= info.num_agents
     num_envs = num_workers * envs_per_worker
     if slots_per_env is None:
         slots_per_env = buffers_per_env(cfg, num_envs)

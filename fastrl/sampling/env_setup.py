@@ -12,6 +12,7 @@ from fastrl.config.settings import Config
 from fastrl.env_registry import make_env, recommended_settings, stack_frames
 from fastrl.errors import EnvSettingsError
 from fastrl.policy.obs import as_dict_space
+from fastrl.sampling.agents import is_multi_agent, num_agents
 from fastrl.transport.signals import held
 
 
@@ -48,6 +49,11 @@ def create_env(cfg: Config, **extra) -> gym.Env:
     with held():
         env = make_env(cfg.env, **env_options(cfg), **extra)
     if cfg.env_framestack > 1:
+        if is_multi_agent(env):
+            env.close()
+            raise EnvSettingsError(f"env {cfg.env!r} ({env.num_agents} agents): "
+                                   f"--env_framestack={cfg.env_framestack} stacks a single "
+                                   "agent's frames only; use --env_framestack 1")
         env = stack_frames(env, cfg.env_framestack)
     return env
 
@@ -57,10 +63,16 @@ class EnvInfo:
     obs_space: spaces.Dict
     action_space: spaces.Space
     frameskip: int
+    # A multi-agent env (fastrl.sampling.agents): its agents, each an env slot of its own.
+    num_agents: int = 1
+    multi_agent: bool = False
 
     def describe(self) -> dict:
-        return {"obs_space": repr(self.obs_space), "action_space": repr(self.action_space),
-                "frameskip": self.frameskip}
+        out = {"obs_space": repr(self.obs_space), "action_space": repr(self.action_space),
+               "frameskip": self.frameskip}
+        if self.multi_agent:
+            out["num_agents"] = self.num_agents
+        return out
 
 
 def env_info(env: gym.Env) -> EnvInfo:
@@ -68,7 +80,12 @@ def env_info(env: gym.Env) -> EnvInfo:
         obs_space = as_dict_space(env.observation_space)
     except ValueError as exc:
         raise EnvSettingsError(str(exc)) from None
-    return EnvInfo(obs_space, env.action_space, int(env.metadata.get("frameskip", 1)))
+    try:
+        agents = num_agents(env)
+    except ValueError as exc:
+        raise EnvSettingsError(str(exc)) from None
+    return EnvInfo(obs_space, env.action_space, int(env.metadata.get("frameskip", 1)),
+                   agents, is_multi_agent(env))
 
 
 def probe_env(cfg: Config) -> EnvInfo:

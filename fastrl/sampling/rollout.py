@@ -179,16 +179,16 @@ class RolloutWorker:
         """Reset every env, write the first observations; return a request per split."""
         out = StepOutput()
         for s, split in enumerate(self.splits):
-            first_obs = []
-            for i, e in zip(split.local, split.env_ids):
-                seed = None if self.seed is None else self.seed + e
-                obs = self._new_episode(i, e, 0, out, seed=seed)
-                if self.decorrelate:
-                    obs = self._random_steps(i, e * self.rollout, obs, seed, out)
-                first_obs.append(obs)
-            split.pending_obs = first_obs
+            split.pending_obs = [self._first_obs(i, e, out)
+                                 for i, e in zip(split.local, split.env_ids)]
             self._begin_trajectories(s, out)
         return out
+
+    def _first_obs(self, i: int, e: int, out: StepOutput):
+        """Env ``i`` (global id ``e``) starts: its first observation (after random steps)."""
+        seed = None if self.seed is None else self.seed + e
+        obs = self._new_episode(i, e, 0, out, seed=seed)
+        return self._random_steps(i, e * self.rollout, obs, seed, out) if self.decorrelate else obs
 
     def accepts(self, ready: ActionsReady) -> bool:
         """Whether ``ready`` answers the request now in flight for its split (a message for
@@ -221,9 +221,14 @@ class RolloutWorker:
         actions = actions[:, 0].tolist() if self._discrete else map(self._to_env, actions)
         next_obs = [self._step(i, e, b, t, action, out)
                     for i, e, b, action in zip(split.local, split.env_ids, bufs, actions)]
-        split.t = t + 1
+        return self._stepped(split_id, next_obs, out)
+
+    def _stepped(self, split_id: int, next_obs: list[dict], out: StepOutput) -> StepOutput:
+        """The split stepped: ask for the next actions, or hand the full trajectories over."""
+        split = self.splits[split_id]
+        split.t += 1
         if split.t < self.rollout:
-            self._write_obs(bufs, split.t, next_obs)
+            self._write_obs(split.buffers, split.t, next_obs)
             out.requests.append(self._request(split_id))
         else:
             self._complete_trajectories(split_id, next_obs, out)
@@ -409,10 +414,14 @@ class RolloutWorker:
             raise cause
         fault = EnvFault(env_id, fault_kind(cause), describe(cause), type(cause).__name__)
         out.faults.append(fault)
-        self._faults_in_a_row[i] += 1
-        if self._faults_in_a_row[i] >= ENV_FAULTS_IN_A_ROW:
+        if self._faulted_too_often(i):
             raise EnvBroken(f"env {env_id} faulted {ENV_FAULTS_IN_A_ROW} times in a row without "
                             f"finishing an episode; the last fault: {fault.message}") from cause
+
+    def _faulted_too_often(self, i: int) -> bool:
+        """Count a fault of env ``i``; whether it has faulted too often to go on."""
+        self._faults_in_a_row[i] += 1
+        return self._faults_in_a_row[i] >= ENV_FAULTS_IN_A_ROW
 
     def _stop_if_strict(self, env_id: int, cause: Exception) -> None:
         if self.strict and isinstance(cause, EnvOutputError):

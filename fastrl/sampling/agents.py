@@ -1,0 +1,239 @@
+"""Envs that control several agents, and the rollout worker that steps them.
+
+The multi-agent env contract (docs/environments.md has it for env authors). An env is
+multi-agent when it has an int attribute ``num_agents`` (1 or more; :func:`is_multi_agent`).
+Such an env, a ``gymnasium.Env`` like any other:
+
+- declares one agent's spaces: ``observation_space`` and ``action_space`` are the same for
+  every agent (one shared policy acts for all of them);
+- ``reset(seed=None, options=None) -> (obs, infos)``: ``obs`` a sequence of ``num_agents``
+  observations (``infos`` is not read);
+- ``step(actions) -> (obs, rewards, terminated, truncated, infos)``: ``actions`` a list of
+  ``num_agents`` actions (each what a single-agent env with the same action space would get),
+  and every returned item a sequence of ``num_agents`` entries (``infos``: one dict each);
+- **resets agents itself.** When ``terminated[a]`` or ``truncated[a]`` is true, agent ``a``'s
+  episode ended at this step and ``obs[a]`` is already the first observation of its next one
+  (the env restarts the agent, or the whole match when its last agent is done). ``infos[a]``
+  is the ended episode's info: ``"episode"`` and ``"episode_metrics"`` as for a single-agent
+  env, and, for a time limit (``truncated`` without ``terminated``), optionally
+  ``"final_obs"``: the agent's last observation, which the learner bootstraps from (without
+  it the time limit is learnt as a termination);
+- **an agent may sit out** steps (its episode ended and it waits for the others, as PettingZoo
+  agents that leave early do): ``infos[a]["inactive"] = True``, with any observation of the
+  right shape. Such a step is no sample: it is written as a done step that the learner leaves
+  out (its policy version is ``INVALID_VERSION``), and it belongs to no episode.
+
+Every agent of every env is an *env slot* of its own: agent ``a`` of env ``i`` of rollout
+worker ``w`` (with ``n`` envs of ``A`` agents) is slot ``w * n * A + i * A + a``, with its own
+trajectory buffers, recurrent state and episode statistics (``EpisodeStats.env_id`` is the
+slot). A split holds whole envs, so all agents of an env step together. Everything past the
+rollout worker (policy workers, learner, nodes) sees slots only and does not know agents exist.
+
+An env that faults (raises, times out or returns bad output) loses every agent's unfinished
+episode, as a single-agent env loses its one, and is recreated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+
+from fastrl.errors import EnvOutputError
+from fastrl.policy.obs import random_legal_action
+from fastrl.sampling.buffers import INVALID_VERSION
+from fastrl.sampling.env_faults import check_reward
+from fastrl.sampling.rollout import ENV_FAULTS_IN_A_ROW, RolloutWorker, StepOutput, _Split
+
+INACTIVE = "inactive"  # infos[a][INACTIVE] = True: agent a has no step this time
+FINAL_OBS = "final_obs"  # infos[a][FINAL_OBS]: agent a's last observation at a time limit
+
+
+def is_multi_agent(env: Any) -> bool:
+    """Whether ``env`` follows the multi-agent contract (an int ``num_agents``)."""
+    n = getattr(env, "num_agents", None)
+    return isinstance(n, int) and not isinstance(n, bool)
+
+
+def num_agents(env: Any) -> int:
+    """How many agents ``env`` controls: its ``num_agents``, 1 for a single-agent env;
+    ``ValueError`` naming the value when it is not a positive int."""
+    if not hasattr(env, "num_agents"):
+        return 1
+    n = env.num_agents
+    if not is_multi_agent(env) or n < 1:
+        raise ValueError(f"the env's num_agents={n!r}: must be an int of 1 or more")
+    return n
+
+
+class MultiAgentRolloutWorker(RolloutWorker):
+    """A :class:`RolloutWorker` for multi-agent envs (see the module's docstring): the same
+    splits, slots, messages and faults, with one slot per agent.
+
+    Per-slot arrays (episode return, length and start, faults in a row) are indexed by the
+    worker's slot ``j = i * num_agents + a``; ``split.local`` lists slots, ``split.env_ids``
+    their global ids. The single-agent worker's hot path is not touched.
+    """
+
+    def __init__(self, worker_id: int, envs: list[gym.Env], *args, **kwargs):
+        super().__init__(worker_id, envs, *args, **kwargs)
+        n = self.num_agents = num_agents(envs[0])
+        slots = len(envs) * n
+        first = worker_id * slots
+        per_split = slots // len(self.splits)
+        ranges = [range(s * per_split, (s + 1) * per_split) for s in range(len(self.splits))]
+        self.splits = [_Split(env_ids=[first + j for j in r], local=list(r)) for r in ranges]
+        self._ep_return = self._ep_return.repeat(n)
+        self._ep_len = self._ep_len.repeat(n)
+        self._ep_start = self._ep_start.repeat(n)
+        self._faults_in_a_row = [0] * slots
+        self.inactive_steps = 0  # agent steps sat out (written as left-out samples)
+
+    def start(self) -> StepOutput:
+        out = StepOutput()
+        n = self.num_agents
+        for s, split in enumerate(self.splits):
+            envs = [split.local[k] // n for k in range(0, len(split.local), n)]
+            # (each env's global id for its seed, as for single-agent envs)
+            split.pending_obs = [obs for i in envs
+                                 for obs in self._first_obs(i, self.worker_id * len(self.envs) + i,
+                                                            out)]
+            self._begin_trajectories(s, out)
+        return out
+
+    def on_actions(self, split_id: int) -> StepOutput:
+        out = StepOutput()
+        split = self.splits[split_id]
+        split.request_epoch = -1
+        t = split.t
+        bufs = split.buffers
+        n = self.num_agents
+        rows = self._actions_np[bufs, t]
+        actions = rows[:, 0].tolist() if self._discrete else [self._to_env(r) for r in rows]
+        next_obs = []
+        for k in range(0, len(bufs), n):
+            next_obs.extend(self._step_env(split.local[k] // n, split.env_ids[k], bufs[k:k + n],
+                                           t, actions[k:k + n], out))
+        return self._stepped(split_id, next_obs, out)
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _step_env(self, i: int, e0: int, bufs: list[int], t: int, actions: list,
+                  out: StepOutput) -> list[dict]:
+        """Env ``i`` (its agents: global slots ``e0...``, filling slots ``bufs``) takes step
+        ``t``; record each agent's step and return each agent's next observation."""
+        n = self.num_agents
+        try:
+            obs, rewards, terminated, truncated, infos = self._timer.call(self.envs[i].step,
+                                                                          actions)
+            self._check_lengths(obs, rewards, terminated, truncated, infos)
+            obs = [self._check_obs(o) for o in obs]
+            rewards = [check_reward(r) for r in rewards]
+        except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
+            return self._cut_env_episode(i, bufs, t, exc, out)
+        clip = self.reward_clip
+        for a in range(n):
+            j, b, info = i * n + a, bufs[a], infos[a]
+            if info.get(INACTIVE):
+                self._sit_out(j, e0 + a, b, t)
+                continue
+            self._rewards_np[b, t] = max(-clip, min(clip, rewards[a] * self.reward_scale))
+            self._ep_return[j] += rewards[a]
+            self._ep_len[j] += 1
+            done = bool(terminated[a] or truncated[a])
+            self._dones_np[b, t] = done
+            if done:
+                time_limit = bool(truncated[a] and not terminated[a])
+                final = info.get(FINAL_OBS) if time_limit else None
+                if final is not None:
+                    final = self._check_obs(final, "step (final_obs)")
+                elif time_limit:  # no last observation to bootstrap from: a plain end
+                    self.truncations_not_bootstrapped += 1
+                    time_limit = False
+                self._end_episode(j, e0 + a, b, t, final, time_limit, info, out)
+                self._start_agent_episode(j, e0 + a, t + 1)
+        return obs
+
+    def _check_lengths(self, *items) -> None:
+        n = self.num_agents
+        for name, item in zip(("observations", "rewards", "terminated", "truncated", "infos"),
+                              items):
+            if len(item) != n:
+                raise EnvOutputError(f"step returned {len(item)} {name}, expected one per agent "
+                                     f"(num_agents={n})", "obs_shape")
+        if not all(isinstance(info, dict) for info in items[4]):
+            raise EnvOutputError("step returned infos that are not one dict per agent", "obs_shape")
+
+    def _sit_out(self, j: int, e: int, b: int, t: int) -> None:
+        """Slot ``j`` (global ``e``) has no step ``t``: a done step the learner leaves out."""
+        self._versions_np[b, t] = INVALID_VERSION
+        self._rewards_np[b, t] = 0.0
+        self._dones_np[b, t] = True
+        self.inactive_steps += 1
+        self._start_agent_episode(j, e, t + 1)
+
+    def _start_agent_episode(self, j: int, e: int, first_step: int) -> None:
+        self._ep_return[j] = 0.0
+        self._ep_len[j] = 0
+        self._ep_start[j] = first_step
+        self._policy_rnn_np[e] = 0.0
+
+    def _cut_env_episode(self, i: int, bufs: list[int], t: int, fault: Exception,
+                         out: StepOutput) -> list[dict]:
+        """Env ``i`` faulted at step ``t``: every agent's episode is cut short (left out of
+        training); return the first observations of a new env."""
+        n = self.num_agents
+        for a, b in enumerate(bufs):
+            start = int(self._ep_start[i * n + a])
+            self._versions_np[b, start:t + 1] = INVALID_VERSION
+            self._rewards_np[b, t] = 0.0
+            self._dones_np[b, t] = True
+            out.steps_discarded += t + 1 - start
+        return self._new_episode(i, -1, t + 1, out, fault=fault)
+
+    def _new_episode(self, i: int, e: int, first_step: int, out: StepOutput,
+                     seed: int | None = None, fault: Exception | None = None) -> list[dict]:
+        """Every agent of env ``i`` begins an episode at ``first_step``: reset the env (or,
+        after ``fault``, replace it); return the agents' first observations (``e`` is not
+        read: each agent has its own slot id)."""
+        n = self.num_agents
+        for a in range(n):
+            j = i * n + a
+            self._start_agent_episode(j, self.worker_id * len(self._ep_len) + j, first_step)
+        if fault is None:
+            try:
+                return self._reset(i, seed)
+            except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
+                fault = exc
+        return self._replace_env(i, fault, out)
+
+    def _reset(self, i: int, seed: int | None = None) -> list[dict]:
+        obs = self._timer.call(self.envs[i].reset, seed=seed)[0]
+        if len(obs) != self.num_agents:
+            raise EnvOutputError(f"reset returned {len(obs)} observations, expected one per "
+                                 f"agent (num_agents={self.num_agents})", "obs_shape")
+        return [self._check_obs(o, "reset") for o in obs]
+
+    def _random_steps(self, i: int, steps: int, obs: list[dict], seed: int | None,
+                      out: StepOutput) -> list[dict]:
+        """Env ``i`` takes ``steps`` random steps (the env restarts agents itself); nothing is
+        recorded. A fault ends them with a new env."""
+        env = self.envs[i]
+        if seed is not None:
+            env.action_space.seed(seed)
+        try:
+            for _ in range(steps):
+                actions = [random_legal_action(env.action_space, o) for o in obs]
+                obs = self._timer.call(env.step, actions)[0]
+            return [self._check_obs(o) for o in obs]
+        except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
+            return self._replace_env(i, exc, out)
+
+    def _faulted_too_often(self, i: int) -> bool:
+        """A fault of env ``i`` counts against each of its agents; the env is broken when
+        ``ENV_FAULTS_IN_A_ROW`` faults came with no agent finishing an episode."""
+        n = self.num_agents
+        counts = self._faults_in_a_row
+        for j in range(i * n, (i + 1) * n):
+            counts[j] += 1
+        return min(counts[i * n:(i + 1) * n]) >= ENV_FAULTS_IN_A_ROW
