@@ -75,7 +75,8 @@ class Config:
     max_policy_lag: int = _f(100, "Samples acted by weights more than this many versions old are "
                              "masked out of the loss", "sampling")
     policy_threads: int = _f(1, "Torch threads of each policy worker process", "sampling")
-    learner_threads: int = _f(1, "Torch threads of the learner process", "sampling")
+    learner_threads: int = _f(1, "Torch threads of the learner process (in serial mode: of the "
+                              "one process)", "sampling")
     num_learners: int = _f(1, "Learner processes training as one torch.distributed group "
                            "(Gloo on CPU; NCCL on GPUs, learner r on cuda:r), each on an equal "
                            "share of every minibatch with the gradients summed: the update of "

@@ -7,6 +7,8 @@ deterministically (a seeded run repeats).
 
 from __future__ import annotations
 
+import torch
+
 from fastrl.config.settings import Config
 from fastrl.device import resolve_device
 from fastrl.experiment.checkpoint import restore_counters
@@ -42,6 +44,10 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
     exp_dir = prepare_experiment_dir(cfg)
     seed_everything(cfg.seed)
     keep_freed_memory()
+    # One process does it all: --learner_threads intra-op threads (default 1), not torch's
+    # default of one per core, which on a busy 2-core machine doubled CartPole's run time
+    # (threads spinning at each op's barrier; perf/RESULTS.md, "Default recipes").
+    torch.set_num_threads(cfg.learner_threads)
     signals = LauncherSignals().__enter__()  # a second stop signal quits at once
     envs = []
     rollout = reporter = evaluator = None
