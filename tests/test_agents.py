@@ -183,7 +183,8 @@ def test_num_agents_and_env_info():
 
 def test_what_multi_agent_envs_cannot_do_is_a_one_line_error(tmp_path):
     base = ["--env", AGENTS, "--train_dir", str(tmp_path), "--num_workers", "1",
-            "--num_envs_per_worker", "3", "--worker_num_splits", "1", "--rollout", "8"]
+            "--num_envs_per_worker", "3", "--worker_num_splits", "1", "--rollout", "8",
+            "--recipe", "pixels"]
     cfg = parse_config([*base, "--env_framestack", "2"])
     with pytest.raises(EnvSettingsError, match=r"2 agents.*--env_framestack=2"):
         probe_env(cfg)
@@ -201,7 +202,7 @@ SERIAL = ["--env", AGENTS, "--serial_mode", "--device", "cpu", "--seed", "1",
           "--num_envs_per_worker", "4", "--worker_num_splits", "2", "--rollout", "8",
           "--batch_size", "64", "--use_rnn", "False", "--encoder_mlp_layers", "32",
           "--exploration_loss_coeff", "0.001", "--learning_rate", "0.003",
-          "--log_every_sec", "100", "--summaries_every_sec", "100"]
+          "--log_every_sec", "100", "--summaries_every_sec", "100", "--recipe", "pixels"]
 
 
 @pytest.mark.learning

@@ -124,3 +124,22 @@ def test_the_run_says_which_recipe_and_why():
     assert asked.startswith("recipe pixels (--recipe pixels; the spaces call for classic)")
     entry = recipes.recipe_line("CartPole-v1", "classic", VECTOR, Discrete(2))
     assert "CartPole-v1's registry entry, with settings of its own: reward_scale" in entry
+
+
+def test_sync_recipes_train_each_round_as_one_batch(tmp_path):
+    """The classic recipe is sync: a round of every env slot (workers x envs x agents x 64
+    steps) is one batch of minibatches of 256, whatever the counts, unless a flag says how
+    many minibatches."""
+    two_agents = parse(tmp_path, "--env", "tests.agents_env:AgentsEnv-v0")
+    assert two_agents.recipe == "classic" and two_agents.async_rl is False
+    assert two_agents.num_batches_per_epoch == 2 * 8 * 2 * 64 // 256
+    three_workers = parse(tmp_path, "--env", "CartPole-v1", "--num_workers", "3",
+                          "--experiment", "w")
+    assert (three_workers.batch_size, three_workers.num_batches_per_epoch) == (256, 6)
+    assert parse(tmp_path, "--env", "CartPole-v1", "--experiment", "c").num_batches_per_epoch == 4
+    with pytest.raises(ConfigError) as err:
+        parse(tmp_path, "--env", "CartPole-v1", "--num_workers", "3",
+              "--num_batches_per_epoch", "4", "--experiment", "e")
+    assert err.value.errors == [
+        "--batch_size=256: with --async_rl=False, batch_size x num_batches_per_epoch must be "
+        "a multiple of rollout x num_workers x num_envs_per_worker = 1536"]

@@ -109,14 +109,15 @@ def apply_recommended(cfg: Config, keep: set[str]) -> list[str]:
     fields in ``keep`` (given as flags, or saved by an earlier run); ``cfg.recipe`` names the
     recipe chosen; then resolve ``reward_scale`` None to 1.0. Returns errors for unknown
     settings."""
-    from fastrl.config.recipes import RECIPES, choose_recipe
+    from fastrl.config.recipes import RECIPES, choose_recipe, fit_round
     from fastrl.env_registry import recommended_settings
 
     known = {f.name for f in _fields()}
     errors = []
     entry = recommended_settings(cfg.env)
+    agents = 1
     if cfg.recipe == "auto":
-        cfg.recipe = choose_recipe(cfg.env, cfg.recipe, entry)[0]
+        cfg.recipe, agents = choose_recipe(cfg.env, cfg.recipe, entry)
     layers = {**RECIPES.get(cfg.recipe, {}), **entry}
     layers.pop("recipe", None)
     for key, value in layers.items():
@@ -124,6 +125,8 @@ def apply_recommended(cfg: Config, keep: set[str]) -> list[str]:
             errors.append(f"env {cfg.env!r} recommends unknown setting {key!r}")
         elif key not in keep:
             setattr(cfg, key, value)
+    if not errors:
+        fit_round(cfg, keep, agents)
     if cfg.reward_scale is None:
         cfg.reward_scale = 1.0
     return errors

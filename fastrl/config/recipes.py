@@ -94,30 +94,48 @@ def _describe(space: gym.Space) -> str:
     return str(space)
 
 
-def probe_spaces(env_name: str) -> tuple[gym.Space, gym.Space]:
-    """Make env ``env_name`` with its default options, read its spaces, close it."""
+def probe_spaces(env_name: str) -> tuple[gym.Space, gym.Space, int]:
+    """Make env ``env_name`` with its default options, read its spaces and how many agents
+    it controls, close it."""
     from fastrl.env_registry import make_env
 
     env = make_env(env_name)
     try:
-        return env.observation_space, env.action_space
+        agents = getattr(env, "num_agents", 1)
+        agents = agents if isinstance(agents, int) and not isinstance(agents, bool) else 1
+        return env.observation_space, env.action_space, max(agents, 1)
     finally:
         env.close()
 
 
-def choose_recipe(env_name: str, asked: str, entry: dict[str, Any]) -> tuple[str, str]:
-    """(recipe, why) for env ``env_name``: ``asked`` unless it is ``auto``, then the one the
-    env's registry ``entry`` names, then the one its spaces call for. An env that cannot be
+def choose_recipe(env_name: str, asked: str, entry: dict[str, Any]) -> tuple[str, int]:
+    """(recipe, agents) for env ``env_name``: ``asked`` unless it is ``auto``, then the one
+    the env's registry ``entry`` names, then the one its spaces call for; ``agents``: how many
+    agents the env controls, where it was made to find out (else 1). An env that cannot be
     made here keeps ``pixels`` (the defaults); making it for the run reports why."""
     if asked != "auto":
-        return asked, "--recipe"
+        return asked, 1
     if "recipe" in entry:
-        return entry["recipe"], f"{env_name}'s registry entry"
+        return entry["recipe"], 1
     try:
-        obs_space, action_space = probe_spaces(env_name)
-    except Exception as exc:  # noqa: BLE001 - the run itself reports a bad env, in one line
-        return "pixels", f"the env could not be made to look at its spaces ({type(exc).__name__})"
-    return recipe_for_spaces(obs_space, action_space)
+        obs_space, action_space, agents = probe_spaces(env_name)
+    except Exception:  # noqa: BLE001 - the run itself reports a bad env, in one line
+        return "pixels", 1
+    return recipe_for_spaces(obs_space, action_space)[0], agents
+
+
+def fit_round(cfg, keep: set[str], agents: int) -> None:
+    """In sync mode, train each round of every env slot as one batch: when
+    ``num_batches_per_epoch`` was not given and a round holds more than one batch, in whole
+    minibatches of ``--batch_size``, it becomes the round's count of them (PPO's n_steps x
+    n_envs split into minibatches). So a recipe's sync batches fit any --num_workers,
+    --num_envs_per_worker and number of agents that cut the round into whole minibatches."""
+    if cfg.async_rl or "num_batches_per_epoch" in keep or cfg.batch_size <= 0:
+        return
+    per_round = cfg.rollout * cfg.num_workers * cfg.num_envs_per_worker * agents
+    if per_round > cfg.batch_size * cfg.num_batches_per_epoch and \
+            per_round % cfg.batch_size == 0:
+        cfg.num_batches_per_epoch = per_round // cfg.batch_size
 
 
 def recipe_line(env_name: str, recipe: str, obs_space: gym.Space,
