@@ -138,9 +138,10 @@ def fit_round(cfg, keep: set[str], agents: int) -> None:
         cfg.num_batches_per_epoch = per_round // cfg.batch_size
 
 
-def recipe_line(env_name: str, recipe: str, obs_space: gym.Space,
-                action_space: gym.Space) -> str:
-    """The run's line that says which recipe it trains with, and why."""
+def recipe_line(env_name: str, recipe: str, obs_space: gym.Space, action_space: gym.Space,
+                cfg: Any = None) -> str:
+    """The run's line that says which recipe it trains with, and why; with ``cfg``, the
+    values the run has for the recipe's settings (flags and the registry entry included)."""
     from fastrl.env_registry import recommended_settings
 
     entry = recommended_settings(env_name)
@@ -151,13 +152,14 @@ def recipe_line(env_name: str, recipe: str, obs_space: gym.Space,
             if set(entry) - {"recipe"} else "")
     elif recipe != by_spaces:
         why = f"--recipe {recipe}; the spaces call for {by_spaces}"
-    return (f"recipe {recipe} ({why}): {describe(recipe)}; --recipe chooses another, any "
-            "flag overrides a setting")
+    return (f"recipe {recipe} ({why}): {describe(recipe, cfg)}; --recipe chooses another, "
+            "any flag overrides a setting")
 
 
-def describe(recipe: str) -> str:
-    """The recipe's settings in one line."""
+def describe(recipe: str, cfg: Any = None) -> str:
+    """The recipe's settings in one line (with ``cfg``: the values the run has for them)."""
     settings = RECIPES[recipe]
     if not settings:
         return "fastrl's defaults (conv encoder, GRU, one pass over batches of 1024)"
-    return ", ".join(f"{k}={v}" for k, v in settings.items())
+    return ", ".join(f"{k}={getattr(cfg, k) if cfg is not None else v}"
+                     for k, v in settings.items())

@@ -50,7 +50,7 @@ def check_agents_settings(cfg: Config, info: EnvInfo) -> None:
 
 def announce_recipe(cfg: Config, info: EnvInfo) -> None:
     """The run's first line about its settings: the recipe for the env's kind, and why."""
-    log(recipe_line(cfg.env, cfg.recipe, info.obs_space, info.action_space))
+    log(recipe_line(cfg.env, cfg.recipe, info.obs_space, info.action_space, cfg))
 
 
 def build_model(cfg: Config, info: EnvInfo, device: torch.device) -> ActorCritic:
