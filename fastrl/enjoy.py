@@ -255,7 +255,7 @@ def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOp
     result = EvalResult()
     interrupted = False
     try:
-        info = env_info(env)
+        info = env_info(env, cfg.env_obs_layout)
         check_checkpoint_compatible(state, cfg, info, ckpt_path)
         model = build_model(cfg, info, device)
         try:

@@ -13,6 +13,7 @@ import torch
 from fastrl.algo.learner import exploration_problem
 from fastrl.config.settings import Config
 from fastrl.errors import EnvSettingsError, StartMethodError
+from fastrl.log import log
 from fastrl.policy.actions import ActionSpec
 from fastrl.policy.model import ActorCritic
 from fastrl.sampling.env_setup import EnvInfo
@@ -36,6 +37,17 @@ def build_model(cfg: Config, info: EnvInfo, device: torch.device) -> ActorCritic
     except ValueError as exc:  # spaces the model cannot take, or settings that do not fit
         raise EnvSettingsError(f"env {cfg.env!r}: {exc}") from None
     return model.to(device)
+
+
+def announce_inputs(info: EnvInfo, model: ActorCritic) -> None:
+    """The run's first lines: each observation key, what was made of it and its encoder;
+    then the keys left out."""
+    sources = dict(info.obs_sources)
+    for key, encoder in model.describe_encoders().items():
+        source = f"{sources[key]} -> " if key in sources else ""
+        log(f"observation {key!r}: {source}{encoder}")
+    for line in info.obs_left_out:
+        log(line)
 
 
 def buffers_per_env(cfg: Config, num_envs: int) -> int:
