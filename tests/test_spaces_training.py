@@ -31,7 +31,7 @@ def test_serial_mode_on_a_grid_dict_and_enjoy(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "observation 'image': Box(0, 255, (5, 5, 3), uint8) (image, channels last)" in out
     assert "convnet_small" in out
-    assert "observation keys left out" in out and "mission (Text(" in out
+    assert "observation keys left out" in out and "mission (Text)" in out
     from fastrl.enjoy import main as enjoy_main
 
     assert enjoy_main(["--env", GRID, "--train_dir", str(tmp_path), "--experiment", "x",

@@ -227,7 +227,7 @@ class ObsPlan:
             return
         adapted = _adapt_leaf(space, self.layout)
         if adapted is None:
-            self.dropped.append(f"{name} ({_one_line(space)})")
+            self.dropped.append(f"{name} ({type(space).__name__})")
             return
         self.leaves.append(_Leaf(name, path, *adapted))
 
