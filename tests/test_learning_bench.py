@@ -107,3 +107,19 @@ def test_tiny_cartpole_run_writes_json_and_plot(tmp_path):
     assert report["host"]["cpu_flags"].keys() == {"avx512f", "avx512_bf16", "amx_bf16"}
     assert report["reference"]["points"][0]["ret"] == 500.0
     assert (tmp_path / "learning.png").stat().st_size > 10_000
+
+
+def test_suite_selection_and_table_line():
+    import argparse
+
+    import learning_suites as ls
+
+    args = argparse.Namespace(suite="gym-spaces", only="Taxi-v4,FrozenLake-v1")
+    assert [s.env for s in ls.suite_envs(args)] == ["FrozenLake-v1", "Taxi-v4"]
+    with pytest.raises(SystemExit, match="--only Nope: not in suite gym-spaces"):
+        ls.suite_envs(argparse.Namespace(suite="gym-spaces", only="Nope"))
+    row = {"env": "Taxi-v4", "seed": 1, "final_frames": 300_032, "final_return": 7.5,
+           "best_return": 7.9, "target": 7.0, "frames_to_target": 250_000.0,
+           "run_minutes": 2.54}
+    assert ls.table_line(row) == "| Taxi-v4 | 1 | 300,032 | 7.500 | 7.900 | 7 | 250,000 | 2.5 |"
+    assert "skipped: needs minigrid" in ls.table_line({"env": "M", "skipped": "needs minigrid"})
