@@ -16,9 +16,9 @@ Observations are ``dict[str, Tensor]``; a ``Box`` observation space is handled a
   The conv stack is sized to the image (:func:`conv_stack`): "convnet_simple" when H and W are
   at least 36: 8x8/4 (32 ch), 4x4/2 (64 ch), 3x3/2 (128 ch); "convnet_small" for smaller
   images and symbolic grids (MiniGrid's 7x7 cells of object, colour and state ids): a 3x3/1
-  (32 ch), 3x3/2 (64 ch) layers while the map is larger than 6, a 3x3/1 (64 ch), each kernel
-  shrunk to the map when the map is smaller. Then flatten, linear to ``cfg.encoder_fc_size``;
-  a nonlinearity after each layer.
+  layer (32 ch), 3x3/2 layers (64 ch) while the map is larger than 6, a last 3x3/1 layer
+  (64 ch), each kernel shrunk to the map where the map is smaller than 3. Then flatten, linear
+  to ``cfg.encoder_fc_size``; a nonlinearity after each layer.
 * vector: ``Box`` of shape ``[N]`` (any numeric dtype, cast to float32): an MLP with hidden sizes
   ``cfg.encoder_mlp_layers`` (an empty list passes the vector through unchanged).
 * discrete, multidiscrete: integers ``[B]`` (``Discrete``) or ``[B, K]`` (``MultiDiscrete``),
