@@ -255,7 +255,7 @@ def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOp
     result = EvalResult()
     interrupted = False
     try:
-        info = env_info(env)
+        info = env_info(env, cfg.env_obs_layout)
         if info.multi_agent:
             raise EnvSettingsError(f"env {cfg.env!r} has {info.num_agents} agents: enjoy.py "
                                    "plays single-agent envs only (for now)")

@@ -5,6 +5,8 @@ from fastrl.env_registry import make_env, register_env
 
 env = make_env("doom_basic", frameskip=4)      # a built-in VizDoom scenario
 env = make_env("CartPole-v1")                  # any gymnasium id works too
+env = make_env("MiniGrid-Empty-5x5-v0")        # imports minigrid first (KNOWN_PACKAGES)
+env = make_env("minigrid:MiniGrid-Empty-5x5-v0")  # any package: imported, then the id made
 register_env("my_env", lambda **options: MyEnv(**options), recommended={"reward_scale": 0.1})
 env = make_env("my_env")
 ```
@@ -29,6 +31,7 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+import importlib.util
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -153,6 +156,64 @@ def _is_gym_id(name: str) -> bool:
     return name in gym_registry or (":" in name and not name.startswith(":"))
 
 
+# Env families that other packages register with gymnasium when imported: an id that begins
+# with the prefix imports the package first (when it is installed), so that the bare id works.
+# (prefix, module to import, what to pip install).
+KNOWN_PACKAGES: tuple[tuple[str, str, str], ...] = (
+    ("MiniGrid-", "minigrid", "minigrid"),
+    ("BabyAI-", "minigrid", "minigrid"),
+    ("MiniWorld-", "miniworld", "miniworld"),
+    ("ALE/", "ale_py", "ale-py"),
+    ("highway-", "highway_env", "highway-env"),
+    ("merge-", "highway_env", "highway-env"),
+    ("roundabout-", "highway_env", "highway-env"),
+    ("parking-", "highway_env", "highway-env"),
+    ("intersection-", "highway_env", "highway-env"),
+    ("racetrack-", "highway_env", "highway-env"),
+    ("Crafter", "crafter", "crafter"),
+    ("procgen", "procgen", "procgen"),
+    ("Fetch", "gymnasium_robotics", "gymnasium-robotics"),
+    ("AntMaze", "gymnasium_robotics", "gymnasium-robotics"),
+    ("PointMaze", "gymnasium_robotics", "gymnasium-robotics"),
+    ("Adroit", "gymnasium_robotics", "gymnasium-robotics"),
+    ("FrankaKitchen", "gymnasium_robotics", "gymnasium-robotics"),
+    ("flappy-bird", "flappy_bird_gymnasium", "flappy-bird-gymnasium"),
+)
+
+
+def likely_package(name: str) -> tuple[str, str] | None:
+    """(module, pip name) of the package that registers env ``name``, when fastrl knows it."""
+    for prefix, module, pip_name in KNOWN_PACKAGES:
+        if name.startswith(prefix):
+            return module, pip_name
+    return None
+
+
+def import_env_packages(names: str | list[str]) -> None:
+    """Import each package of ``names`` (``--env_packages``: comma-separated module names),
+    so that the gymnasium ids they register on import can be made. A package that cannot be
+    imported is an ``UnknownEnvError`` naming it."""
+    if isinstance(names, str):
+        names = names.split(",")
+    for module in (n.strip() for n in names):
+        if not module:
+            continue
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise UnknownEnvError(f"--env_packages {module}: cannot import it ({exc})") from None
+
+
+def _import_likely_package(name: str) -> None:
+    """Import the package that registers ``name`` when fastrl knows it and it is installed."""
+    found = likely_package(name)
+    if found is not None and name not in gym_registry:
+        try:
+            importlib.import_module(found[0])
+        except ImportError:
+            pass  # the unknown-env error says what to install
+
+
 def _family_suggestions() -> list[str]:
     """Names of pattern families worth suggesting (e.g. 'ALE/Pong-v5' for 'pong-v5')."""
     return [n for f in _families() if hasattr(f, "suggestions") for n in f.suggestions()]
@@ -171,9 +232,15 @@ def _unknown_env_error(name: str) -> UnknownEnvError:
         if close
         else f"registered: {', '.join(fastrl_names)}."
     )
+    package = likely_package(name)
+    if package is not None and importlib.util.find_spec(package[0]) is None:
+        hint = (f"it looks like an env of the package {package[0]!r}, which is not installed "
+                f"(pip install {package[1]}).")
     return UnknownEnvError(
         f"unknown env {name!r}: {hint} Any gymnasium id (e.g. 'CartPole-v1') works too, "
-        "and Atari games as 'ALE/<Game>-v5' (with ale-py installed)."
+        "Atari games as 'ALE/<Game>-v5' (with ale-py installed), and the envs another package "
+        "registers as 'package:EnvId' (e.g. 'minigrid:MiniGrid-Empty-5x5-v0') or with "
+        "--env_packages package."
     )
 
 
@@ -224,6 +291,8 @@ def make_env(name: str, **options: Any) -> gym.Env:
     entry = _entry(name) if isinstance(name, str) else None
     factory = entry[0] if entry is not None else None
     if factory is None:
+        if isinstance(name, str) and not _is_gym_id(name):
+            _import_likely_package(name)
         if not isinstance(name, str) or not _is_gym_id(name):
             raise _unknown_env_error(str(name))
         factory = _gym_factory(name)

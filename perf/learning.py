@@ -4,6 +4,7 @@ mean episode return against env frames and wall time, next to Sample Factory's f
 
     python perf/learning.py --env doom_basic --seeds 1 2 3 --frames 550000 --target 75
     python perf/learning.py --env CartPole-v1 --seeds 1 2 3 --seconds 120 --use_rnn False
+    python perf/learning.py --suite gym-spaces --seeds 1 2 3   # every env of a suite
 
 Any flag this script does not know goes to train.py unchanged. Each run's curve is its
 TensorBoard scalar ``episode/mean_return`` (written every 5 s, step = env frames). Writes
@@ -34,6 +35,7 @@ from learning_curves import (
     references,
     value_at,
 )
+from learning_suites import SUITES, plot_suite, run_suite
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TAIL_LINES = 20
@@ -185,12 +187,22 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
     parser.add_argument("--seconds", type=float, help="wall seconds of training per seed")
     parser.add_argument("--target", type=float, help="return whose first crossing is reported")
     parser.add_argument("--out", help="output folder (default train_dir/learning/ENV-TIME)")
+    parser.add_argument("--suite", choices=sorted(SUITES),
+                        help="train every env of a suite (perf/learning_suites.py) instead of "
+                             "--env; --frames then caps each env's budget")
+    parser.add_argument("--only", help="with --suite: these envs of it (comma-separated)")
     args, extra = parser.parse_known_args(argv)
     return parser, args, [a for a in extra if a != "--"]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser, args, extra = parse_args(argv)
+    if args.suite:
+        args.out = os.path.abspath(args.out or os.path.join(
+            REPO, "train_dir", "learning", f"suite-{args.suite}-{time.strftime('%Y%m%d-%H%M%S')}"))
+        args.interrupted = False
+        os.makedirs(args.out, exist_ok=True)
+        return run_suite(args, extra, run_seed, plot_suite)
     if not args.frames and not args.seconds:
         parser.exit(2, f"{parser.prog}: error: give --frames and/or --seconds (budget per seed)\n")
     if args.out is None:

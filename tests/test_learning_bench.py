@@ -109,25 +109,27 @@ def test_tiny_cartpole_run_writes_json_and_plot(tmp_path):
     assert (tmp_path / "learning.png").stat().st_size > 10_000
 
 
-def test_the_suite_table_has_a_row_per_env_and_seed():
-    import learning_suite as ls
+def test_suite_selection_and_table_line():
+    import argparse
 
-    item = ls.SuiteEnv("Acrobot-v1", 300_000, -80.0, "ref")
-    runs = [{"seed": 1, "final_return": -83.27, "frames_to_target": 228_352.0,
-             "minutes_to_target": 2.46, "run_minutes": 3.2},
-            {"seed": 2, "final_return": None, "frames_to_target": None,
-             "minutes_to_target": None, "run_minutes": 0.1}]
-    md = ls.table([(item, 300_000, {"runs": runs})], bare=True).splitlines()
-    assert md[2] == "| Acrobot-v1 | 1 | 300,000 | -83.3 | -80 | 228,352 | 2.5 | 3.2 | ref |"
-    assert md[3] == "| Acrobot-v1 | 2 | 300,000 | n/a | -80 | not reached |  | 0.1 | ref |"
-    assert "not the bare command" in ls.table([(item, 1, {"runs": runs})], bare=False)
-    assert {s.env for s in ls.SUITES["classic"]} >= {"CartPole-v1", "Acrobot-v1"}
+    import learning_suites as ls
+
+    args = argparse.Namespace(suite="gym-spaces", only="Taxi-v4,FrozenLake-v1")
+    assert [s.env for s in ls.suite_envs(args)] == ["FrozenLake-v1", "Taxi-v4"]
+    with pytest.raises(SystemExit, match="--only Nope: not in suite gym-spaces"):
+        ls.suite_envs(argparse.Namespace(suite="gym-spaces", only="Nope"))
+    row = {"env": "Taxi-v4", "seed": 1, "final_frames": 300_032, "final_return": 7.5,
+           "best_return": 7.9, "target": 7.0, "frames_to_target": 250_000.0,
+           "run_minutes": 2.54}
+    assert ls.table_line(row) == "| Taxi-v4 | 1 | 300,032 | 7.500 | 7.900 | 7 | 250,000 | 2.5 |"
+    assert "skipped: needs minigrid" in ls.table_line({"env": "M", "skipped": "needs minigrid"})
 
 
-def test_the_suite_refuses_an_env_it_does_not_hold(capsys):
-    import learning_suite as ls
+def test_the_classic_and_mujoco_suites_hold_issue_25s_envs():
+    import learning_suites as ls
 
-    with pytest.raises(SystemExit) as exit_:
-        ls.main(["--suite", "classic", "--envs", "Pong"])
-    assert exit_.value.code == 2
-    assert "--envs Pong: not in suite classic (CartPole-v1, Acrobot-v1" in capsys.readouterr().err
+    assert [s.env for s in ls.SUITES["classic"]] == [
+        "CartPole-v1", "Acrobot-v1", "LunarLander-v3", "MountainCarContinuous-v0"]
+    assert {s.env for s in ls.SUITES["mujoco"]} == {"HalfCheetah-v5", "Walker2d-v5",
+                                                    "Hopper-v5"}
+    assert all(s.needs == "mujoco" for s in ls.SUITES["mujoco"])

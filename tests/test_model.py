@@ -63,8 +63,8 @@ def test_as_dict_space_and_obs_to_dict():
     assert isinstance(d, spaces.Dict) and list(d.spaces) == ["obs"] and d["obs"] is IMG
     dict_space = OBS_SPACES["dict"]
     assert as_dict_space(dict_space) is dict_space
-    with pytest.raises(ValueError, match="Box or a Dict"):
-        as_dict_space(spaces.Discrete(3))
+    discrete = spaces.Discrete(3)
+    assert as_dict_space(discrete)["obs"] is discrete
 
     t = torch.zeros(2, 3)
     assert obs_to_dict(t)["obs"] is t
@@ -237,9 +237,9 @@ def test_every_nonlinearity_builds(nonlinearity):
 @pytest.mark.parametrize(
     "bad_space",
     [
-        spaces.Box(0, 1, (3, 36, 36), np.float32),  # a float image space
-        spaces.Box(0, 1, (4, 4), np.float32),  # 2-D
-        spaces.Discrete(3),
+        spaces.Box(-5, 5, (3, 36, 36), np.float32),  # rank 3, not an image (ObsPlan flattens it)
+        spaces.Box(0, 1, (4, 4), np.float32),  # 2-D (ObsPlan flattens it)
+        spaces.Text(3),
     ],
 )
 def test_bad_observation_space_raises(bad_space):
@@ -248,10 +248,12 @@ def test_bad_observation_space_raises(bad_space):
         ActorCritic(obs_space, spaces.Discrete(3), make_cfg())
 
 
-def test_too_small_image_raises():
+def test_small_image_gets_the_small_conv_stack():
     small = spaces.Box(0, 255, (3, 20, 64), np.uint8)
-    with pytest.raises(ValueError, match=r"'obs'.*too small"):
-        ActorCritic(small, spaces.Discrete(3), make_cfg())
+    model = ActorCritic(small, spaces.Discrete(3), make_cfg())
+    assert "convnet_small" in model.describe_encoders()["obs"]
+    assert "convnet_simple" in ActorCritic(IMG, spaces.Discrete(3),
+                                           make_cfg()).describe_encoders()["obs"]
 
 
 @pytest.mark.parametrize("bad", [spaces.Box(-1, 1, (2,), np.int64), spaces.Text(5),

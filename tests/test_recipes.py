@@ -75,7 +75,7 @@ def test_precedence_flag_over_entry_over_recipe(tmp_path):
 
 
 def test_builtin_families_name_their_recipe_without_starting_an_engine(tmp_path, monkeypatch):
-    def no_probe(name):
+    def no_probe(name, packages=""):
         raise AssertionError(f"{name} was made to look at its spaces")
 
     monkeypatch.setattr(recipes, "probe_spaces", no_probe)

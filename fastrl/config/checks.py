@@ -66,6 +66,12 @@ def _env(cfg: Config) -> list[str]:
     if cfg.env_max_episode_steps is not None and cfg.env_max_episode_steps < 1:
         errors.append(f"--env_max_episode_steps={cfg.env_max_episode_steps}: "
                       "must be >= 1 (or None)")
+    for name in ("obs_keys", "env_packages"):
+        items = getattr(cfg, name).split(",")
+        if getattr(cfg, name) and (any(not item.strip() for item in items)
+                                   or len(set(items)) < len(items)):
+            errors.append(f"--{name}={getattr(cfg, name)!r}: must be names separated by "
+                          "commas, each once (e.g. a,b)")
     return errors
 
 

@@ -117,7 +117,7 @@ def apply_recommended(cfg: Config, keep: set[str]) -> list[str]:
     entry = recommended_settings(cfg.env)
     agents = 1
     if cfg.recipe == "auto":
-        cfg.recipe, agents = choose_recipe(cfg.env, cfg.recipe, entry)
+        cfg.recipe, agents = choose_recipe(cfg.env, cfg.recipe, entry, cfg.env_packages)
     layers = {**RECIPES.get(cfg.recipe, {}), **entry}
     layers.pop("recipe", None)
     for key, value in layers.items():

@@ -94,11 +94,12 @@ def _describe(space: gym.Space) -> str:
     return str(space)
 
 
-def probe_spaces(env_name: str) -> tuple[gym.Space, gym.Space, int]:
-    """Make env ``env_name`` with its default options, read its spaces and how many agents
-    it controls, close it."""
-    from fastrl.env_registry import make_env
+def probe_spaces(env_name: str, packages: str = "") -> tuple[gym.Space, gym.Space, int]:
+    """Make env ``env_name`` with its default options (after importing ``packages``, the
+    run's ``--env_packages``), read its spaces and how many agents it controls, close it."""
+    from fastrl.env_registry import import_env_packages, make_env
 
+    import_env_packages(packages)
     env = make_env(env_name)
     try:
         agents = getattr(env, "num_agents", 1)
@@ -108,7 +109,8 @@ def probe_spaces(env_name: str) -> tuple[gym.Space, gym.Space, int]:
         env.close()
 
 
-def choose_recipe(env_name: str, asked: str, entry: dict[str, Any]) -> tuple[str, int]:
+def choose_recipe(env_name: str, asked: str, entry: dict[str, Any],
+                  packages: str = "") -> tuple[str, int]:
     """(recipe, agents) for env ``env_name``: ``asked`` unless it is ``auto``, then the one
     the env's registry ``entry`` names, then the one its spaces call for; ``agents``: how many
     agents the env controls, where it was made to find out (else 1). An env that cannot be
@@ -118,7 +120,7 @@ def choose_recipe(env_name: str, asked: str, entry: dict[str, Any]) -> tuple[str
     if "recipe" in entry:
         return entry["recipe"], 1
     try:
-        obs_space, action_space, agents = probe_spaces(env_name)
+        obs_space, action_space, agents = probe_spaces(env_name, packages)
     except Exception:  # noqa: BLE001 - the run itself reports a bad env, in one line
         return "pixels", 1
     return recipe_for_spaces(obs_space, action_space)[0], agents

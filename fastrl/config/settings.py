@@ -138,6 +138,16 @@ class Config:
     env_atari_rgb: bool = _f(False, "Atari envs (ALE/<Game>-v5...): observe the screen in colour, "
                              "uint8 [3, 84, 84], instead of grayscale [1, 84, 84]", "environment")
     reward_clip: float = _f(1000.0, "Clip scaled training rewards to [-x, x]", "environment")
+    env_obs_layout: str = _f("auto", "Rank-3 image observations: chw = channels first, hwc = "
+                             "channels last (transposed once, into the channels-first buffers), "
+                             "auto = channels last when the last dimension is smaller than the "
+                             "first and no larger than the second, e.g. (96, 96, 3)",
+                             "environment", choices=("auto", "chw", "hwc"))
+    obs_keys: str = _f("", "Comma-separated observation keys the model sees (nested Dict and "
+                       "Tuple keys flattened as a.b, a.0; see the first lines of a run); empty: "
+                       "every key fastrl can encode", "environment")
+    env_packages: str = _f("", "Comma-separated Python packages to import before making the env "
+                           "(packages that register gymnasium ids when imported)", "environment")
 
     # --- model ------------------------------------------------------------------------
     encoder_fc_size: int = _f(512, "Width of the fully connected layer after the conv encoder",
@@ -337,7 +347,7 @@ def build_parser(
 MODEL_DEFINING = ("env", "encoder_fc_size", "encoder_mlp_layers", "use_rnn", "rnn_size", "rnn_type",
                   "nonlinearity", "env_measurements", "normalize_input", "normalize_returns",
                   "env_framestack", "action_log_std", "action_bounds",
-                  "actor_critic_share_weights", "env_atari_rgb")
+                  "actor_critic_share_weights", "env_atari_rgb", "env_obs_layout", "obs_keys")
 
 
 def changed_model_settings(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
@@ -357,4 +367,5 @@ ADDED_LATER = {"normalize_input": False, "normalize_returns": False, "exploratio
                "rnn_type": "gru", "action_log_std": "state_independent",
                "action_bounds": "clip", "actor_critic_share_weights": True,
                "env_atari_rgb": False, "lr_schedule": "constant",
-               "advantages": "minibatch", "recipe": "pixels"}
+               "advantages": "minibatch", "recipe": "pixels", "env_obs_layout": "auto",
+               "obs_keys": "", "env_packages": ""}

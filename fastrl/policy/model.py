@@ -139,6 +139,11 @@ class ActorCritic(nn.Module):
             ReturnNormalizer() if getattr(cfg, "normalize_returns", False) else None
         )
 
+    def describe_encoders(self) -> dict[str, str]:
+        """Each observation key the model encodes, and its encoder in words."""
+        return {key: enc.description for key, enc in zip(self._obs_keys, self.encoders,
+                                                         strict=True)}
+
     @property
     def rnn(self) -> nn.Module | None:
         """The recurrent core (``nn.GRU`` or ``nn.LSTM``), or None (fastrl.policy.recurrent)."""

@@ -1,5 +1,7 @@
-"""Observations inside fastrl are dicts: a ``Box`` observation space is handled as
-``Dict({"obs": box})``, and its observations as ``{"obs": value}``."""
+"""Observations inside fastrl are dicts: an observation space that is not a ``Dict`` (a ``Box``,
+a ``Discrete``...) is handled as ``Dict({"obs": space})``, and its observations as
+``{"obs": value}``. (How nested and channels-last spaces are flattened into such a ``Dict``:
+``fastrl.policy.spaces``.)"""
 
 from __future__ import annotations
 
@@ -20,15 +22,11 @@ ACTION_MASK_KEY = "action_mask"
 
 
 def as_dict_space(space: spaces.Space) -> spaces.Dict:
-    """Return ``space`` as a ``Dict``: a ``Box`` becomes ``Dict({"obs": box})``, a ``Dict`` is
-    returned as is. Any other space is a ``ValueError``."""
+    """Return ``space`` as a ``Dict``: a ``Dict`` is returned as is, any other space becomes
+    ``Dict({"obs": space})`` (whether its keys can be encoded is the encoders' concern)."""
     if isinstance(space, spaces.Dict):
         return space
-    if isinstance(space, spaces.Box):
-        return spaces.Dict({"obs": space})
-    raise ValueError(
-        f"observation space {space} is not supported: fastrl expects a Box or a Dict of Boxes"
-    )
+    return spaces.Dict({"obs": space})
 
 
 def obs_to_dict(obs: Any) -> dict[str, Any]:

@@ -61,6 +61,17 @@ def build_model(cfg: Config, info: EnvInfo, device: torch.device) -> ActorCritic
     return model.to(device)
 
 
+def announce_inputs(info: EnvInfo, model: ActorCritic) -> None:
+    """The run's first lines: each observation key, what was made of it and its encoder;
+    then the keys left out."""
+    sources = dict(info.obs_sources)
+    for key, encoder in model.describe_encoders().items():
+        source = f"{sources[key]} -> " if key in sources else ""
+        log(f"observation {key!r}: {source}{encoder}")
+    for line in info.obs_left_out:
+        log(line)
+
+
 def buffers_per_env(cfg: Config, num_envs: int) -> int:
     """Trajectory slots per env: one being filled plus room for two learner batches (the one
     training and the next), and no more: a learner-bound run fills every slot, so each slot

@@ -35,6 +35,7 @@ from fastrl.experiment.stats import TrainingStats
 from fastrl.log import log
 from fastrl.runner.children import POLL, learner_main, start_sampling
 from fastrl.runner.common import (
+    announce_inputs,
     announce_recipe,
     buffers_per_env,
     build_model,
@@ -98,6 +99,7 @@ class ParallelRunner:
         check_env_settings(cfg, info)
         announce_recipe(cfg, info)
         model = build_model(cfg, info, torch.device("cpu"))
+        announce_inputs(info, model)
         if cfg.num_sampler_nodes:
             # Sampler node k plays rollout worker k: it owns the slots of a node's envs. Each
             # node fills one slot per env of its own, so together they hold what one machine's

@@ -17,7 +17,12 @@ from fastrl.experiment.folder import prepare_experiment_dir
 from fastrl.experiment.reporter import Reporter, print_final_summary
 from fastrl.experiment.stats import TrainingStats
 from fastrl.log import log
-from fastrl.runner.common import announce_recipe, check_env_settings, seed_everything
+from fastrl.runner.common import (
+    announce_inputs,
+    announce_recipe,
+    check_env_settings,
+    seed_everything,
+)
 from fastrl.runner.loop import RunLoop
 from fastrl.runner.stations import (
     LearnerStation,
@@ -53,10 +58,11 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
     rollout = reporter = evaluator = None
     try:
         envs.extend(create_env(cfg) for _ in range(cfg.num_envs_per_worker))
-        info = env_info(envs[0])
+        info = env_info(envs[0], cfg.env_obs_layout)
         check_env_settings(cfg, info)
         announce_recipe(cfg, info)
         learner, counters, path = make_learner(cfg, info, device)
+        announce_inputs(info, learner.model)
         wiring = build_wiring(cfg, info, learner.model, num_workers=1, envs_per_worker=len(envs))
         learner_station = LearnerStation(wiring, learner, report_every=0.0)
         learner_station.announce(counters, path)

@@ -15,6 +15,7 @@ import torch
 from gymnasium import spaces
 
 from fastrl.policy.actions import ActionSpec
+from fastrl.policy.spaces import storage
 from fastrl.sampling.staging import Staging
 
 # Values no env or policy can produce, written into fresh buffers so that a read of data
@@ -51,12 +52,15 @@ class BufferLayout:
     @classmethod
     def from_spaces(cls, obs_space: spaces.Dict, action_space: spaces.Space, num_buffers: int,
                     rollout: int, rnn_size: int) -> BufferLayout:
+        # Compact: integers stay integers (the one-hots are made by the encoders), in the
+        # smallest dtype that holds their range (fastrl.policy.spaces.storage).
         shapes, dtypes = {}, {}
         for key, sub in obs_space.spaces.items():
-            if not isinstance(sub, spaces.Box):
-                raise ValueError(f"observation {key!r}: unsupported space {sub} (Box only)")
-            shapes[key] = tuple(sub.shape)
-            dtypes[key] = _torch_dtype(sub.dtype)
+            try:
+                shapes[key], np_dtype = storage(sub)
+            except ValueError as exc:
+                raise ValueError(f"observation {key!r}: {exc}") from None
+            dtypes[key] = _torch_dtype(np_dtype)
         spec = ActionSpec(action_space)
         return cls(shapes, dtypes, num_buffers, rollout, spec.action_dims, rnn_size, spec.dtype)
 

@@ -1,5 +1,6 @@
-"""Envs as the config asks for them: options, frame stacking, reward scale, and the spaces
-(``EnvInfo``) that size the model and the shared buffers."""
+"""Envs as the config asks for them: options, observations in the form the model takes
+(``ObsAdapter``), frame stacking, reward scale, and the spaces (``EnvInfo``) that size the
+model and the shared buffers."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import gymnasium as gym
 from gymnasium import spaces
 
 from fastrl.config.settings import Config
-from fastrl.env_registry import make_env, recommended_settings, stack_frames
+from fastrl.env_registry import import_env_packages, make_env, recommended_settings, stack_frames
 from fastrl.errors import EnvSettingsError
 from fastrl.policy.obs import as_dict_space
+from fastrl.policy.spaces import ObsPlan
 from fastrl.sampling.agents import is_multi_agent, num_agents
 from fastrl.transport.signals import held
 
@@ -42,12 +44,40 @@ def env_options(cfg: Config) -> dict:
     return options
 
 
+class ObsAdapter(gym.ObservationWrapper):
+    """The env's observations as the flat ``Dict`` of ``plan`` (nested keys flattened,
+    channels-last images transposed as views: the rollout worker's write into the
+    channels-first buffer is the one copy)."""
+
+    def __init__(self, env: gym.Env, plan: ObsPlan):
+        super().__init__(env)
+        self.plan = plan
+        self.observation_space = plan.model_space()
+
+    def observation(self, observation):
+        return self.plan.convert(observation)
+
+
+def obs_plan(cfg: Config, space: spaces.Space) -> ObsPlan:
+    """How ``space`` becomes the model's observation (``--env_obs_layout``, ``--obs_keys``);
+    a space that cannot be encoded is an ``EnvSettingsError`` naming it."""
+    keys = [k.strip() for k in cfg.obs_keys.split(",") if k.strip()]
+    try:
+        return ObsPlan(space, cfg.env_obs_layout, keys)
+    except ValueError as exc:
+        raise EnvSettingsError(f"env {cfg.env!r}: {exc}") from None
+
+
 def create_env(cfg: Config, **extra) -> gym.Env:
+    import_env_packages(cfg.env_packages)
     # The processes an env starts (VizDoom's engine) never see the launcher's signals: a
     # scheduler's SIGTERM to the whole job must not kill them mid-step; they are closed in
     # order (fastrl.transport.signals).
     with held():
         env = make_env(cfg.env, **env_options(cfg), **extra)
+    plan = obs_plan(cfg, env.observation_space)
+    if not plan.identity:  # an env the model takes as it is keeps exactly its own path
+        env = ObsAdapter(env, plan)
     if cfg.env_framestack > 1:
         if is_multi_agent(env):
             env.close()
@@ -66,6 +96,10 @@ class EnvInfo:
     # A multi-agent env (fastrl.sampling.agents): its agents, each an env slot of its own.
     num_agents: int = 1
     multi_agent: bool = False
+    # What the env's observation keys are and how they were adapted (ObsPlan.sources), and
+    # one line per kind of key left out: for the first lines of a run, not for checkpoints.
+    obs_sources: tuple[tuple[str, str], ...] = ()
+    obs_left_out: tuple[str, ...] = ()
 
     def describe(self) -> dict:
         out = {"obs_space": repr(self.obs_space), "action_space": repr(self.action_space),
@@ -75,23 +109,35 @@ class EnvInfo:
         return out
 
 
-def env_info(env: gym.Env) -> EnvInfo:
+def _plan_of(env: gym.Env, layout: str) -> ObsPlan:
+    inner = env
+    while isinstance(inner, gym.Wrapper):
+        if isinstance(inner, ObsAdapter):
+            return inner.plan
+        inner = inner.env
+    return ObsPlan(env.observation_space, layout)
+
+
+def env_info(env: gym.Env, layout: str = "auto") -> EnvInfo:
+    """The spaces of ``env`` (made by :func:`create_env`; ``layout``: its
+    ``--env_obs_layout``, for the description of its keys)."""
     try:
-        obs_space = as_dict_space(env.observation_space)
+        plan = _plan_of(env, layout)
     except ValueError as exc:
         raise EnvSettingsError(str(exc)) from None
     try:
         agents = num_agents(env)
     except ValueError as exc:
         raise EnvSettingsError(str(exc)) from None
-    return EnvInfo(obs_space, env.action_space, int(env.metadata.get("frameskip", 1)),
-                   agents, is_multi_agent(env))
+    return EnvInfo(as_dict_space(env.observation_space), env.action_space,
+                   int(env.metadata.get("frameskip", 1)), agents, is_multi_agent(env),
+                   tuple(plan.sources().items()), tuple(plan.left_out()))
 
 
 def probe_env(cfg: Config) -> EnvInfo:
     """Create one env to read its spaces, then close it."""
     env = create_env(cfg)
     try:
-        return env_info(env)
+        return env_info(env, cfg.env_obs_layout)
     finally:
         env.close()

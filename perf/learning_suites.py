@@ -1,0 +1,164 @@
+"""Suites of the learning benchmark: ``perf/learning.py --suite NAME`` trains every env of the
+suite with the bare default command (no flags but the seed and the budget), seed after seed,
+and writes one table (env x seed: return at the budget, frames and minutes to the target) and
+one PNG of every env's curves.
+
+    python perf/learning.py --suite gym-spaces --seeds 1 2 3
+    python perf/learning.py --suite gym-spaces --only FrozenLake-v1,Taxi-v4 --frames 200000
+
+``--frames`` caps each env's budget (a short check); ``--only`` picks envs. An env whose
+package is not installed (minigrid, box2d) is skipped with a line saying what to install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import json
+import os
+import sys
+from typing import Any, NamedTuple
+
+
+class SuiteEnv(NamedTuple):
+    env: str
+    frames: int  # the budget of the issue's target
+    target: float  # the mean return (success rate for 0/1 rewards) to reach within it
+    needs: str | None = None  # a module the env needs, and the extra that brings it
+    extra: str | None = None
+
+
+SUITES: dict[str, list[SuiteEnv]] = {
+    # Issue 25: vector envs, no flags (the classic and continuous recipes). Targets next to
+    # rl-baselines3-zoo's tuned PPO: CartPole 500 at 100K, Acrobot -73.5 at 1M, LunarLander
+    # 242 at 1M, MountainCarContinuous 88.3 at 20K (gSDE).
+    "classic": [
+        SuiteEnv("CartPole-v1", 100_000, 475.0),
+        SuiteEnv("Acrobot-v1", 300_000, -80.0),
+        SuiteEnv("LunarLander-v3", 1_000_000, 200.0, "Box2D", "box2d"),
+        SuiteEnv("MountainCarContinuous-v0", 300_000, 85.0),
+    ],
+    # zoo PPO: HalfCheetah 5,819 and Walker2d 3,479 at 1M; CleanRL PPO: Hopper 2,383 (v4).
+    "mujoco": [
+        SuiteEnv("HalfCheetah-v5", 1_000_000, 4_000.0, "mujoco", "mujoco"),
+        SuiteEnv("Walker2d-v5", 1_000_000, 2_500.0, "mujoco", "mujoco"),
+        SuiteEnv("Hopper-v5", 1_000_000, 2_000.0, "mujoco", "mujoco"),
+    ],
+    # Issue 29: gymnasium's non-Box observation spaces, MiniGrid's Dict, pixels channels last.
+    "gym-spaces": [
+        SuiteEnv("FrozenLake-v1", 300_000, 0.70),
+        SuiteEnv("Taxi-v4", 1_000_000, 7.0),
+        SuiteEnv("Blackjack-v1", 1_000_000, -0.10),
+        SuiteEnv("MiniGrid-Empty-Random-5x5-v0", 100_000, 0.90, "minigrid", "minigrid"),
+        SuiteEnv("MiniGrid-DoorKey-5x5-v0", 500_000, 0.90, "minigrid", "minigrid"),
+        SuiteEnv("CarRacing-v3", 4_000_000, 700.0, "Box2D", "box2d"),
+    ],
+}
+
+
+def suite_envs(args: argparse.Namespace) -> list[SuiteEnv]:
+    envs = SUITES[args.suite]
+    if args.only:
+        wanted = args.only.split(",")
+        unknown = [e for e in wanted if e not in {s.env for s in envs}]
+        if unknown:
+            raise SystemExit(f"--only {','.join(unknown)}: not in suite {args.suite} "
+                             f"({', '.join(s.env for s in envs)})")
+        envs = [s for s in envs if s.env in wanted]
+    return envs
+
+
+def run_suite(args: argparse.Namespace, extra: list[str], run_seed, plot_all) -> int:
+    """Every env of ``args.suite`` x every seed; the table and the plot into ``args.out``."""
+    rows: list[dict[str, Any]] = []
+    curves: dict[str, list[dict]] = {}
+    code = 0
+    for item in suite_envs(args):
+        if item.needs and importlib.util.find_spec(item.needs) is None:
+            print(f"{item.env}: skipped, needs {item.needs} (pip install -e .[{item.extra}])",
+                  flush=True)
+            rows.append({"env": item.env, "skipped": f"needs {item.needs}"})
+            continue
+        env_args = copy.copy(args)
+        env_args.env, env_args.target = item.env, item.target
+        env_args.frames = min(item.frames, args.frames) if args.frames else item.frames
+        curves[item.env] = []
+        for seed in args.seeds:
+            print(f"{item.env} seed {seed}: {env_args.frames:,.0f} frames", flush=True)
+            r = run_seed(env_args, seed, extra)
+            curves[item.env].append(r)
+            rows.append({"env": item.env, "seed": seed, "budget": env_args.frames,
+                         "issue_budget": item.frames, "target": item.target,
+                         "exit_code": r["exit_code"], "final_frames": r["final_frames"],
+                         "final_return": r["final_return"],
+                         "best_return": max(r["curve"]["return"], default=None),
+                         "frames_to_target": r["frames_to_target"],
+                         "minutes_to_target": r["minutes_to_target"],
+                         "run_minutes": r["run_minutes"]})
+            print(table_line(rows[-1]), flush=True)
+            code = code or (r["exit_code"] != 0)
+            if args.interrupted:
+                break
+        if args.interrupted:
+            break
+    table = "\n".join(["| env | seed | frames | return at the end | best | target | frames to "
+                       "target | minutes |", "|---|---|---|---|---|---|---|---|"]
+                      + [table_line(row) for row in rows])
+    with open(os.path.join(args.out, "suite.md"), "w") as fh:
+        fh.write(table + "\n")
+    with open(os.path.join(args.out, "suite.json"), "w") as fh:
+        json.dump({"suite": args.suite, "train_flags": extra, "rows": rows,
+                   "curves": {env: [r["curve"] for r in runs] for env, runs in curves.items()}},
+                  fh, indent=1)
+    png = os.path.join(args.out, "suite.png")
+    if not plot_all(png, args.suite, curves, {s.env: s.target for s in SUITES[args.suite]}):
+        png = None
+    print(table)
+    print(json.dumps({"suite": args.suite, "rows": rows, "table": os.path.join(args.out,
+                      "suite.md"), "png": png}), flush=True)
+    return 130 if args.interrupted else int(code)
+
+
+def table_line(row: dict[str, Any]) -> str:
+    if "skipped" in row:
+        return f"| {row['env']} | - | - | skipped: {row['skipped']} | | | | |"
+
+    def num(x, fmt="{:.3f}"):
+        return "-" if x is None else fmt.format(x)
+
+    return (f"| {row['env']} | {row['seed']} | {row['final_frames']:,} | "
+            f"{num(row['final_return'])} | {num(row['best_return'])} | {row['target']:g} | "
+            f"{num(row['frames_to_target'], '{:,.0f}')} | {row['run_minutes']:.1f} |")
+
+
+def plot_suite(path: str, suite: str, curves: dict[str, list[dict]],
+               targets: dict[str, float]) -> bool:
+    """One panel per env: each seed's return against frames, the target dashed."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed, so no suite.png (pip install -e .[perf])",
+              file=sys.stderr)
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    envs = list(curves)
+    if not envs:
+        return False
+    fig, axes = plt.subplots(1, len(envs), figsize=(4.5 * len(envs), 3.8), squeeze=False)
+    for ax, env in zip(axes[0], envs):
+        for r in curves[env]:
+            ax.plot(r["curve"]["frames"], r["curve"]["return"], lw=1, label=f"seed {r['seed']}")
+        ax.axhline(targets[env], ls="--", lw=1, color="gray", label=f"target {targets[env]:g}")
+        ax.set_title(env, fontsize=9)
+        ax.set_xlabel("env frames")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("mean episode return (last 100)")
+    fig.suptitle(f"suite {suite}, bare default command")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
