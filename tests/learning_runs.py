@@ -11,7 +11,7 @@ def small_ppo_run(env: str, train_dir, *extra: str, steps: int = 40_000) -> dict
     from fastrl.runner.serial import run_serial
 
     cfg = parse_config([
-        "--env", env, "--train_dir", str(train_dir), "--experiment", "x",
+        "--env", env, "--recipe", "pixels", "--train_dir", str(train_dir), "--experiment", "x",
         "--device", "cpu", "--serial_mode", "True", "--use_rnn", "False", "--seed", "1",
         "--encoder_mlp_layers", "64", "64", "--nonlinearity", "tanh",
         "--num_envs_per_worker", "16", "--rollout", "16", "--batch_size", "256",

@@ -173,7 +173,8 @@ MODES = {"serial": ["--serial_mode", "True"], "async": [], "sync": ["--async_rl"
 @pytest.mark.parametrize(("mode", "kind"), [("serial", "discrete"), ("serial", "multidiscrete"),
                                             ("async", "multidiscrete"), ("sync", "discrete")])
 def test_no_masked_action_is_ever_taken(tmp_path, mode, kind):
-    args = ["--env", MASKED[kind], "--train_dir", str(tmp_path), "--experiment", "x",
+    args = ["--env", MASKED[kind], "--recipe", "pixels",
+            "--train_dir", str(tmp_path), "--experiment", "x",
             "--device", "cpu", "--use_rnn", "False", "--encoder_mlp_layers", "16",
             "--num_workers", "2", "--num_envs_per_worker", "4", "--rollout", "8",
             "--batch_size", "64", "--train_for_env_steps", "3000", *MODES[mode]]
@@ -184,7 +185,8 @@ def test_no_masked_action_is_ever_taken(tmp_path, mode, kind):
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("mode", ["async"])  # serial mode's path is the same env wrapper
 def test_a_mask_from_info_is_honoured(tmp_path, mode):
-    args = ["--env", INFO_MASKED, "--env_action_mask_from_info", "True", "--train_dir",
+    args = ["--env", INFO_MASKED, "--recipe", "pixels",
+            "--env_action_mask_from_info", "True", "--train_dir",
             str(tmp_path), "--experiment", "x", "--device", "cpu", "--use_rnn", "False",
             "--encoder_mlp_layers", "16", "--num_workers", "2", "--num_envs_per_worker", "4",
             "--rollout", "8", "--batch_size", "64", "--train_for_env_steps", "3000",

@@ -167,7 +167,8 @@ CASES = [("serial", "box"), ("serial", "dict"), ("serial", "tuple"), ("async", "
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(("mode", "kind"), CASES)
 def test_every_action_reaches_the_env_inside_its_space(tmp_path, mode, kind):
-    args = ["--env", REACH[kind], "--train_dir", str(tmp_path), "--experiment", "x",
+    args = ["--env", REACH[kind], "--recipe", "pixels",
+                           "--train_dir", str(tmp_path), "--experiment", "x",
             "--device", "cpu", "--encoder_mlp_layers", "16", "--rnn_size", "16",
             "--num_workers", "2", "--num_envs_per_worker", "4", "--rollout", "8",
             "--batch_size", "64", "--train_for_env_steps", "3000", *MODES[mode]]

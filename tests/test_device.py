@@ -89,7 +89,8 @@ COUNTING = "tests.counting_env:CountingEnv-v0"
 
 def _runner(tmp_path, *args) -> ParallelRunner:
     return ParallelRunner(parse_config([
-        "--env", COUNTING, "--train_dir", str(tmp_path), "--experiment", "x", "--use_rnn",
+        "--env", COUNTING, "--recipe", "pixels",
+        "--train_dir", str(tmp_path), "--experiment", "x", "--use_rnn",
         "False", "--num_workers", "1", "--num_envs_per_worker", "2", "--rollout", "8",
         "--batch_size", "32", "--encoder_mlp_layers", "16", *args]))
 

@@ -272,7 +272,8 @@ def test_serial_mode_counts_bad_output_and_trains_on(tmp_path, capsys, monkeypat
     # The envs take the kinds of bad output in turn from the first (a NaN reward), whatever
     # the tests before this one made.
     monkeypatch.setattr(MisbehavingCountingEnv, "spoiled", 0)
-    summary = run_serial(parse_config(["--env", MISBEHAVING, "--serial_mode", "--train_dir",
+    summary = run_serial(parse_config(["--env", MISBEHAVING, "--recipe", "pixels",
+                                       "--serial_mode", "--train_dir",
                                        str(tmp_path), "--experiment", "x", *SERIAL_ARGS,
                                        "--train_for_env_steps", "3000"]))
     out = capsys.readouterr().out
@@ -294,7 +295,8 @@ def test_serial_mode_strict_stops_with_one_line(tmp_path):
 
     from tests.test_parallel import REPO
 
-    proc = subprocess.run([sys.executable, "train.py", "--env", MISBEHAVING, "--serial_mode",
+    proc = subprocess.run([sys.executable, "train.py", "--env", MISBEHAVING, "--recipe", "pixels",
+                           "--serial_mode",
                            "--train_dir", str(tmp_path), "--experiment", "x", *SERIAL_ARGS,
                            "--train_for_env_steps", "3000", "--env_check", "strict"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)

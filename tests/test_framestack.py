@@ -78,7 +78,8 @@ def test_the_gymnasium_checker_passes_and_bad_k_is_refused():
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("mode", [["--serial_mode", "True"], []], ids=["serial", "parallel"])
 def test_training_with_a_frame_stack(tmp_path, mode):
-    args = ["--env", "tests.counting_env:CountingEnv-v0", "--env_framestack", "4",
+    args = ["--env", "tests.counting_env:CountingEnv-v0", "--recipe", "pixels",
+            "--env_framestack", "4",
             "--train_dir", str(tmp_path), "--experiment", "x", "--device", "cpu",
             "--use_rnn", "False", "--encoder_mlp_layers", "16", "--num_workers", "2",
             "--num_envs_per_worker", "4", "--rollout", "8", "--batch_size", "64",

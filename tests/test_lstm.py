@@ -118,7 +118,8 @@ def test_a_bad_rnn_type_is_refused():
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("mode", [["--serial_mode", "True"], []], ids=["serial", "async"])
 def test_training_and_resuming_with_an_lstm(tmp_path, mode):
-    args = ["--env", "tests.counting_env:MultiCountingEnv-v0", "--rnn_type", "lstm",
+    args = ["--env", "tests.counting_env:MultiCountingEnv-v0", "--recipe", "pixels",
+            "--rnn_type", "lstm",
             "--rnn_size", "16", "--train_dir", str(tmp_path), "--experiment", "x",
             "--device", "cpu", "--encoder_mlp_layers", "16", "--num_workers", "2",
             "--num_envs_per_worker", "4", "--rollout", "8", "--batch_size", "64", *mode]

@@ -151,7 +151,8 @@ MODES = {"serial": ["--serial_mode"], "async": [], "sync": ["--async_rl", "False
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_single_step_minibatches_train_in_every_mode(tmp_path, mode):
-    args = ["--env", "tests.continuous_env:Reach-v0", *MODES[mode], "--train_dir", str(tmp_path),
+    args = ["--env", "tests.continuous_env:Reach-v0", "--recipe", "pixels",
+            *MODES[mode], "--train_dir", str(tmp_path),
             "--experiment", "x", "--device", "cpu", "--seed", "1", "--num_workers", "2",
             "--num_envs_per_worker", "2", "--rollout", "32", "--batch_size", "16",
             "--num_batches_per_epoch", "8", "--num_epochs", "2", "--advantages", "batch",

@@ -16,7 +16,8 @@ PIXELS = "tests.spaces_env:PixelsHWC-v0"  # uint8 [40, 44, 3]
 
 
 def _args(tmp_path, env: str, frames: int, *extra: str) -> list[str]:
-    return ["--env", env, "--train_dir", str(tmp_path), "--experiment", "x", "--device", "cpu",
+    return ["--env", env, "--recipe", "pixels",
+            "--train_dir", str(tmp_path), "--experiment", "x", "--device", "cpu",
             "--seed", "1", "--num_workers", "2", "--num_envs_per_worker", "4",
             "--worker_num_splits", "2", "--rollout", "8", "--batch_size", "64",
             "--encoder_fc_size", "32", "--encoder_mlp_layers", "16", "--rnn_size", "16",
