@@ -25,9 +25,11 @@ def cfg_for(tmp_path, *extra, experiment="x"):
 
 
 @pytest.mark.learning
-def test_cartpole_reaches_450_within_250k_steps(tmp_path):
-    summary = run_serial(cfg_for(tmp_path, "--seed", "1", "--train_for_env_steps", "250000"))
-    assert summary["env_frames"] >= 250_000
+def test_cartpole_reaches_450_within_150k_steps(tmp_path):
+    """The classic recipe (CartPole's registry entry) in serial mode, seed 1: the mean of the
+    last 100 episodes is 450 or more after 150K steps (measured: 500 from about 118K)."""
+    summary = run_serial(cfg_for(tmp_path, "--seed", "1", "--train_for_env_steps", "150000"))
+    assert summary["env_frames"] >= 150_000
     assert summary["mean_episode_return"] >= 450, summary
 
 
