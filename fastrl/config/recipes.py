@@ -29,7 +29,8 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
+
+from fastrl.policy.spaces import is_image
 
 # Settings of each recipe (``Config`` field names). ``pixels`` is ``Config``'s defaults.
 RECIPES: dict[str, dict[str, Any]] = {
@@ -54,16 +55,6 @@ RECIPES: dict[str, dict[str, Any]] = {
 RECIPE_CHOICES = ("auto", *RECIPES)
 
 
-def is_image_space(space: gym.Space) -> bool:
-    """Whether ``space`` holds images: a uint8 Box of rank 2 or 3 (either channel layout), or
-    a float Box of rank 3 (images in [0, 1])."""
-    if not isinstance(space, gym.spaces.Box):
-        return False
-    if space.dtype == np.uint8:
-        return len(space.shape) in (2, 3)
-    return len(space.shape) == 3 and np.issubdtype(space.dtype, np.floating)
-
-
 def _leaves(space: gym.Space) -> list[gym.Space]:
     if isinstance(space, gym.spaces.Dict):
         return [leaf for sub in space.spaces.values() for leaf in _leaves(sub)]
@@ -74,7 +65,7 @@ def _leaves(space: gym.Space) -> list[gym.Space]:
 
 def recipe_for_spaces(obs_space: gym.Space, action_space: gym.Space) -> tuple[str, str]:
     """(recipe, why) for an env with these spaces."""
-    images = [leaf for leaf in _leaves(obs_space) if is_image_space(leaf)]
+    images = [leaf for leaf in _leaves(obs_space) if is_image(leaf)]
     if images:
         return "pixels", f"image observations {tuple(images[0].shape)}"
     continuous = any(isinstance(leaf, gym.spaces.Box) for leaf in _leaves(action_space))
@@ -134,7 +125,7 @@ def fit_round(cfg, keep: set[str], agents: int) -> None:
     --num_envs_per_worker and number of agents that cut the round into whole minibatches."""
     if cfg.async_rl or "num_batches_per_epoch" in keep or cfg.batch_size <= 0:
         return
-    per_round = cfg.rollout * cfg.num_workers * cfg.num_envs_per_worker * agents
+    per_round = cfg.rollout * cfg.num_envs * agents
     if per_round > cfg.batch_size * cfg.num_batches_per_epoch and \
             per_round % cfg.batch_size == 0:
         cfg.num_batches_per_epoch = per_round // cfg.batch_size
