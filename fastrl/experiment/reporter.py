@@ -71,6 +71,7 @@ class Reporter:
                  "entropy": "train/entropy", "kl": "train/kl",
                  "clip_fraction": "train/clip_fraction",
                  "learning_rate": "train/learning_rate", "grad_norm": "train/grad_norm",
+                 "adv_std": "train/adv_std", "ratio_mean": "train/ratio_mean",
                  "policy_lag_min": "policy_lag/min", "policy_lag_mean": "policy_lag/mean",
                  "policy_lag_max": "policy_lag/max"}
         for key, tag in names.items():
