@@ -84,7 +84,8 @@ def test_bots_scenarios_in_the_table_and_the_registry(tmp_path):
     (lambda: DoomBotsEnv("doom_duel_bots", bots=16), "bots must be"),
     (lambda: DoomBotsEnv("doom_duel_bots", bots=True), "bots must be"),
     (lambda: make_env("doom_duel_bots", bots="7"), "bots must be"),
-    (lambda: DoomBotsEnv("doom_duel"), "unknown doom scenario"),
+    (lambda: DoomBotsEnv("doom_duel"), "self-play scenario"),
+    (lambda: DoomBotsEnv("doom_duel_bot"), "unknown doom scenario"),
 ])
 def test_bad_input_is_one_clear_error_before_any_engine_starts(make, match):
     with pytest.raises(ValueError, match=match):
