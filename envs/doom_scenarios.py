@@ -150,13 +150,15 @@ MULTIPLAYER_SHAPING = (
 
 
 
-def _multiplayer(name: str, cfg: str, *, bots: int, agents: int | None = None) -> DoomScenario:
+def _multiplayer(name: str, cfg: str, *, bots: int, agents: int | None = None,
+                 recommended: tuple[tuple[str, object], ...] = ()) -> DoomScenario:
     """A deathmatch scenario: the deathmatch action set, the multiplayer variables and
-    shaping, a 4-minute match, `bots` bots and `agents` learning players (None: one)."""
+    shaping, a 4-minute match, `bots` bots and `agents` learning players (None: one), and
+    the multiplayer settings with `recommended` over them."""
     return DoomScenario(name, cfg, DEATHMATCH_HEADS, MULTIPLAYER_SHAPING,
                         buttons=buttons_of(DEATHMATCH_HEADS), game_variables=MULTIPLAYER_VARIABLES,
                         episode_timeout=MATCH_TICS, bots=bots, agents=agents,
-                        recommended=MULTIPLAYER_RECOMMENDED)
+                        recommended=MULTIPLAYER_RECOMMENDED + recommended)
 
 
 SCENARIOS: dict[str, DoomScenario] = {
@@ -229,9 +231,12 @@ SCENARIOS: dict[str, DoomScenario] = {
         # Self-play (envs.doom_selfplay): several learning players in one match, one engine
         # each, hosted and joined over the loopback; the same actions, variables and reward.
         # doom_deathmatch_full: 4 learners + 4 bots, the 8 players of doom_deathmatch_bots
-        # (4 engines per env: what 2 cores can step, perf/RESULTS.md "VizDoom self-play").
+        # (4 engines per env: what 2 cores can step, perf/RESULTS.md "VizDoom self-play");
+        # 2 matches per worker: with the default 8 (32 engines) a worker took more than the
+        # 60 s heartbeat to start them on the busy 2-core machine and was restarted.
         _multiplayer("doom_duel", "multi_duel.cfg", bots=0, agents=2),
-        _multiplayer("doom_deathmatch_full", "multi.cfg", bots=4, agents=4),
+        _multiplayer("doom_deathmatch_full", "multi.cfg", bots=4, agents=4,
+                     recommended=(("num_envs_per_worker", 2),)),
         # Throughput setting: defend_the_center rendering and monsters, an invulnerable
         # player (no deaths, so no resets inside the measurement) and a fixed episode.
         DoomScenario(

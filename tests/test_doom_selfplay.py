@@ -57,6 +57,7 @@ def test_selfplay_scenarios_in_the_table_and_the_registry(tmp_path):
         assert _entry(name)[0].target == "envs.doom_selfplay:DoomMatchEnv"
         cfg = parse_config(["--env", name, "--experiment", "x", "--train_dir", str(tmp_path)])
         assert cfg.env_reward_shaping is True and cfg.reward_scale == 1.0  # recommended
+        assert cfg.num_envs_per_worker == {"doom_duel": 8, "doom_deathmatch_full": 2}[name]
     assert SCENARIOS["doom_duel"].cfg == "multi_duel.cfg"
     assert SCENARIOS["doom_deathmatch_full"].cfg == "multi.cfg"
 
