@@ -5,6 +5,7 @@ bad input in-process."""
 from __future__ import annotations
 
 import gc
+import multiprocessing as mp
 import os
 import signal
 import time
@@ -27,7 +28,7 @@ from fastrl.config.load import parse_config  # noqa: E402
 from fastrl.env_registry import _entry, make_env  # noqa: E402
 from fastrl.transport.procs import SHM_DIR  # noqa: E402
 from tests.test_doom_envs import _vizdoom_children  # noqa: E402
-from tests.test_doom_multiplayer import METRICS, train_serially  # noqa: E402
+from tests.test_doom_multiplayer import METRICS, REPO_ROOT, train_serially  # noqa: E402
 
 SELFPLAY = {"doom_duel": (2, 0), "doom_deathmatch_full": (4, 4)}  # name: (agents, bots)
 
@@ -145,21 +146,35 @@ def test_a_match_ends_for_every_player_with_its_metrics_and_the_next_one_starts(
         assert not any(truncated)
 
 
+def _match_in_a_process(seed: int) -> int:
+    """Start a duel in this (spawned) process, check its host holds the port, step, close."""
+    with _match(seed=seed, max_episode_steps=10) as env:
+        assert len(port_holders(env.port)) == 1
+        env.step(_random_actions(env))
+        return env.port
+
+
 @pytest.mark.doom
-def test_concurrent_matches_get_distinct_ports_each_held_by_its_own_host():
-    with ThreadPoolExecutor(3) as pool:  # started at once: they race for ports
-        envs = list(pool.map(lambda _: make_env("doom_duel", max_episode_steps=10), range(3)))
-    try:
-        ports = [env.unwrapped.port for env in envs]
-        assert len(set(ports)) == 3 and all(1024 <= p < 65536 for p in ports)
-        for env in envs:
-            assert len(match_engines(env.port)) == 2
-            assert len(port_holders(env.port)) == 1  # the host binds it; the joiner does not
-            env.reset(seed=0)
-            env.step(_random_actions(env))
-    finally:
-        for env in envs:
-            env.close()
+@pytest.mark.multiprocess
+def test_concurrent_matches_get_distinct_ports_each_held_by_its_own_host(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p))
+    with mp.get_context("spawn").Pool(2) as processes, ThreadPoolExecutor(3) as threads:
+        elsewhere = processes.map_async(_match_in_a_process, range(2))  # other processes
+        envs = list(threads.map(lambda _: make_env("doom_duel", max_episode_steps=10),
+                                range(3)))  # and 3 matches of this one, all at once
+        try:
+            ports = [env.unwrapped.port for env in envs]
+            for env in envs:
+                assert len(match_engines(env.port)) == 2
+                assert len(port_holders(env.port)) == 1  # the host binds it, the joiner not
+                env.reset(seed=0)
+                env.step(_random_actions(env))
+        finally:
+            for env in envs:
+                env.close()
+        ports += elsewhere.get(timeout=60)
+    assert len(set(ports)) == 5 and all(1024 <= p < 65536 for p in ports)
     assert all(match_engines(p) == [] for p in ports)
 
 
@@ -193,6 +208,6 @@ def test_a_dead_or_hung_engine_makes_the_match_raise_in_bounded_time(victim, sig
 @pytest.mark.slow
 def test_a_short_serial_training_run_reports_frags(tmp_path):
     out, summary = train_serially(tmp_path, "doom_duel", "--batch_size", "64",
-                                  "--train_for_seconds", "15")
+                                  "--train_for_seconds", "12")
     assert summary["episodes"] >= 8  # 2 envs x 2 agents, each match 32 steps
     assert "frags" in out
