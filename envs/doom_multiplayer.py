@@ -43,9 +43,9 @@ from envs.doom_game import start_game
 from envs.doom_scenarios import DoomScenario, scenario_named
 
 MAX_PLAYERS = 16  # PLAYER1_FRAGCOUNT .. PLAYER16_FRAGCOUNT
-HOST_ARGS = (
-    "-host 1 -deathmatch +sv_spawnfarthest 1 +sv_forcerespawn 1 +sv_respawnprotect 1 "
-    "+sv_noexit 1 +name fastrl"
+# The match rules of every hosted match (after `-host N`): envs.doom_selfplay hosts several.
+MATCH_ARGS = (
+    "-deathmatch +sv_spawnfarthest 1 +sv_forcerespawn 1 +sv_respawnprotect 1 +sv_noexit 1"
 )
 GV = vzd.GameVariable
 # Counted by the engine since it started, not since the episode did.
@@ -75,6 +75,8 @@ class DoomBotsEnv(DoomEnv):
     """
 
     _multiplayer = True
+    _min_bots = 1  # a match of one player needs bots (envs.doom_selfplay's players: 0)
+    _selfplay = False  # envs.doom_selfplay's players are DoomBotsEnvs of a self-play match
 
     def __init__(
         self,
@@ -92,9 +94,13 @@ class DoomBotsEnv(DoomEnv):
         scenario = scenario_named(scenario)
         if scenario.bots is None:
             raise ValueError(f"{scenario.name} is a single-player scenario: use envs.doom.DoomEnv")
+        if scenario.agents is not None and not self._selfplay:
+            raise ValueError(f"{scenario.name} is a self-play scenario: make it with "
+                             "fastrl.make_env or envs.doom_selfplay.DoomMatchEnv")
         bots = scenario.bots if bots is None else bots
-        if isinstance(bots, bool) or not isinstance(bots, int) or not 1 <= bots < MAX_PLAYERS:
-            raise ValueError(f"bots must be an int from 1 to {MAX_PLAYERS - 1}, got {bots!r}")
+        low = self._min_bots
+        if isinstance(bots, bool) or not isinstance(bots, int) or not low <= bots < MAX_PLAYERS:
+            raise ValueError(f"bots must be an int from {low} to {MAX_PLAYERS - 1}, got {bots!r}")
         self.bots = bots
         self.port: int | None = None
         self._frags = 0.0
@@ -111,7 +117,7 @@ class DoomBotsEnv(DoomEnv):
 
     def _host_args(self) -> str:
         self.port = free_udp_port()
-        return f"{HOST_ARGS} -port {self.port}"
+        return f"-host 1 {MATCH_ARGS} +name fastrl -port {self.port}"
 
     def _start_engine(self, *, window_visible: bool) -> tuple[vzd.DoomGame, int]:
         return start_game(self.scenario, window_visible=window_visible, game_args=self._host_args)
@@ -133,9 +139,13 @@ class DoomBotsEnv(DoomEnv):
         self._counters_at_start = self._counters()
         return obs, info
 
+    def _advance(self, buttons: list[float]) -> None:
+        """Play `buttons` for `frameskip` tics (the cfg's own reward is not the objective)."""
+        self._game.make_action(buttons, self.frameskip)
+
     def _act(self, buttons: list[float]) -> float:
         game = self._game
-        game.make_action(buttons, self.frameskip)  # the cfg's own reward is not the objective
+        self._advance(buttons)
         frags = game.get_game_variable(GV.FRAGCOUNT)
         delta, self._frags = frags - self._frags, frags
         if delta < 0:

@@ -69,6 +69,9 @@ class DoomScenario:
     bots: int | None = None
     """Multiplayer: host a deathmatch against this many of the engine's built-in bots
     (`envs.doom_multiplayer`); None: a single-player scenario."""
+    agents: int | None = None
+    """Self-play: this many learning players in one match, each an agent of one multi-agent
+    env (`envs.doom_selfplay`), with `bots` bots besides; None: one learning player."""
     recommended: tuple[tuple[str, object], ...] = (("reward_scale", 1.0),)
     """Training settings for this scenario (fastrl `Config` fields); flags override them."""
 
@@ -145,6 +148,19 @@ MULTIPLAYER_SHAPING = (
     Shaping("ARMOR", gain=0.005),
 )
 
+
+
+def _multiplayer(name: str, cfg: str, *, bots: int, agents: int | None = None,
+                 recommended: tuple[tuple[str, object], ...] = ()) -> DoomScenario:
+    """A deathmatch scenario: the deathmatch action set, the multiplayer variables and
+    shaping, a 4-minute match, `bots` bots and `agents` learning players (None: one), and
+    the multiplayer settings with `recommended` over them."""
+    return DoomScenario(name, cfg, DEATHMATCH_HEADS, MULTIPLAYER_SHAPING,
+                        buttons=buttons_of(DEATHMATCH_HEADS), game_variables=MULTIPLAYER_VARIABLES,
+                        episode_timeout=MATCH_TICS, bots=bots, agents=agents,
+                        recommended=MULTIPLAYER_RECOMMENDED + recommended)
+
+
 SCENARIOS: dict[str, DoomScenario] = {
     s.name: s
     for s in (
@@ -210,28 +226,17 @@ SCENARIOS: dict[str, DoomScenario] = {
         ),
         # Multiplayer against the engine's bots (envs.doom_multiplayer): the native reward is
         # the change of the frag count, so the return is the match's frags (suicides count -1).
-        DoomScenario(
-            "doom_duel_bots",
-            "multi_duel.cfg",
-            DEATHMATCH_HEADS,
-            MULTIPLAYER_SHAPING,
-            buttons=buttons_of(DEATHMATCH_HEADS),
-            game_variables=MULTIPLAYER_VARIABLES,
-            episode_timeout=MATCH_TICS,
-            bots=1,
-            recommended=MULTIPLAYER_RECOMMENDED,
-        ),
-        DoomScenario(
-            "doom_deathmatch_bots",
-            "multi.cfg",
-            DEATHMATCH_HEADS,
-            MULTIPLAYER_SHAPING,
-            buttons=buttons_of(DEATHMATCH_HEADS),
-            game_variables=MULTIPLAYER_VARIABLES,
-            episode_timeout=MATCH_TICS,
-            bots=7,
-            recommended=MULTIPLAYER_RECOMMENDED,
-        ),
+        _multiplayer("doom_duel_bots", "multi_duel.cfg", bots=1),
+        _multiplayer("doom_deathmatch_bots", "multi.cfg", bots=7),
+        # Self-play (envs.doom_selfplay): several learning players in one match, one engine
+        # each, hosted and joined over the loopback; the same actions, variables and reward.
+        # doom_deathmatch_full: 4 learners + 4 bots, the 8 players of doom_deathmatch_bots
+        # (4 engines per env: what 2 cores can step, perf/RESULTS.md "VizDoom self-play");
+        # 2 matches per worker: with the default 8 (32 engines) a worker took more than the
+        # 60 s heartbeat to start them on the busy 2-core machine and was restarted.
+        _multiplayer("doom_duel", "multi_duel.cfg", bots=0, agents=2),
+        _multiplayer("doom_deathmatch_full", "multi.cfg", bots=4, agents=4,
+                     recommended=(("num_envs_per_worker", 2),)),
         # Throughput setting: defend_the_center rendering and monsters, an invulnerable
         # player (no deaths, so no resets inside the measurement) and a fixed episode.
         DoomScenario(
@@ -262,12 +267,19 @@ def builtin_envs() -> dict[str, tuple[str, tuple, dict]]:
     """name -> (factory as "module:attribute", its leading arguments, recommended settings)
     for every scenario: the rows ``fastrl.env_registry`` reads. The factory is imported (and
     with it vizdoom) only when an env is made."""
-    return {name: (MULTIPLAYER_FACTORY if s.bots is not None else "envs.doom:DoomEnv", (name,),
-                   {"recipe": "pixels", **dict(s.recommended)})
+    return {name: (factory_of(s), (name,), {"recipe": "pixels", **dict(s.recommended)})
             for name, s in SCENARIOS.items()}
 
 
 MULTIPLAYER_FACTORY = "envs.doom_multiplayer:DoomBotsEnv"
+SELFPLAY_FACTORY = "envs.doom_selfplay:DoomMatchEnv"
+
+
+def factory_of(scenario: DoomScenario) -> str:
+    """The env class of a scenario, as "module:attribute"."""
+    if scenario.agents is not None:
+        return SELFPLAY_FACTORY
+    return MULTIPLAYER_FACTORY if scenario.bots is not None else "envs.doom:DoomEnv"
 
 
 def scenario_named(scenario: str | DoomScenario) -> DoomScenario:

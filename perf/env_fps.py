@@ -3,6 +3,9 @@
     PYTHONPATH=. python perf/env_fps.py --env doom_basic --num_workers 2 --seconds 10
     PYTHONPATH=. python perf/env_fps.py --env doom_basic --num_workers 2 --seconds 10 --bare
 
+A multi-agent env (the self-play scenarios `doom_duel`, `doom_deathmatch_full`) counts
+every agent's step: one step of a duel is two agent steps (sps) and 2 x frameskip frames.
+
 `--bare` steps a bare `vizdoom.DoomGame` instead of the fastrl env: the same cfg,
 resolution (160x120 CRCGCB), frameskip and button vectors, `make_action` + `get_state`
 per step and `new_episode` at the same time limit, but no resize, wrapper or copies.
@@ -36,16 +39,22 @@ ACTIONS_PER_ENV = 1024
 
 
 class _EnvStepper:
-    """Steps fastrl envs built by `make_env`."""
+    """Steps fastrl envs built by `make_env`. A multi-agent env (`doom_duel`...) takes one
+    action per agent, counts one agent step per agent and restarts its episodes itself."""
 
     def __init__(self, args: argparse.Namespace, worker: int) -> None:
+        from fastrl.sampling.agents import num_agents
+
         self.envs = self._make_envs(args)
+        self.agents = num_agents(self.envs[0])
         self.actions = []
         for i, env in enumerate(self.envs):
             seed = args.seed + 1000 * worker + i
             env.action_space.seed(seed)
             env.reset(seed=seed)
-            self.actions.append([env.action_space.sample() for _ in range(ACTIONS_PER_ENV)])
+            draw, n = env.action_space.sample, self.agents
+            self.actions.append([draw() if n == 1 else [draw() for _ in range(n)]
+                                 for _ in range(ACTIONS_PER_ENV)])
         self.episodes = 0
 
     def _make_envs(self, args: argparse.Namespace) -> list:
@@ -64,10 +73,12 @@ class _EnvStepper:
         a = k % ACTIONS_PER_ENV
         for env, actions in zip(self.envs, self.actions, strict=True):
             _, _, terminated, truncated, _ = env.step(actions[a])
-            if terminated or truncated:
+            if self.agents > 1:  # the env restarted the agents whose episode ended
+                self.episodes += sum(t or u for t, u in zip(terminated, truncated))
+            elif terminated or truncated:
                 env.reset()
                 self.episodes += 1
-        return len(self.envs)
+        return len(self.envs) * self.agents
 
     def close(self) -> None:
         for env in self.envs:

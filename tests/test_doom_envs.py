@@ -86,7 +86,8 @@ def _episode_rollout(env, steps: int, seed: int) -> list[dict]:
     return episodes
 
 
-@pytest.mark.parametrize("name", sorted(SCENARIOS))
+# Every single-agent scenario (the self-play ones are tests/test_doom_selfplay.py's).
+@pytest.mark.parametrize("name", sorted(n for n, s in SCENARIOS.items() if s.agents is None))
 def test_scenario_random_rollout(name: str) -> None:
     measurements = name not in NO_GAME_VARIABLES
     env = make_env(name, max_episode_steps=50, measurements=measurements)

@@ -84,7 +84,8 @@ def test_bots_scenarios_in_the_table_and_the_registry(tmp_path):
     (lambda: DoomBotsEnv("doom_duel_bots", bots=16), "bots must be"),
     (lambda: DoomBotsEnv("doom_duel_bots", bots=True), "bots must be"),
     (lambda: make_env("doom_duel_bots", bots="7"), "bots must be"),
-    (lambda: DoomBotsEnv("doom_duel"), "unknown doom scenario"),
+    (lambda: DoomBotsEnv("doom_duel"), "self-play scenario"),
+    (lambda: DoomBotsEnv("doom_duel_bot"), "unknown doom scenario"),
 ])
 def test_bad_input_is_one_clear_error_before_any_engine_starts(make, match):
     with pytest.raises(ValueError, match=match):
@@ -224,18 +225,25 @@ def test_a_killed_engine_makes_the_env_raise_and_close_leaves_nothing():
     assert [n for n in os.listdir(SHM_DIR) if n.endswith(instance)] == []
 
 
-@pytest.mark.doom
-def test_a_short_serial_training_run_reports_frags(tmp_path):
-    args = ["--env", "doom_duel_bots", "--experiment", "x", "--train_dir", str(tmp_path),
+def train_serially(tmp_path, env: str, *extra: str) -> tuple[str, dict]:
+    """A short serial train.py run on `env` (`extra`: how long, and other flags) that must
+    succeed and report frags; its stdout and summary.json."""
+    args = ["--env", env, "--experiment", "x", "--train_dir", str(tmp_path),
             "--serial_mode", "--device", "cpu", "--seed", "1", "--num_workers", "1",
             "--num_envs_per_worker", "2", "--worker_num_splits", "1", "--rollout", "16",
-            "--batch_size", "32", "--env_max_episode_steps", "32",
-            "--train_for_env_steps", "1024", "--log_every_sec", "5"]
+            "--env_max_episode_steps", "32", "--log_every_sec", "5", *extra]
     proc = subprocess.run([sys.executable, "train.py", *args], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     summary = json.loads((tmp_path / "x" / "summary.json").read_text())
-    assert summary["env_frames"] >= 1024 and summary["episodes"] >= 4
     assert set(summary["episode_metrics"]) == METRICS
     assert summary["episode_metrics"]["frags"] == pytest.approx(summary["mean_episode_return"])
     assert "episode metrics" in proc.stdout
+    return proc.stdout, summary
+
+
+@pytest.mark.doom
+def test_a_short_serial_training_run_reports_frags(tmp_path):
+    _, summary = train_serially(tmp_path, "doom_duel_bots", "--batch_size", "32",
+                                "--train_for_env_steps", "1024")
+    assert summary["env_frames"] >= 1024 and summary["episodes"] >= 4
