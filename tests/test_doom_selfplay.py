@@ -208,6 +208,6 @@ def test_a_dead_or_hung_engine_makes_the_match_raise_in_bounded_time(victim, sig
 @pytest.mark.slow
 def test_a_short_serial_training_run_reports_frags(tmp_path):
     out, summary = train_serially(tmp_path, "doom_duel", "--batch_size", "64",
-                                  "--train_for_seconds", "12")
+                                  "--train_for_env_steps", "2048")
     assert summary["episodes"] >= 8  # 2 envs x 2 agents, each match 32 steps
     assert "frags" in out
