@@ -54,6 +54,20 @@ RECIPES: dict[str, dict[str, Any]] = {
 }
 RECIPE_CHOICES = ("auto", *RECIPES)
 
+# ``--algo apex``, over the recipe and the env's registry entry (flags still win): what any
+# Q-learning run needs, then per recipe what was measured (perf/RESULTS.md, "Ape-X (issue
+# 26)").
+APEX_SETTINGS: dict[str, Any] = {
+    "async_rl": True, "use_rnn": False, "normalize_returns": False, "eval_deterministic": True,
+}
+APEX_RECIPES: dict[str, dict[str, Any]] = {
+    "classic": {
+        "num_workers": 2, "num_envs_per_worker": 4, "rollout": 32, "batch_size": 64,
+        "encoder_mlp_layers": [256, 256], "nonlinearity": "relu", "learning_rate": 1e-3,
+        "adam_eps": 1e-8, "max_grad_norm": 10.0,
+    },
+}
+
 
 def _leaves(space: gym.Space) -> list[gym.Space]:
     if isinstance(space, gym.spaces.Dict):
