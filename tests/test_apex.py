@@ -111,7 +111,7 @@ def test_learner_trains_updates_priorities_syncs_target_and_round_trips(tmp_path
     before = learner.store.tree.leaves().copy()
     stats = learner.train()
     assert {"q_mean", "td_error", "priority_mean", "replay_size", "samples_per_insert",
-            "beta", "loss"} <= set(stats)
+            "beta", "q_loss"} <= set(stats)
     assert not np.array_equal(before, learner.store.tree.leaves())
     learner.train()
     for k, v in learner.target.state_dict().items():  # synced after step 2

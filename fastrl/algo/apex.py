@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from gymnasium import spaces
 
 from fastrl.config.settings import Config
+from fastrl.device import autocast, resolve_precision
 from fastrl.policy.actions import ActionSpec
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.obs import has_action_mask
@@ -104,7 +105,7 @@ class ApexLearner:
         self.store = build_store(cfg, obs_space, action_space)
         self.limiter = RateLimiter(cfg.replay_samples_per_insert, cfg.replay_min_size,
                                    cfg.batch_size, cfg.rollout)
-        self.precision = "fp32"
+        self.precision = resolve_precision(cfg.precision, device)
         self.group = None
         self.version = 0
         self.samples_trained = 0
@@ -144,10 +145,12 @@ class ApexLearner:
         next_obs = {k: v.to(dev) for k, v in data["next_obs"].items()}
         b = cfg.batch_size
         both = {k: torch.cat([obs[k], next_obs[k]]) for k in obs}
-        adv, values, _ = self.model.forward_step(both, self.model.initial_rnn_state(2 * b, dev))
+        with autocast(self.precision, dev):
+            adv, values, _ = self.model.forward_step(both,
+                                                     self.model.initial_rnn_state(2 * b, dev))
         q_all = dueling_heads(adv, values, self.nvec)
         q, q_next = [h[:b] for h in q_all], [h[b:].detach() for h in q_all]
-        with torch.no_grad():
+        with torch.no_grad(), autocast(self.precision, dev):
             t_adv, t_values, _ = self.target.forward_step(
                 next_obs, self.target.initial_rnn_state(b, dev))
             y = double_q_targets(q_next, dueling_heads(t_adv, t_values, self.nvec),
@@ -167,7 +170,7 @@ class ApexLearner:
         if self.version % cfg.target_update_every == 0:
             self.target.load_state_dict(self.model.state_dict())
         self.train_seconds += time.perf_counter() - start
-        return {"loss": float(loss.detach()), "grad_norm": float(grad_norm),
+        return {"q_loss": float(loss.detach()), "grad_norm": float(grad_norm),
                 "q_mean": float(taken.detach().mean()), "td_error": float(td_abs.mean()),
                 "priority_mean": self.store.priority_mean(), "replay_size": self.store.size,
                 "samples_per_insert": self.limiter.ratio(), "beta": beta,

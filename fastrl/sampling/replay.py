@@ -76,10 +76,11 @@ class SumTree:
             raise ValueError("priorities must be finite and >= 0")
         nodes = idx + self.size
         self.nodes[nodes] = values  # numpy assigns in order: the last of a repeat wins
-        parents = np.unique(nodes >> 1)
+        # A parent named twice gets the same sum twice: cheaper than making them unique.
+        parents = nodes >> 1
         for _ in range(self.depth):
             self.nodes[parents] = self.nodes[2 * parents] + self.nodes[2 * parents + 1]
-            parents = np.unique(parents >> 1)
+            parents >>= 1
 
     def find(self, prefix: np.ndarray) -> np.ndarray:
         """For each prefix sum in ``prefix`` ``[K]`` (in ``[0, total)``), the item whose
