@@ -228,7 +228,7 @@ class Config:
     # --- replay (--algo apex) ---------------------------------------------------------
     replay_capacity: int = _f(100_000, "Transitions the replay store holds (oldest out first)",
                               "replay")
-    replay_min_size: int = _f(1_000, "Transitions stored before the first learner step",
+    replay_min_size: int = _f(10_000, "Transitions stored before the first learner step",
                               "replay")
     nstep: int = _f(3, "Steps of reward in each Q-learning target", "replay")
     target_update_every: int = _f(500, "Learner steps between copies of the online Q-network "
