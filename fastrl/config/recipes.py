@@ -64,8 +64,8 @@ APEX_RECIPES: dict[str, dict[str, Any]] = {
     "classic": {
         "num_workers": 2, "num_envs_per_worker": 4, "rollout": 32, "batch_size": 64,
         "replay_min_size": 1_000, "target_update_every": 100,
-        "encoder_mlp_layers": [256, 256], "nonlinearity": "relu", "learning_rate": 1e-3,
-        "adam_eps": 1e-8, "max_grad_norm": 10.0,
+        "encoder_mlp_layers": [256, 256], "nonlinearity": "relu", "learning_rate": 5e-4,
+        "adam_eps": 1e-8, "max_grad_norm": 10.0, "precision": "fp32",
     },
 }
 
