@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fastrl.algo.apex import (
     ApexLearner,
@@ -20,11 +21,8 @@ from fastrl.algo.apex import (
 )
 from fastrl.config.load import parse_config
 from fastrl.config.settings import ConfigError
-from fastrl.experiment.checkpoint import list_checkpoints, load_checkpoint
-from fastrl.experiment.evaluation import evaluate
 from fastrl.policy.model import ActorCritic
 from fastrl.runner.serial import run_serial
-from fastrl.sampling.env_setup import create_env
 from tests.test_parallel import run_train
 from tests.test_replay import _trajectories
 
@@ -138,18 +136,18 @@ def test_rate_limiter_holds_inserts_until_the_learner_catches_up(tmp_path):
 
 @pytest.mark.learning
 def test_serial_apex_learns_cartpole(tmp_path):
-    """The apex recipe in serial mode, seed 1, 30K steps: the greedy policy's mean return
-    over 10 episodes is 200 or more (measured: see perf/RESULTS.md, "Ape-X (issue 26)")."""
+    """The apex recipe in serial mode, seed 1, 15K steps, a greedy evaluation of 10 episodes
+    every 5K: one of them averages 450 or more (measured with the same flags: 500 at 5K and
+    10K, 487 at 15K; perf/RESULTS.md, "Ape-X (issue 26)")."""
     cfg = parse_config([*APEX, "--serial_mode", "--train_dir", str(tmp_path), "--seed", "1",
-                        "--train_for_env_steps", "30000"])
+                        "--train_for_env_steps", "15000", "--eval_every_env_frames", "5000",
+                        "--eval_episodes", "10"])
     summary = run_serial(cfg)
-    assert summary["env_frames"] >= 30000
-    state = load_checkpoint(list_checkpoints(cfg.experiment_dir)[-1])
-    env = create_env(cfg)
-    model = ActorCritic(env.observation_space, env.action_space, cfg)
-    model.load_state_dict(state["learner"]["model"])
-    result = evaluate(model, env, 10, True, torch.device("cpu"), seed=7)
-    assert result.mean_return >= 200, result
+    assert summary["env_frames"] >= 15000
+    events = EventAccumulator(str(tmp_path / cfg.experiment / "tb"))
+    events.Reload()
+    returns = [e.value for e in events.Scalars("eval/mean_return")]
+    assert len(returns) >= 2 and max(returns) >= 450, returns
 
 
 @pytest.mark.multiprocess
