@@ -21,6 +21,7 @@ from fastrl.algo.apex import (
 )
 from fastrl.config.load import parse_config
 from fastrl.config.settings import ConfigError
+from fastrl.experiment.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.policy.model import ActorCritic
 from fastrl.runner.serial import run_serial
 from tests.test_parallel import run_train
@@ -162,3 +163,21 @@ def test_parallel_apex_runs_and_resumes(tmp_path):
     assert proc.returncode == 0, proc.stderr + proc.stdout
     again = json.loads((tmp_path / "x" / "summary.json").read_text())
     assert again["env_frames"] >= 9000 and again["learner_steps"] > summary["learner_steps"]
+
+
+@pytest.mark.slow
+def test_multidiscrete_actions_train_with_one_head_each(tmp_path):
+    """In-process serial run on a MultiDiscrete([3, 2]) env: every entry explores all its
+    choices and the learner steps (mechanics only; nothing to learn in the counting env)."""
+    cfg = parse_config(["--env", "tests.counting_env:MultiCountingEnv-v0", "--algo", "apex",
+                        "--serial_mode", "--device", "cpu", "--train_dir", str(tmp_path),
+                        "--seed", "3", "--recipe", "classic", "--rollout", "8",
+                        "--batch_size", "32", "--replay_min_size", "64",
+                        "--encoder_mlp_layers", "16", "--train_for_env_steps", "1500"])
+    summary = run_serial(cfg)
+    assert summary["env_frames"] >= 1500 and summary["learner_steps"] > 0
+    state = load_checkpoint(list_checkpoints(cfg.experiment_dir)[-1])
+    actions = state["learner"]["replay"]["actions"]
+    rows = state["learner"]["replay"]["rows_filled"]
+    seen = actions[:rows].reshape(-1, 2)
+    assert set(seen[:, 0].tolist()) == {0, 1, 2} and set(seen[:, 1].tolist()) == {0, 1}

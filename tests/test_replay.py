@@ -210,3 +210,14 @@ def test_store_round_trip_with_and_without_contents():
     assert not empty.load_state_dict(store.state_dict(contents=False))
     assert empty.size == 0 and empty.tree.total == 0
     assert empty.max_priority == store.max_priority
+
+
+def test_a_store_larger_than_memory_is_one_line(monkeypatch):
+    from fastrl.sampling import replay
+
+    monkeypatch.setattr(replay, "available_memory", lambda: 2**30)
+    replay.check_fits(2**29, 1000)  # fits
+    with pytest.raises(MemoryError) as info:
+        replay.check_fits(3 * 2**30, 5_000_000)
+    assert str(info.value).startswith("--replay_capacity=5,000,000: ")
+    assert "\n" not in str(info.value)
