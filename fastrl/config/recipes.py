@@ -167,6 +167,9 @@ def recipe_line(env_name: str, recipe: str, obs_space: gym.Space, action_space: 
 def describe(recipe: str, cfg: Any = None) -> str:
     """The recipe's settings in one line (with ``cfg``: the values the run has for them)."""
     settings = RECIPES[recipe]
+    if getattr(cfg, "algo", "appo") == "apex":  # the settings the apex layer gives instead
+        settings = {**APEX_SETTINGS, **APEX_RECIPES.get(recipe, {})}
+        return "--algo apex: " + ", ".join(f"{k}={getattr(cfg, k)}" for k in settings)
     if not settings:
         return "fastrl's defaults (conv encoder, GRU, one pass over batches of 1024)"
     return ", ".join(f"{k}={getattr(cfg, k) if cfg is not None else v}"
