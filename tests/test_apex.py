@@ -181,3 +181,17 @@ def test_multidiscrete_actions_train_with_one_head_each(tmp_path):
     rows = state["learner"]["replay"]["rows_filled"]
     seen = actions[:rows].reshape(-1, 2)
     assert set(seen[:, 0].tolist()) == {0, 1, 2} and set(seen[:, 1].tolist()) == {0, 1}
+
+
+def test_initial_priorities_from_td_errors(tmp_path):
+    learner = _learner(tmp_path, "--replay_initial_priority", "td")
+    batch = _trajectories(16, 4, 0)
+    batch["policy_versions"][0] = -1  # a row nobody acted in keeps priority 0
+    learner.insert(batch)
+    leaves = learner.store.tree.leaves()[:64]
+    assert (leaves[:4] == 0).all()
+    idx = np.arange(4, 64)
+    with torch.no_grad():
+        taken, y = learner._q_and_targets(learner.store.transitions(idx, 3, learner.cfg.gamma))
+    want = ((taken - y).abs().mean(1).numpy() + 1e-6) ** 0.6
+    np.testing.assert_allclose(leaves[4:], want, rtol=1e-5)

@@ -125,6 +125,13 @@ class ApexLearner:
             self.model.update_normalizers({k: v[:, :t].reshape(-1, *v.shape[2:])
                                            for k, v in batch["obs"].items()})
         n = self.store.insert(batch)
+        if self.cfg.replay_initial_priority == "td":
+            idx = self.store.newest(n // self.cfg.rollout)
+            if idx.size:
+                with torch.no_grad():
+                    taken, y = self._q_and_targets(
+                        self.store.transitions(idx, self.cfg.nstep, self.cfg.gamma))
+                self.store.update_priorities(idx, (taken - y).abs().mean(1).cpu().numpy())
         self.limiter.inserts += n
         self.samples_trained += n
         return n
@@ -141,21 +148,7 @@ class ApexLearner:
         data, idx, weights = self.store.sample(cfg.batch_size, beta, cfg.nstep, cfg.gamma)
         self.limiter.samples += cfg.batch_size
         dev = self.device
-        obs = {k: v.to(dev) for k, v in data["obs"].items()}
-        next_obs = {k: v.to(dev) for k, v in data["next_obs"].items()}
-        b = cfg.batch_size
-        both = {k: torch.cat([obs[k], next_obs[k]]) for k in obs}
-        with autocast(self.precision, dev):
-            adv, values, _ = self.model.forward_step(both,
-                                                     self.model.initial_rnn_state(2 * b, dev))
-        q_all = dueling_heads(adv, values, self.nvec)
-        q, q_next = [h[:b] for h in q_all], [h[b:].detach() for h in q_all]
-        with torch.no_grad(), autocast(self.precision, dev):
-            t_adv, t_values, _ = self.target.forward_step(
-                next_obs, self.target.initial_rnn_state(b, dev))
-            y = double_q_targets(q_next, dueling_heads(t_adv, t_values, self.nvec),
-                                 data["returns"].to(dev), data["discounts"].to(dev))
-        taken = chosen_q(q, data["actions"].to(dev))
+        taken, y = self._q_and_targets(data)
         td = taken - y
         w = torch.from_numpy(weights).to(dev)
         loss = (F.smooth_l1_loss(taken, y, reduction="none").mean(1) * w).mean()
@@ -175,6 +168,26 @@ class ApexLearner:
                 "priority_mean": self.store.priority_mean(), "replay_size": self.store.size,
                 "samples_per_insert": self.limiter.ratio(), "beta": beta,
                 "learning_rate": self.optimizer.param_groups[0]["lr"]}
+
+    def _q_and_targets(self, data: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """``Q(s, a)`` of the online network (with gradient) and the double-Q targets, both
+        ``[B, D]``, for transitions as ``ReplayStore.transitions`` gives them."""
+        dev = self.device
+        obs = {k: v.to(dev) for k, v in data["obs"].items()}
+        next_obs = {k: v.to(dev) for k, v in data["next_obs"].items()}
+        b = data["returns"].shape[0]
+        both = {k: torch.cat([obs[k], next_obs[k]]) for k in obs}
+        with autocast(self.precision, dev):
+            adv, values, _ = self.model.forward_step(both,
+                                                     self.model.initial_rnn_state(2 * b, dev))
+        q_all = dueling_heads(adv, values, self.nvec)
+        q, q_next = [h[:b] for h in q_all], [h[b:].detach() for h in q_all]
+        with torch.no_grad(), autocast(self.precision, dev):
+            t_adv, t_values, _ = self.target.forward_step(
+                next_obs, self.target.initial_rnn_state(b, dev))
+            y = double_q_targets(q_next, dueling_heads(t_adv, t_values, self.nvec),
+                                 data["returns"].to(dev), data["discounts"].to(dev))
+        return chosen_q(q, data["actions"].to(dev)), y
 
     # --- checkpoints -----------------------------------------------------------------------
 

@@ -306,6 +306,10 @@ class ReplayStore:
         idx = self.tree.find(stratified_prefixes(total, batch, self.rng))
         probs = self.tree.leaves()[idx] / total
         weights = importance_weights(probs, max(1, self.size), beta)
+        return self.transitions(idx, nstep, gamma), idx, weights
+
+    def transitions(self, idx: np.ndarray, nstep: int, gamma: float) -> dict:
+        """The transitions ``idx`` ``[B]`` as :meth:`sample` gives them."""
         rows_np, t_np = np.divmod(idx, self.rollout)
         rows, t = torch.from_numpy(rows_np), torch.from_numpy(t_np)
         returns, discounts, next_t, from_final = nstep_returns(
@@ -317,9 +321,14 @@ class ReplayStore:
             final = self.final_obs[key][rows]
             mask = from_final.view(-1, *([1] * (nxt.dim() - 1)))
             next_obs[key] = torch.where(mask, final, nxt)
-        data = {"obs": obs, "next_obs": next_obs, "actions": self.actions[rows, t],
+        return {"obs": obs, "next_obs": next_obs, "actions": self.actions[rows, t],
                 "returns": returns, "discounts": discounts}
-        return data, idx, weights
+
+    def newest(self, k: int) -> np.ndarray:
+        """The transitions of the ``k`` rows written last, that were acted (priority > 0)."""
+        rows = np.remainder(np.arange(self.next_row - k, self.next_row), self.num_rows)
+        idx = (rows[:, None] * self.rollout + np.arange(self.rollout)[None]).reshape(-1)
+        return idx[self.tree.leaves()[idx] > 0]
 
     def update_priorities(self, idx: np.ndarray, td_abs: np.ndarray) -> None:
         """New priorities ``(|TD error| + eps) ** alpha`` for the transitions ``idx``."""
