@@ -195,3 +195,22 @@ def test_initial_priorities_from_td_errors(tmp_path):
         taken, y = learner._q_and_targets(learner.store.transitions(idx, 3, learner.cfg.gamma))
     want = ((taken - y).abs().mean(1).numpy() + 1e-6) ** 0.6
     np.testing.assert_allclose(leaves[4:], want, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_serial_resume_keeps_the_store_and_the_ratio(tmp_path):
+    """A resumed run goes on with the saved rows, priorities and rate-limiter counters."""
+    args = [*APEX, "--serial_mode", "--train_dir", str(tmp_path), "--experiment", "r",
+            "--seed", "4", "--replay_min_size", "500", "--encoder_mlp_layers", "32"]
+    run_serial(parse_config([*args, "--train_for_env_steps", "2000"]))
+    first = load_checkpoint(list_checkpoints(str(tmp_path / "r"))[-1])["learner"]
+    run_serial(parse_config([*args, "--train_for_env_steps", "4000"]))
+    second = load_checkpoint(list_checkpoints(str(tmp_path / "r"))[-1])["learner"]
+    assert second["version"] > first["version"]
+    assert second["samples_trained"] >= 4000
+    assert second["replay"]["rows_filled"] * 32 == second["samples_trained"]  # nothing lost
+    assert second["limiter"]["inserts"] == second["samples_trained"]
+    # the rows the first run stored are still there, untouched
+    rows = first["replay"]["rows_filled"]
+    torch.testing.assert_close(second["replay"]["obs"]["obs"][:rows],
+                               first["replay"]["obs"]["obs"][:rows])
