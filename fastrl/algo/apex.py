@@ -137,7 +137,9 @@ class ApexLearner:
         return n
 
     def can_train(self) -> bool:
-        return self.limiter.can_sample(self.cfg.batch_size, self.store.size)
+        # (a store of only steps no policy acted, all at priority 0, has nothing to sample)
+        return (self.limiter.can_sample(self.cfg.batch_size, self.store.size)
+                and self.store.tree.total > 0)
 
     def train(self) -> dict[str, float]:
         """One learner step on a batch sampled by priority; its statistics."""
