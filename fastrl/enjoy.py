@@ -64,7 +64,7 @@ _CONFIG_KEYS = frozenset(f.name for f in dataclasses.fields(Config))
 # Everything else (device, seed, the training settings) is this run's own.
 _SAVED_KEYS = frozenset(
     f.name for f in dataclasses.fields(Config) if f.metadata["group"] in ("environment", "model")
-) | {"env"}
+) | {"env", "algo"}
 
 
 @dataclass(frozen=True)
@@ -344,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
                                   "set); use --save_video to record the episodes instead")
         exp_dir, state, ckpt_path = locate(full, explicit, options)
         cfg = merge_config(full, explicit, exp_dir, state, ckpt_path)
+        if cfg.algo == "apex":  # a Q-network's advantages are no policy to sample: greedy
+            options = dataclasses.replace(options, deterministic=True)
         # SIGTERM and SIGHUP end the evaluation as Ctrl-C does: the episodes so far are
         # reported and the video is closed; a second signal quits at once.
         with headless_sdl(enabled=not options.render), LauncherSignals() as signals:

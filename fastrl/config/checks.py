@@ -28,7 +28,7 @@ NON_NEGATIVE = ("max_policy_lag", "eval_every_env_frames", "env_timeout", "max_w
 
 def validate(cfg: Config) -> list[str]:
     """Every problem with ``cfg`` as one line each (empty when it is valid)."""
-    return [line for check in (_values, _env, _model, _batches, _learners, _placement)
+    return [line for check in (_values, _env, _model, _batches, _learners, _placement, _replay)
             for line in check(cfg)]
 
 
@@ -98,8 +98,8 @@ def _batches(cfg: Config) -> list[str]:
             and cfg.num_envs_per_worker % cfg.worker_num_splits):
         errors.append(f"--num_envs_per_worker={cfg.num_envs_per_worker}: must be a multiple of "
                       f"--worker_num_splits={cfg.worker_num_splits}")
-    if cfg.rollout <= 0 or cfg.batch_size <= 0:
-        return errors  # already refused as a value
+    if cfg.rollout <= 0 or cfg.batch_size <= 0 or cfg.algo == "apex":
+        return errors  # already refused as a value; apex samples transitions, not rollouts
     if not steps_minibatches(cfg) and cfg.batch_size % cfg.rollout:
         errors.append(f"--batch_size={cfg.batch_size}: "
                       f"must be a multiple of --rollout={cfg.rollout}")
@@ -119,8 +119,8 @@ def _batches(cfg: Config) -> list[str]:
 def _learners(cfg: Config) -> list[str]:
     """Several learners: every rank must take the same whole units of every minibatch."""
     n = cfg.num_learners
-    if n <= 1:
-        return []
+    if n <= 1 or cfg.algo == "apex":
+        return []  # apex: refused in _replay
     if cfg.serial_mode:
         return [f"--num_learners={n}: needs parallel mode (without --serial_mode)"]
     if cfg.rollout <= 0:
@@ -158,4 +158,45 @@ def _placement(cfg: Config) -> list[str]:
         errors.append(f"--device={dev}: must be auto, cpu, cuda or cuda:N")
     if not cfg.experiment or os.sep in cfg.experiment or cfg.experiment in (".", ".."):
         errors.append(f"--experiment={cfg.experiment!r}: must be a plain folder name")
+    return errors
+
+
+def _replay(cfg: Config) -> list[str]:
+    """``--algo apex``: the replay settings, and the modes it does not run in yet."""
+    if cfg.algo != "apex":
+        return []
+    errors = []
+    why = {
+        "use_rnn": (cfg.use_rnn, "--algo apex needs --use_rnn False (a recurrent Q-network is "
+                    "R2D2, not built yet)"),
+        "normalize_returns": (cfg.normalize_returns, "--algo apex needs --normalize_returns "
+                              "False (Q-values are learned in reward units)"),
+        "async_rl": (not cfg.async_rl, "--algo apex needs --async_rl True (the replay ratio, "
+                     "not rounds, paces the learner)"),
+        "num_learners": (cfg.num_learners > 1, "--algo apex runs one learner (the replay store "
+                         "lives in its process); --num_learners > 1 is APPO only"),
+        "num_sampler_nodes": (cfg.num_sampler_nodes > 0, "--algo apex does not run with sampler "
+                              "nodes yet (their epsilons would need every node's env count); "
+                              "use --num_sampler_nodes 0"),
+    }
+    errors += [f"--{name}={getattr(cfg, name)}: {line}" for name, (bad, line) in why.items() if bad]
+    for name in ("replay_capacity", "replay_min_size", "replay_samples_per_insert", "nstep",
+                 "target_update_every"):
+        if getattr(cfg, name) <= 0:
+            errors.append(f"--{name}={getattr(cfg, name)}: must be > 0")
+    if cfg.replay_capacity < cfg.rollout:
+        errors.append(f"--replay_capacity={cfg.replay_capacity}: must hold at least one "
+                      f"trajectory of --rollout={cfg.rollout}")
+    if cfg.replay_min_size < cfg.batch_size:
+        errors.append(f"--replay_min_size={cfg.replay_min_size}: must be at least --batch_size="
+                      f"{cfg.batch_size}")
+    if cfg.replay_min_size > cfg.replay_capacity:
+        errors.append(f"--replay_min_size={cfg.replay_min_size}: must be at most "
+                      f"--replay_capacity={cfg.replay_capacity}")
+    for name in ("replay_alpha", "replay_beta"):
+        if not 0.0 <= getattr(cfg, name) <= 1.0:
+            errors.append(f"--{name}={getattr(cfg, name)}: must be in [0, 1]")
+    if not 0.0 < cfg.apex_epsilon <= 1.0 or cfg.apex_epsilon_alpha < 0:
+        errors.append(f"--apex_epsilon={cfg.apex_epsilon}, --apex_epsilon_alpha="
+                      f"{cfg.apex_epsilon_alpha}: need 0 < apex_epsilon <= 1 and alpha >= 0")
     return errors

@@ -54,6 +54,21 @@ RECIPES: dict[str, dict[str, Any]] = {
 }
 RECIPE_CHOICES = ("auto", *RECIPES)
 
+# ``--algo apex``, over the recipe and the env's registry entry (flags still win): what any
+# Q-learning run needs, then per recipe what was measured (perf/RESULTS.md, "Ape-X (issue
+# 26)").
+APEX_SETTINGS: dict[str, Any] = {
+    "async_rl": True, "use_rnn": False, "normalize_returns": False, "eval_deterministic": True,
+}
+APEX_RECIPES: dict[str, dict[str, Any]] = {
+    "classic": {
+        "num_workers": 2, "num_envs_per_worker": 4, "rollout": 32, "batch_size": 64,
+        "replay_min_size": 1_000, "target_update_every": 100,
+        "encoder_mlp_layers": [256, 256], "nonlinearity": "relu", "learning_rate": 5e-4,
+        "adam_eps": 1e-8, "max_grad_norm": 10.0, "precision": "fp32",
+    },
+}
+
 
 def _leaves(space: gym.Space) -> list[gym.Space]:
     if isinstance(space, gym.spaces.Dict):
@@ -152,6 +167,9 @@ def recipe_line(env_name: str, recipe: str, obs_space: gym.Space, action_space: 
 def describe(recipe: str, cfg: Any = None) -> str:
     """The recipe's settings in one line (with ``cfg``: the values the run has for them)."""
     settings = RECIPES[recipe]
+    if getattr(cfg, "algo", "appo") == "apex":  # the settings the apex layer gives instead
+        settings = {**APEX_SETTINGS, **APEX_RECIPES.get(recipe, {})}
+        return "--algo apex: " + ", ".join(f"{k}={getattr(cfg, k)}" for k in settings)
     if not settings:
         return "fastrl's defaults (conv encoder, GRU, one pass over batches of 1024)"
     return ", ".join(f"{k}={getattr(cfg, k) if cfg is not None else v}"

@@ -180,7 +180,11 @@ class Config:
                             choices=("clip", "tanh"))
 
     # --- algorithm --------------------------------------------------------------------
-    batch_size: int = _f(1024, "Samples per SGD step (a multiple of --rollout)")
+    algo: str = _f("appo", "The algorithm: appo (on-policy, V-trace) or apex (Ape-X: "
+                   "prioritized replay, n-step double Q-learning, per-env epsilons; the --replay_* "
+                   "flags)", choices=("appo", "apex"))
+    batch_size: int = _f(1024, "Samples per SGD step (a multiple of --rollout; --algo apex: "
+                         "transitions sampled per step, any size)")
     num_batches_per_epoch: int = _f(1, "SGD steps per pass over the collected data")
     num_epochs: int = _f(1, "Passes (PPO epochs) over each collected batch")
     learning_rate: float = _f(5e-4, "Adam learning rate (on doom_basic, before --normalize_input "
@@ -220,6 +224,30 @@ class Config:
                          "step (batch, PPO), which lets feed-forward models shuffle single "
                          "steps into the minibatches and --rollout exceed --batch_size",
                          choices=("minibatch", "batch"))
+
+    # --- replay (--algo apex) ---------------------------------------------------------
+    replay_capacity: int = _f(100_000, "Transitions the replay store holds (oldest out first)",
+                              "replay")
+    replay_min_size: int = _f(10_000, "Transitions stored before the first learner step",
+                              "replay")
+    nstep: int = _f(3, "Steps of reward in each Q-learning target", "replay")
+    target_update_every: int = _f(500, "Learner steps between copies of the online Q-network "
+                                  "into the target network", "replay")
+    replay_samples_per_insert: float = _f(8.0, "Transitions sampled per transition inserted, "
+                                          "kept so by waiting for data or for the learner",
+                                          "replay")
+    replay_alpha: float = _f(0.6, "Priority exponent (0: uniform sampling)", "replay")
+    replay_initial_priority: str = _f("max", "Priority of new transitions: the highest so far "
+                                      "(max), or their |TD error| computed by the learner as "
+                                      "they go in (td; Ape-X's actors compute it)", "replay",
+                                      choices=("max", "td"))
+    replay_beta: float = _f(0.4, "Importance-weight exponent at the start, annealed to 1 at "
+                            "--train_for_env_steps", "replay")
+    replay_save_contents: bool = _f(True, "Checkpoints hold the replay store's contents (False: "
+                                    "only its counters; a resumed run refills it)", "replay")
+    apex_epsilon: float = _f(0.4, "Env i of N explores with epsilon apex_epsilon ** (1 + "
+                             "apex_epsilon_alpha * i / (N - 1)) (Ape-X)", "replay")
+    apex_epsilon_alpha: float = _f(7.0, "See --apex_epsilon", "replay")
 
     # --- logging and checkpoints ------------------------------------------------------
     save_every_sec: float = _f(120.0, "Seconds between checkpoints (one is also written at exit)",
@@ -344,9 +372,9 @@ def build_parser(
 
 # Settings that define what a checkpoint contains: changing them on resume would load
 # weights into a different model, so they may not be overridden.
-MODEL_DEFINING = ("env", "encoder_fc_size", "encoder_mlp_layers", "use_rnn", "rnn_size", "rnn_type",
-                  "nonlinearity", "env_measurements", "normalize_input", "normalize_returns",
-                  "env_framestack", "action_log_std", "action_bounds",
+MODEL_DEFINING = ("env", "algo", "encoder_fc_size", "encoder_mlp_layers", "use_rnn", "rnn_size",
+                  "rnn_type", "nonlinearity", "env_measurements", "normalize_input",
+                  "normalize_returns", "env_framestack", "action_log_std", "action_bounds",
                   "actor_critic_share_weights", "env_atari_rgb", "env_obs_layout", "obs_keys")
 
 
@@ -368,4 +396,4 @@ ADDED_LATER = {"normalize_input": False, "normalize_returns": False, "exploratio
                "action_bounds": "clip", "actor_critic_share_weights": True,
                "env_atari_rgb": False, "lr_schedule": "constant",
                "advantages": "minibatch", "recipe": "pixels", "env_obs_layout": "auto",
-               "obs_keys": "", "env_packages": ""}
+               "obs_keys": "", "env_packages": "", "algo": "appo"}

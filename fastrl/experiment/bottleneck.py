@@ -78,7 +78,11 @@ def _advice(stage: str, cfg: Any, cores: int, device_type: str) -> str:
         tips = ["the learner limits the run"]
         if device_type == "cpu":
             tips.append("a GPU (--device cuda) trains far faster")
-        if cfg.num_epochs * cfg.num_batches_per_epoch > 1:
+        if getattr(cfg, "algo", "appo") == "apex":
+            tips.append(f"a lower --replay_samples_per_insert (now "
+                        f"{cfg.replay_samples_per_insert}) takes fewer learner steps per env "
+                        "step (the rate limiter holds the envs back to keep it)")
+        elif cfg.num_epochs * cfg.num_batches_per_epoch > 1:
             tips.append(f"fewer SGD steps per batch (--num_epochs {cfg.num_epochs} x "
                         f"--num_batches_per_epoch {cfg.num_batches_per_epoch})")
         if device_type == "cuda":

@@ -73,7 +73,12 @@ class Reporter:
                  "learning_rate": "train/learning_rate", "grad_norm": "train/grad_norm",
                  "adv_std": "train/adv_std", "ratio_mean": "train/ratio_mean",
                  "policy_lag_min": "policy_lag/min", "policy_lag_mean": "policy_lag/mean",
-                 "policy_lag_max": "policy_lag/max"}
+                 "policy_lag_max": "policy_lag/max",
+                 # --algo apex (fastrl/algo/apex.py, fastrl/runner/replay_station.py)
+                 "q_loss": "train/q_loss", "q_mean": "train/q_mean", "td_error": "train/td_error",
+                 "priority_mean": "replay/priority_mean", "replay_size": "replay/size",
+                 "samples_per_insert": "replay/samples_per_insert", "beta": "replay/beta",
+                 "epsilon_min": "replay/epsilon_min", "epsilon_max": "replay/epsilon_max"}
         for key, tag in names.items():
             if key in s.learner:
                 w.add_scalar(tag, s.learner[key], step)

@@ -12,9 +12,9 @@ from fastrl.algo.learner_group import LearnerGroup
 from fastrl.config.settings import Config
 from fastrl.device import learner_device, resolve_device, resolve_precision
 from fastrl.runner.common import POLICY_STREAM, build_model, seed_everything
+from fastrl.runner.replay_station import make_learner_station
 from fastrl.runner.stations import (
     LearnerRankStation,
-    LearnerStation,
     PolicyStation,
     RolloutStation,
     make_learner,
@@ -82,7 +82,7 @@ def learner_main(wiring: Wiring, rank: int) -> None:
     try:
         learner, counters, path = make_learner(cfg, wiring.info, device, group)
         if rank == 0:
-            station = LearnerStation(wiring, learner, REPORT_EVERY["learner"])
+            station = make_learner_station(wiring, learner, REPORT_EVERY["learner"])
             station.announce(counters, path)
         else:
             station = LearnerRankStation(wiring, learner, rank)

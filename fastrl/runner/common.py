@@ -10,6 +10,7 @@ import random
 import numpy as np
 import torch
 
+from fastrl.algo.apex import build_store, q_learning_problem
 from fastrl.algo.learner import exploration_problem
 from fastrl.config.recipes import recipe_line
 from fastrl.config.settings import Config
@@ -18,6 +19,7 @@ from fastrl.log import log
 from fastrl.policy.actions import ActionSpec
 from fastrl.policy.model import ActorCritic
 from fastrl.sampling.env_setup import EnvInfo
+from fastrl.sampling.replay import check_fits
 from fastrl.transport.signals import held
 
 
@@ -32,6 +34,15 @@ def check_env_settings(cfg: Config, info: EnvInfo) -> None:
         raise EnvSettingsError(f"env {cfg.env!r} ({info.action_space}): {problem}")
     if info.multi_agent:
         check_agents_settings(cfg, info)
+    if cfg.algo == "apex":
+        problem = q_learning_problem(info.action_space, info.obs_space)
+        if problem:
+            raise EnvSettingsError(f"env {cfg.env!r}: {problem}")
+        try:
+            check_fits(build_store(cfg, info.obs_space, info.action_space, nbytes_only=True),
+                       cfg.replay_capacity)
+        except MemoryError as exc:
+            raise EnvSettingsError(str(exc)) from None
 
 
 def check_agents_settings(cfg: Config, info: EnvInfo) -> None:

@@ -24,8 +24,8 @@ from fastrl.runner.common import (
     seed_everything,
 )
 from fastrl.runner.loop import RunLoop
+from fastrl.runner.replay_station import make_learner_station
 from fastrl.runner.stations import (
-    LearnerStation,
     PolicyStation,
     RolloutStation,
     make_learner,
@@ -64,7 +64,7 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
         learner, counters, path = make_learner(cfg, info, device)
         announce_inputs(info, learner.model)
         wiring = build_wiring(cfg, info, learner.model, num_workers=1, envs_per_worker=len(envs))
-        learner_station = LearnerStation(wiring, learner, report_every=0.0)
+        learner_station = make_learner_station(wiring, learner, report_every=0.0)
         learner_station.announce(counters, path)
         ready = wiring.runner_queue.get_many(0.0)
         assert len(ready) == 1 and isinstance(ready[0], LearnerReady), ready

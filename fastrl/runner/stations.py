@@ -15,6 +15,7 @@ from typing import NoReturn
 
 import torch
 
+from fastrl.algo.apex import ApexLearner
 from fastrl.algo.learner import Learner
 from fastrl.algo.learner_group import LearnerGroup
 from fastrl.errors import EnvOutputError
@@ -26,7 +27,7 @@ from fastrl.runner.wiring import Wiring
 from fastrl.sampling.agents import MultiAgentRolloutWorker
 from fastrl.sampling.env_faults import EnvFault
 from fastrl.sampling.env_setup import EnvInfo, create_env, reward_scale
-from fastrl.sampling.inference import PolicyWorker
+from fastrl.sampling.inference import PolicyWorker, ape_x_epsilons
 from fastrl.sampling.rollout import RolloutWorker, StepOutput
 from fastrl.sampling.staging import Staging
 from fastrl.transport.messages import (
@@ -275,9 +276,8 @@ class LearnerStation:
         reads the queue first, so that a ``Fence`` or ``SaveCheckpoint`` waits for at most one
         batch. A sampler node's link and the supervisor wait for the fence's answer; behind a
         whole backlog (many nodes, a slow learner) that wait could run out."""
-        w, cfg = self.wiring, self.wiring.cfg
-        per_batch = self.learner.trajectories_per_batch
-        if len(self.pending) >= per_batch and not cfg.sampling_only:
+        w = self.wiring
+        if self._ready():
             timeout = 0.0
         msgs = w.learner_queue.get_many(timeout)
         for msg in msgs:
@@ -291,7 +291,23 @@ class LearnerStation:
                 self._save(msg)
             else:
                 raise TypeError(f"learner: unexpected message {msg!r}")
-        work = len(msgs)
+        work = len(msgs) + self._work()
+        if self._samples and time.monotonic() - self._last_report >= self.report_every:
+            w.runner_queue.put(LearnerReport(self._stats, self.learner.version, self._samples,
+                                             self._busy))
+            self._samples, self._busy, self._stats = 0, 0.0, {}
+            self._last_report = time.monotonic()
+        return work
+
+    def _ready(self) -> bool:
+        """Whether there is training to do without waiting for a message."""
+        return (len(self.pending) >= self.learner.trajectories_per_batch
+                and not self.wiring.cfg.sampling_only)
+
+    def _work(self) -> int:
+        """Train on (or, sampling only, free) what waits; how many batches that was."""
+        w, cfg = self.wiring, self.wiring.cfg
+        work = 0
         if cfg.sampling_only:
             slots = self.pending.take_all()
             if slots:
@@ -299,14 +315,10 @@ class LearnerStation:
                 self._free(slots)
                 work += 1
         # Not past a stop request: the runner gives the children a few seconds to exit.
-        elif not w.should_stop() and (slots := self.pending.take(per_batch)) is not None:
+        elif not w.should_stop() and (
+                slots := self.pending.take(self.learner.trajectories_per_batch)) is not None:
             self._train(slots)
             work += 1
-        if self._samples and time.monotonic() - self._last_report >= self.report_every:
-            w.runner_queue.put(LearnerReport(self._stats, self.learner.version, self._samples,
-                                             self._busy))
-            self._samples, self._busy, self._stats = 0, 0.0, {}
-            self._last_report = time.monotonic()
         return work
 
     def _train(self, slots: list[int]) -> None:
@@ -366,18 +378,28 @@ class LearnerRankStation:
 
 def make_policy_worker(wiring: Wiring, model: torch.nn.Module, device: torch.device,
                        precision: str) -> PolicyWorker:
+    """The policy worker core; with ``--algo apex``, epsilon-greedy with every env slot's
+    Ape-X epsilon (over all the run's slots)."""
+    cfg = wiring.cfg
+    epsilons = None
+    if cfg.algo == "apex":
+        epsilons = ape_x_epsilons(wiring.num_envs, cfg.apex_epsilon, cfg.apex_epsilon_alpha)
     return PolicyWorker(model, wiring.info.action_space, wiring.buffers, wiring.rnn_state,
-                        device, weights=wiring.weights, precision=precision)
+                        device, weights=wiring.weights, precision=precision, epsilons=epsilons)
 
 
 def make_learner(cfg, info: EnvInfo, device: torch.device, group: LearnerGroup | None = None,
-                 ) -> tuple[Learner, dict | None, str | None]:
+                 ) -> tuple[Learner | ApexLearner, dict | None, str | None]:
     """The learner, with the experiment's newest checkpoint restored if there is one; also
     that checkpoint's run counters and path (None, None without one). In a ``group`` every
     rank restores the same checkpoint and then takes rank 0's weights and statistics, so that
     a fresh start (unseeded) begins alike too."""
-    learner = Learner(cfg, build_model(cfg, info, device), info.action_space, device,
-                      frameskip=info.frameskip, group=group)
+    if cfg.algo == "apex":
+        learner = ApexLearner(cfg, build_model(cfg, info, device), info.obs_space,
+                              info.action_space, device, frameskip=info.frameskip)
+    else:
+        learner = Learner(cfg, build_model(cfg, info, device), info.action_space, device,
+                          frameskip=info.frameskip, group=group)
     counters, path = restore_learner(learner, cfg, info)
     if group is not None:
         group.broadcast_module(learner.model)

@@ -31,11 +31,15 @@ class PolicyWorker:
         weights: where the learner's weights come from (in serial mode, the learner's
             model itself: see :class:`fastrl.sampling.weights.LocalWeights`).
         deterministic: take the most likely action instead of sampling.
+        epsilons: ``--algo apex``: ``[num_env_slots]``, each env slot's exploration rate
+            (indexed like ``rnn_state``): the greedy action (``mode``), replaced by a uniform
+            one with that probability (see :func:`ape_x_epsilons`).
     """
 
     def __init__(self, model: ActorCritic, action_space, buffers: TrajectoryBuffers,
                  rnn_state: torch.Tensor, device: torch.device,
-                 weights: WeightsSource, deterministic: bool = False, precision: str = "fp32"):
+                 weights: WeightsSource, deterministic: bool = False, precision: str = "fp32",
+                 epsilons: torch.Tensor | None = None):
         self.model = model
         self.buffers = buffers
         self.rnn_state = rnn_state
@@ -44,6 +48,7 @@ class PolicyWorker:
         self.deterministic = deterministic
         self.precision = precision
         self.action_spec = ActionSpec(action_space)
+        self.epsilons = epsilons
         # -1 until weights are loaded: the model's own initial weights are never used to act
         # (they are not the learner's, whatever their version says).
         self.policy_version = -1
@@ -89,7 +94,11 @@ class PolicyWorker:
         with torch.inference_mode(), autocast(self.precision, self.device):
             logits, values, new_h = self.model.forward_step(obs, h)
             dist = ActionDistribution(logits, self.action_spec)
-            actions = dist.mode() if self.deterministic else dist.sample()
+            if self.epsilons is not None:
+                actions = epsilon_greedy(dist.mode(), self.epsilons[e_idx].to(self.device),
+                                         self.action_spec.nvec)
+            else:
+                actions = dist.mode() if self.deterministic else dist.sample()
             log_probs = dist.log_prob(actions)
         actions, log_probs, values, new_h = to_host(
             [actions.to(self.buffers.actions.dtype), log_probs.float(), values.float(),
@@ -102,6 +111,25 @@ class PolicyWorker:
             self.rnn_state[e_idx] = new_h
         return [ActionsReady(req.worker_id, req.split_id, req.t, req.generation, req.epoch)
                 for req in requests]
+
+
+def ape_x_epsilons(num_envs: int, base: float = 0.4, alpha: float = 7.0) -> torch.Tensor:
+    """Ape-X's exploration rates ``[num_envs]``: env ``i`` of ``N`` explores with
+    ``base ** (1 + alpha * i / (N - 1))`` (one env: ``base``)."""
+    i = torch.arange(num_envs, dtype=torch.float64)
+    return (base ** (1.0 + alpha * i / max(1, num_envs - 1))).float()
+
+
+def epsilon_greedy(greedy: torch.Tensor, epsilons: torch.Tensor,
+                   nvec: tuple[int, ...]) -> torch.Tensor:
+    """``greedy`` actions ``[B, D]`` where each row, with probability ``epsilons[b]``, is
+    replaced by uniform choices (every dimension ``j`` among its ``nvec[j]``)."""
+    b = greedy.shape[0]
+    n = torch.tensor(nvec, device=greedy.device, dtype=torch.float32)
+    uniform = (torch.rand((b, len(nvec)), device=greedy.device) * n).long().clamp(
+        max=n.long() - 1)
+    explore = torch.rand(b, device=greedy.device) < epsilons
+    return torch.where(explore.unsqueeze(1), uniform.to(greedy.dtype), greedy)
 
 
 def to_host(parts: list[torch.Tensor]) -> list[torch.Tensor]:

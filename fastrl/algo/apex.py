@@ -1,0 +1,213 @@
+"""Ape-X's learner (``--algo apex``): n-step double Q-learning with a dueling head on a
+prioritized replay store (``fastrl.sampling.replay``).
+
+The Q-network is the same :class:`~fastrl.policy.model.ActorCritic` APPO trains, read as a
+dueling network: the critic head is the state value ``V(s)``, the actor head's logits are the
+advantages, and for each categorical action dimension ``j`` (one for ``Discrete``, one per
+entry of a ``MultiDiscrete``: one Q head each)
+``Q_j(s, a) = V(s) + A_j(s, a) - mean_a A_j(s, a)``. The greedy action of a head is the argmax
+of its advantages, so the policy workers act with ``ActionDistribution.mode()``, and
+evaluation and enjoy with deterministic actions play the greedy policy.
+
+One learner step: sample a batch by priority, target
+``y_j = R + D * Q_j^target(s', argmax_a Q_j^online(s', a))`` (``R``, ``D``: the n-step return
+and bootstrap discount from the store), Huber loss of ``Q_j(s, a_j) - y_j`` weighted by the
+importance weights and averaged over heads, new priorities from the mean ``|TD error|`` of
+the heads; the target network copies the online one every ``--target_update_every`` steps.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from gymnasium import spaces
+
+from fastrl.config.settings import Config
+from fastrl.device import autocast, resolve_precision
+from fastrl.policy.actions import ActionSpec
+from fastrl.policy.model import ActorCritic
+from fastrl.policy.obs import has_action_mask
+from fastrl.policy.spaces import storage
+from fastrl.sampling.replay import RateLimiter, ReplayStore, annealed_beta
+
+
+def q_learning_problem(action_space: spaces.Space, obs_space: spaces.Dict) -> str | None:
+    """Why ``--algo apex`` cannot learn Q-values for these spaces (None when it can)."""
+    spec = ActionSpec(action_space)
+    if spec.num_continuous:
+        return (f"--algo apex needs Discrete or MultiDiscrete actions (one Q head per "
+                f"dimension), not {action_space}: use --algo appo for continuous actions")
+    if has_action_mask(obs_space, spec.num_logits):
+        return "--algo apex does not take an action_mask observation yet: use --algo appo"
+    return None
+
+
+def dueling_heads(advantages: torch.Tensor, values: torch.Tensor,
+                  nvec: tuple[int, ...]) -> list[torch.Tensor]:
+    """Q-values per action dimension: ``advantages`` ``[B, sum(nvec)]``, ``values`` ``[B]``
+    -> ``[B, n_j]`` for each ``n_j`` in ``nvec``."""
+    return [values.unsqueeze(1) + a - a.mean(1, keepdim=True)
+            for a in torch.split(advantages, list(nvec), dim=1)]
+
+
+def double_q_targets(online_next: list[torch.Tensor], target_next: list[torch.Tensor],
+                     returns: torch.Tensor, discounts: torch.Tensor) -> torch.Tensor:
+    """``[B, D]``: per head, ``returns + discounts * Q^target(s', argmax Q^online(s'))``."""
+    picked = [t.gather(1, o.argmax(1, keepdim=True)).squeeze(1)
+              for o, t in zip(online_next, target_next, strict=True)]
+    return returns.unsqueeze(1) + discounts.unsqueeze(1) * torch.stack(picked, 1)
+
+
+def chosen_q(q: list[torch.Tensor], actions: torch.Tensor) -> torch.Tensor:
+    """``[B, D]``: each head's Q-value of the action taken (``actions`` ``[B, D]``)."""
+    return torch.stack([h.gather(1, actions[:, j:j + 1].long()).squeeze(1)
+                        for j, h in enumerate(q)], 1)
+
+
+def build_store(cfg: Config, obs_space: spaces.Dict, action_space: spaces.Space,
+                nbytes_only: bool = False) -> ReplayStore | int:
+    """The run's replay store (or only its size in bytes)."""
+    shapes, dtypes = {}, {}
+    for key, sub in obs_space.spaces.items():
+        shape, np_dtype = storage(sub)
+        shapes[key] = shape
+        dtypes[key] = torch.from_numpy(np.zeros(1, dtype=np_dtype)).dtype
+    spec = ActionSpec(action_space)
+    args = (shapes, dtypes, cfg.rollout, spec.action_dims, spec.dtype, cfg.replay_capacity)
+    if nbytes_only:
+        return ReplayStore.nbytes_for(*args)
+    return ReplayStore(*args, alpha=cfg.replay_alpha, seed=cfg.seed)
+
+
+class ApexLearner:
+    """The online and target Q-networks, the optimizer, the replay store and its rate limiter.
+
+    ``samples_trained`` counts transitions inserted (env steps collected), as the run's
+    frame counter and checkpoints read it; ``version`` counts learner steps."""
+
+    def __init__(self, cfg: Config, model: ActorCritic, obs_space: spaces.Dict,
+                 action_space: spaces.Space, device: torch.device, frameskip: int = 1):
+        problem = q_learning_problem(action_space, obs_space)
+        if problem:
+            raise ValueError(problem)
+        self.cfg = cfg
+        self.model = model
+        self.device = device
+        self.frameskip = frameskip
+        self.nvec = ActionSpec(action_space).nvec
+        self.target = copy.deepcopy(model).requires_grad_(False)
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate,
+                                          betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps)
+        self.store = build_store(cfg, obs_space, action_space)
+        self.limiter = RateLimiter(cfg.replay_samples_per_insert, cfg.replay_min_size,
+                                   cfg.batch_size, cfg.rollout)
+        self.precision = resolve_precision(cfg.precision, device)
+        self.group = None
+        self.version = 0
+        self.samples_trained = 0
+        self.train_seconds = 0.0
+
+    # --- the station's side ------------------------------------------------------------
+
+    def insertable(self, trajectories: int) -> int:
+        """How many of ``trajectories`` waiting ones the rate limiter lets in now."""
+        return self.limiter.insertable(self.cfg.rollout, trajectories)
+
+    def insert(self, batch: dict) -> int:
+        """Store gathered trajectories (CPU, ``TrajectoryBuffers.gather``); returns the
+        transitions they hold."""
+        if self.cfg.normalize_input:
+            t = batch["rewards"].shape[1]
+            self.model.update_normalizers({k: v[:, :t].reshape(-1, *v.shape[2:])
+                                           for k, v in batch["obs"].items()})
+        n = self.store.insert(batch)
+        if self.cfg.replay_initial_priority == "td":
+            idx = self.store.newest(n // self.cfg.rollout)
+            if idx.size:
+                with torch.no_grad():
+                    taken, y = self._q_and_targets(
+                        self.store.transitions(idx, self.cfg.nstep, self.cfg.gamma))
+                self.store.update_priorities(idx, (taken - y).abs().mean(1).cpu().numpy())
+        self.limiter.inserts += n
+        self.samples_trained += n
+        return n
+
+    def can_train(self) -> bool:
+        # (a store of only steps no policy acted, all at priority 0, has nothing to sample)
+        return (self.limiter.can_sample(self.cfg.batch_size, self.store.size)
+                and self.store.tree.total > 0)
+
+    def train(self) -> dict[str, float]:
+        """One learner step on a batch sampled by priority; its statistics."""
+        start = time.perf_counter()
+        cfg = self.cfg
+        beta = annealed_beta(cfg.replay_beta,
+                             self.samples_trained * self.frameskip / cfg.train_for_env_steps)
+        data, idx, weights = self.store.sample(cfg.batch_size, beta, cfg.nstep, cfg.gamma)
+        self.limiter.samples += cfg.batch_size
+        dev = self.device
+        taken, y = self._q_and_targets(data)
+        td = taken - y
+        w = torch.from_numpy(weights).to(dev)
+        loss = (F.smooth_l1_loss(taken, y, reduction="none").mean(1) * w).mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
+        self.optimizer.step()
+        self.version += 1
+        td_abs = td.detach().abs().mean(1).cpu().numpy()
+        self.store.update_priorities(idx, td_abs)
+        if self.version % cfg.target_update_every == 0:
+            self.target.load_state_dict(self.model.state_dict())
+        self.train_seconds += time.perf_counter() - start
+        return {"q_loss": float(loss.detach()), "grad_norm": float(grad_norm),
+                "q_mean": float(taken.detach().mean()), "td_error": float(td_abs.mean()),
+                "priority_mean": self.store.priority_mean(), "replay_size": self.store.size,
+                "samples_per_insert": self.limiter.ratio(), "beta": beta,
+                "learning_rate": self.optimizer.param_groups[0]["lr"]}
+
+    def _q_and_targets(self, data: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """``Q(s, a)`` of the online network (with gradient) and the double-Q targets, both
+        ``[B, D]``, for transitions as ``ReplayStore.transitions`` gives them."""
+        dev = self.device
+        obs = {k: v.to(dev) for k, v in data["obs"].items()}
+        next_obs = {k: v.to(dev) for k, v in data["next_obs"].items()}
+        b = data["returns"].shape[0]
+        both = {k: torch.cat([obs[k], next_obs[k]]) for k in obs}
+        with autocast(self.precision, dev):
+            adv, values, _ = self.model.forward_step(both,
+                                                     self.model.initial_rnn_state(2 * b, dev))
+        q_all = dueling_heads(adv, values, self.nvec)
+        q, q_next = [h[:b] for h in q_all], [h[b:].detach() for h in q_all]
+        with torch.no_grad(), autocast(self.precision, dev):
+            t_adv, t_values, _ = self.target.forward_step(
+                next_obs, self.target.initial_rnn_state(b, dev))
+            y = double_q_targets(q_next, dueling_heads(t_adv, t_values, self.nvec),
+                                 data["returns"].to(dev), data["discounts"].to(dev))
+        return chosen_q(q, data["actions"].to(dev)), y
+
+    # --- checkpoints -----------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        lim = self.limiter
+        return {"model": self.model.state_dict(), "target": self.target.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "version": self.version,
+                "samples_trained": self.samples_trained,
+                "replay": self.store.state_dict(self.cfg.replay_save_contents),
+                "limiter": {"inserts": lim.inserts, "samples": lim.samples}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        self.samples_trained = int(state["samples_trained"])
+        if self.store.load_state_dict(state["replay"]):
+            self.limiter.inserts = int(state["limiter"]["inserts"])
+            self.limiter.samples = int(state["limiter"]["samples"])
+        # else the store refills from empty and the ratio counts from there
