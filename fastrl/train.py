@@ -29,6 +29,9 @@ def run(cfg: Config) -> dict:
         from fastrl.runner.serial import run_serial
 
         return run_serial(cfg)
+    from fastrl.transport.startup import start_helpers, start_method
+
+    start_helpers(start_method())  # the fork server imports torch while this process does
     from fastrl.runner.parallel import run_parallel
 
     return run_parallel(cfg)

@@ -4,7 +4,6 @@ process context and seeds."""
 from __future__ import annotations
 
 import math
-import os
 import random
 
 import numpy as np
@@ -14,13 +13,13 @@ from fastrl.algo.apex import build_store, q_learning_problem
 from fastrl.algo.learner import exploration_problem
 from fastrl.config.recipes import recipe_line
 from fastrl.config.settings import Config
-from fastrl.errors import EnvSettingsError, StartMethodError
+from fastrl.errors import EnvSettingsError
 from fastrl.log import log
 from fastrl.policy.actions import ActionSpec
 from fastrl.policy.model import ActorCritic
 from fastrl.sampling.env_setup import EnvInfo
 from fastrl.sampling.replay import check_fits
-from fastrl.transport.signals import held
+from fastrl.transport.startup import start_helpers, start_method
 
 
 def check_env_settings(cfg: Config, info: EnvInfo) -> None:
@@ -92,39 +91,18 @@ def buffers_per_env(cfg: Config, num_envs: int) -> int:
     return math.ceil(2 * cfg.trajectories_per_batch / num_envs) + 1
 
 
-# What the fork server imports once, so that no child it forks imports torch again (under
-# spawn every child spends 1.5-2 s of CPU on that, which on a 2-core machine delays the start
-# of a run and every restart of a worker).
-FORKSERVER_PRELOAD = ["torch", "fastrl.runner.parallel", "fastrl.runner.node", "envs"]
-
-
 def process_context():
-    """The multiprocessing context for the parallel runner's children: ``forkserver``, whose
-    server has imported torch and fastrl and has started no threads and touched no GPU, so a
-    child is as clean as under spawn and starts in a fraction of the time.
+    """The multiprocessing context for the parallel runner's children (see
+    ``fastrl.transport.startup``), with the fork server and the resource tracker running.
 
-    A child's parent is then the fork server, not the runner, and the fork server can outlive
-    a killed runner; children therefore watch the runner itself (``Wiring.parent``, a
-    :class:`fastrl.transport.procs.Lifeline`), not their parent pid.
-
-    ``FASTRL_START_METHOD=spawn`` starts every child afresh instead (slower), for a library
-    that misbehaves in a forked child."""
+    A child's parent is the fork server, not the runner, and the fork server can outlive a
+    killed runner; children therefore watch the runner itself (``Wiring.parent``, a
+    :class:`fastrl.transport.procs.Lifeline`), not their parent pid."""
     import torch.multiprocessing as tmp
 
-    method = os.environ.get("FASTRL_START_METHOD", "forkserver")
-    if method not in ("forkserver", "spawn"):
-        raise StartMethodError(f"FASTRL_START_METHOD={method!r} is not a start method fastrl "
-                               "supports: use 'forkserver' (the default) or 'spawn'")
-    from multiprocessing import resource_tracker
-
-    ctx = tmp.get_context(method)
-    if method == "forkserver":
-        ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
-    # multiprocessing's resource tracker (started on first use, by whichever process) must
-    # not die of the launcher's signals either: start it now, with them blocked.
-    with held():
-        resource_tracker.ensure_running()
-    return ctx
+    method = start_method()
+    start_helpers(method)
+    return tmp.get_context(method)
 
 
 # ``seed_everything`` streams: the kinds of process that draw random numbers of their own.
