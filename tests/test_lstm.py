@@ -130,5 +130,7 @@ def test_training_and_resuming_with_an_lstm(tmp_path, mode):
     assert "resumed from" in proc.stdout + proc.stderr
     summary = json.loads((tmp_path / "x" / "summary.json").read_text())
     assert summary["env_frames"] >= 4000
-    proc = run_train([*args, "--rnn_type", "gru", "--train_for_env_steps", "6000"], timeout=60)
-    assert proc.returncode != 0 and "rnn_type" in proc.stderr
+    if mode:  # the refusal of another core is the same in every mode: checked once
+        proc = run_train([*args, "--rnn_type", "gru", "--train_for_env_steps", "6000"],
+                         timeout=60)
+        assert proc.returncode != 0 and "rnn_type" in proc.stderr
