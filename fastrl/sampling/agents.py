@@ -101,20 +101,15 @@ class MultiAgentRolloutWorker(RolloutWorker):
             self._begin_trajectories(s, out)
         return out
 
-    def on_actions(self, split_id: int) -> StepOutput:
-        out = StepOutput()
-        split = self.splits[split_id]
-        split.request_epoch = -1
-        t = split.t
-        bufs = split.buffers
+    def _step_split(self, split: _Split, t: int, bufs: list[int], actions: list,
+                    out: StepOutput) -> list[dict]:
+        """Step ``split``'s envs, each with its agents' actions (its ``num_agents`` slots)."""
         n = self.num_agents
-        rows = self._actions_np[bufs, t]
-        actions = rows[:, 0].tolist() if self._discrete else [self._to_env(r) for r in rows]
         next_obs = []
         for k in range(0, len(bufs), n):
             next_obs.extend(self._step_env(split.local[k] // n, split.env_ids[k], bufs[k:k + n],
                                            t, actions[k:k + n], out))
-        return self._stepped(split_id, next_obs, out)
+        return next_obs
 
     # -- internals ----------------------------------------------------------------------
 

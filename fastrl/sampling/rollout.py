@@ -214,14 +214,17 @@ class RolloutWorker:
         out = StepOutput()
         split = self.splits[split_id]
         split.request_epoch = -1
-        t = split.t
-        bufs = split.buffers
+        t, bufs = split.t, split.buffers
         actions = self._actions_np[bufs, t]  # one indexed read: [n, D]
         # The common case in one call: a Discrete action is its index.
-        actions = actions[:, 0].tolist() if self._discrete else map(self._to_env, actions)
-        next_obs = [self._step(i, e, b, t, action, out)
-                    for i, e, b, action in zip(split.local, split.env_ids, bufs, actions)]
-        return self._stepped(split_id, next_obs, out)
+        actions = actions[:, 0].tolist() if self._discrete else [self._to_env(a) for a in actions]
+        return self._stepped(split_id, self._step_split(split, t, bufs, actions, out), out)
+
+    def _step_split(self, split: _Split, t: int, bufs: list[int], actions: list,
+                    out: StepOutput) -> list[dict]:
+        """Step the split's envs with one action per slot; each slot's next observation."""
+        return [self._step(i, e, b, t, action, out)
+                for i, e, b, action in zip(split.local, split.env_ids, bufs, actions)]
 
     def _stepped(self, split_id: int, next_obs: list[dict], out: StepOutput) -> StepOutput:
         """The split stepped: ask for the next actions, or hand the full trajectories over."""
