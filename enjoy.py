@@ -2,9 +2,8 @@
 """Watch and evaluate a trained agent: `python enjoy.py --env doom_basic --experiment NAME`
 (see --help)."""
 
-import sys
-
 from fastrl.enjoy import main
+from fastrl.transport.startup import exit_command
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_command(main())

@@ -1,9 +1,8 @@
 #!/usr/bin/env python
 """Train an agent: `python train.py --env doom_basic --experiment NAME` (see --help)."""
 
-import sys
-
 from fastrl.train import main
+from fastrl.transport.startup import exit_command
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_command(main())

@@ -57,4 +57,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fastrl.transport.startup import exit_command
+
+    exit_command(main())

@@ -3,8 +3,10 @@
 ``build_wiring`` (``fastrl/runner/wiring.py``) allocates every buffer and queue once, before
 any process starts, and says who talks to whom. The children are thin shells: each builds
 its station (``fastrl/runner/stations.py``) and polls it until told to stop. This process
-starts the learner first (it restores a checkpoint and publishes the weights), then the
-policy workers, then the rollout workers; it keeps the statistics from their reports
+starts the learner, the policy workers and the rollout workers together: the learner restores
+a checkpoint and publishes the weights while the workers start their envs, and the policy
+workers act only once the weights are there (sampler nodes start once the learner is ready);
+it keeps the statistics from their reports
 (``fastrl/runner/loop.py``, shared with serial mode) and checks on every child each loop
 turn, so that a crash or a hang is noticed at once (``fastrl/runner/supervisor.py``).
 
@@ -49,7 +51,7 @@ from fastrl.runner.node import local_node_main
 from fastrl.runner.supervisor import Child, ChildError, Supervisor
 from fastrl.runner.wiring import Wiring, build_wiring
 from fastrl.sampling.env_setup import create_env, probe_env
-from fastrl.transport.messages import LearnerReady
+from fastrl.transport.messages import ChildFailed, Fenced, LearnerReady
 from fastrl.transport.procs import check_queue_layout, kill_descendants
 from fastrl.transport.signals import LauncherSignals, quit_status
 
@@ -93,13 +95,15 @@ class ParallelRunner:
         """Validate, prepare the experiment folder and allocate every shared buffer and queue."""
         cfg = self.cfg
         check_learner_devices(cfg.device, cfg.num_learners)  # fail early on a bad device
-        self.exp_dir = prepare_experiment_dir(cfg)
         seed_everything(cfg.seed)
         info = probe_env(cfg)
         check_env_settings(cfg, info)
         announce_recipe(cfg, info)
         model = build_model(cfg, info, torch.device("cpu"))
         announce_inputs(info, model)
+        # Only a run that passed its checks gets a folder and a config.json (a refused one
+        # would leave a config that the next bare command resumes).
+        self.exp_dir = prepare_experiment_dir(cfg)
         if cfg.num_sampler_nodes:
             # Sampler node k plays rollout worker k: it owns the slots of a node's envs. Each
             # node fills one slot per env of its own, so together they hold what one machine's
@@ -159,11 +163,16 @@ class ParallelRunner:
             for rank in range(1, cfg.num_learners):
                 self.supervisor.start(Child(f"fastrl-learner-{rank}", "learner", rank,
                                             cfg.learner_threads, learner_main))
-            ready = self._wait_for_learner(timeout=120)
+            if not cfg.num_sampler_nodes:
+                # The workers start while the learner does: policy workers wait for its first
+                # weights, and nothing they report can come before its LearnerReady.
+                self.start_sampling()
+            ready, early = self._wait_for_learner(timeout=120)
             if ready.counters:
                 restore_counters(stats, ready.counters, ready.version)
                 log(f"resumed from {ready.checkpoint} at {stats.env_frames:,} frames")
-            self.start_sampling()
+            if cfg.num_sampler_nodes:
+                self.start_sampling()
             stats.start_time = time.time()
             reporter = Reporter(cfg, self.exp_dir, stats)
             self._log_start(wiring, ready)
@@ -172,6 +181,8 @@ class ParallelRunner:
                                        evaluator=self.evaluator, evaluate_in_thread=True,
                                        warmup_seconds=self.warmup_seconds,
                                        signals=self.signals)
+            for msg in early:
+                loop.handle(msg)
             self.supervisor.restart_workers = cfg.max_worker_restarts > 0
             save_due = loop.run()
             self.supervisor.restart_workers = False
@@ -204,13 +215,22 @@ class ParallelRunner:
             for msg in self.shared.runner_queue.get_many(timeout):
                 self.supervisor.note(msg)
 
-    def _wait_for_learner(self, timeout: float) -> LearnerReady:
+    def _wait_for_learner(self, timeout: float) -> tuple[LearnerReady, list]:
+        """The learner's LearnerReady, and the workers' messages read meanwhile (reports of
+        env faults at start-up, for the run loop's statistics)."""
+        early = []
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            ready = None
             for msg in self.shared.runner_queue.get_many(POLL):
                 if isinstance(msg, LearnerReady):
-                    return msg
-                self.supervisor.note(msg)
+                    ready = msg
+                elif isinstance(msg, (ChildFailed, Fenced)):
+                    self.supervisor.note(msg)
+                else:
+                    early.append(msg)
+            if ready is not None:
+                return ready, early
             self.supervisor.check_children()
         raise ChildError(f"timed out after {timeout:.0f} s waiting for the learner to start")
 

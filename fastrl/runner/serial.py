@@ -46,7 +46,6 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
     """Train (or only sample, with ``--sampling_only``) until a stop condition; return the
     summary."""
     device = resolve_device(cfg.device)
-    exp_dir = prepare_experiment_dir(cfg)
     seed_everything(cfg.seed)
     keep_freed_memory()
     # One process does it all: --learner_threads intra-op threads (default 1), not torch's
@@ -60,6 +59,7 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
         envs.extend(create_env(cfg) for _ in range(cfg.num_envs_per_worker))
         info = env_info(envs[0], cfg.env_obs_layout)
         check_env_settings(cfg, info)
+        exp_dir = prepare_experiment_dir(cfg)  # only once the checks have passed
         announce_recipe(cfg, info)
         learner, counters, path = make_learner(cfg, info, device)
         announce_inputs(info, learner.model)

@@ -261,11 +261,13 @@ class LearnerStation:
         self._last_report = time.monotonic()
 
     def announce(self, counters: dict | None, checkpoint: str | None) -> None:
-        """Publish the first weights (the checkpoint's when resuming) and say so."""
+        """Say so, then publish the first weights (the checkpoint's when resuming): the policy
+        workers act only once these are there, so no worker's report reaches the runner
+        before this LearnerReady."""
         learner = self.learner
-        self.wiring.weights.publish(learner.model, learner.version)
         self.wiring.runner_queue.put(LearnerReady(counters, checkpoint, learner.version,
                                                   str(learner.device), learner.precision))
+        self.wiring.weights.publish(learner.model, learner.version)
 
     def poll(self, timeout: float) -> int:
         """Handle the messages waiting (up to ``timeout`` s for the first, none while a full

@@ -14,7 +14,10 @@ imports nothing heavy for that reason.
 
 from __future__ import annotations
 
+import gc
 import os
+import sys
+from typing import NoReturn
 
 from fastrl.errors import StartMethodError
 from fastrl.transport.signals import held
@@ -50,3 +53,15 @@ def start_helpers(method: str) -> None:
         # blocked, or a SIGTERM to the group kills it and with it every child's exit status.
         with held():
             forkserver.ensure_running()
+
+
+def exit_command(code: int) -> NoReturn:
+    """End a command-line entry (train.py, enjoy.py, a sampler node) with ``code``.
+
+    Everything the run opened is closed by now; what is left is the interpreter's own
+    teardown, whose garbage collections walk every object torch and the run created: 0.5-0.8 s
+    of CPU after a short parallel run here (the suite starts about a hundred). Frozen objects
+    are left out of those collections; finalisers and ``atexit`` handlers run as before. Only
+    for a process that is about to end: frozen garbage is never collected."""
+    gc.freeze()
+    sys.exit(code)
