@@ -62,6 +62,33 @@ class NodeStats:
                 "lag_mean": self.lag_mean, "lag_max": self.lag_max_run}
 
 
+class PolicyStats:
+    """One policy's figures (``--num_policies`` > 1): its episodes (those whose last step it
+    acted), the frames its learner trained on, its version and its learner's statistics."""
+
+    def __init__(self, stats_avg: int):
+        self.episodes = 0
+        self.returns: deque[float] = deque(maxlen=stats_avg)
+        self.lengths: deque[int] = deque(maxlen=stats_avg)
+        self.env_frames = 0
+        self.learner_steps = 0  # = its learner's version (one per batch trained)
+        self.learner: dict[str, float] = {}
+        self.new_episodes: list[tuple[float, int]] = []  # not yet written to TensorBoard
+
+    def restore(self, env_frames: int, version: int) -> None:
+        self.env_frames, self.learner_steps = env_frames, version
+
+    def mean_return(self) -> float | None:
+        return float(np.mean(self.returns)) if self.returns else None
+
+    def summary(self, policy: int) -> dict:
+        return {"policy": policy, "env_frames": self.env_frames, "episodes": self.episodes,
+                "mean_episode_return": self.mean_return(),
+                "mean_episode_length": float(np.mean(self.lengths)) if self.lengths else None,
+                "episodes_averaged": len(self.returns), "learner_steps": self.learner_steps,
+                "version": self.learner_steps}
+
+
 class TrainingStats:
     """Counters and recent statistics of a run, shared by the serial and parallel runners."""
 
@@ -105,6 +132,9 @@ class TrainingStats:
         self._busy_span: list[float] = []
         # Sampler nodes (--num_sampler_nodes): what each link reports.
         self.nodes = [NodeStats() for _ in range(cfg.num_sampler_nodes)]
+        # --num_policies > 1: each policy's figures (none with one policy: the run's are its).
+        self.policies = ([PolicyStats(cfg.stats_avg) for _ in range(cfg.num_policies)]
+                         if cfg.num_policies > 1 else [])
 
     @property
     def run_seconds(self) -> float:
@@ -163,9 +193,16 @@ class TrainingStats:
                         resolved_device_type(self.cfg.device))
 
     def add_episode(self, episode_return: float, length: int, truncated: bool = False,
-                    metrics: dict[str, float] | None = None) -> None:
+                    metrics: dict[str, float] | None = None, policy: int = 0) -> None:
         """A finished episode; ``truncated``: a time limit ended it, not the env; ``metrics``:
-        the env's figures about it by name (values that are not finite numbers are left out)."""
+        the env's figures about it by name (values that are not finite numbers are left out);
+        ``policy``: the one that acted its last step."""
+        if self.policies:
+            p = self.policies[policy]
+            p.episodes += 1
+            p.returns.append(episode_return)
+            p.lengths.append(length)
+            p.new_episodes.append((episode_return, length))
         self.episodes += 1
         self.episodes_truncated += truncated
         self.returns.append(episode_return)
@@ -186,8 +223,20 @@ class TrainingStats:
         for kind, n in faults.items():
             self.env_faults[kind] = self.env_faults.get(kind, 0) + n
 
-    def add_learner_stats(self, stats: dict[str, float], learner_steps: int) -> None:
+    def add_learner_frames(self, frames: int, policy: int = 0) -> None:
+        self.env_frames += frames
+        if self.policies:
+            self.policies[policy].env_frames += frames
+
+    def add_learner_stats(self, stats: dict[str, float], learner_steps: int,
+                          policy: int = 0) -> None:
+        """The last step's statistics of ``policy``'s learner, at version ``learner_steps``
+        (with several policies the run's learner steps are the sum of their versions)."""
         self.learner = stats
+        if self.policies:
+            p = self.policies[policy]
+            p.learner, p.learner_steps = stats, learner_steps
+            learner_steps = sum(q.learner_steps for q in self.policies)
         self.learner_steps = learner_steps
         if "policy_lag_min" in stats:
             self.lag_min = min(self.lag_min, stats["policy_lag_min"])
@@ -234,6 +283,8 @@ class TrainingStats:
             "bottleneck": self._bottleneck(),
             **({"sampler_nodes": [n.summary(i) for i, n in enumerate(self.nodes)]}
                if self.nodes else {}),
+            **({"policies": [p.summary(k) for k, p in enumerate(self.policies)]}
+               if self.policies else {}),
             "updated": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
 

@@ -33,7 +33,7 @@ from fastrl.experiment.folder import prepare_experiment_dir
 from fastrl.experiment.reporter import Reporter, print_final_summary
 from fastrl.experiment.stats import TrainingStats
 from fastrl.log import log
-from fastrl.runner.children import POLL, learner_main, start_sampling
+from fastrl.runner.children import POLL, start_learners, start_sampling
 from fastrl.runner.common import (
     announce_inputs,
     announce_recipe,
@@ -154,15 +154,14 @@ class ParallelRunner:
         try:
             wiring = self.setup()
             stats = TrainingStats(cfg, wiring.info.frameskip)
-            self.supervisor.start(Child("fastrl-learner", "learner", 0, cfg.learner_threads,
-                                        learner_main))
-            for rank in range(1, cfg.num_learners):
-                self.supervisor.start(Child(f"fastrl-learner-{rank}", "learner", rank,
-                                            cfg.learner_threads, learner_main))
-            ready = self._wait_for_learner(timeout=120)
-            if ready.counters:
-                restore_counters(stats, ready.counters, ready.version)
-                log(f"resumed from {ready.checkpoint} at {stats.env_frames:,} frames")
+            start_learners(cfg, self.supervisor)
+            readies = self._wait_for_learners(timeout=120)
+            for ready in readies:
+                if ready.counters:
+                    restore_counters(stats, ready.counters, ready.version, ready.policy)
+                    log(f"resumed from {ready.checkpoint} at {ready.counters['env_frames']:,} "
+                        "frames")
+            ready = readies[0]
             self.start_sampling()
             stats.start_time = time.time()
             reporter = Reporter(cfg, self.exp_dir, stats)
@@ -176,8 +175,8 @@ class ParallelRunner:
             save_due = loop.run()
             self.supervisor.restart_workers = False
             if save_due:
-                learner = self.supervisor.children["fastrl-learner"]
-                loop.final_save(lambda: self.supervisor.check_exit(learner))
+                learners = [c for c in self.supervisor.children.values() if c.kind == "learner"]
+                loop.final_save(lambda: [self.supervisor.check_exit(c) for c in learners])
             summary = reporter.close()
             reporter = None
             print_final_summary(summary)
@@ -204,15 +203,23 @@ class ParallelRunner:
             for msg in self.shared.runner_queue.get_many(timeout):
                 self.supervisor.note(msg)
 
-    def _wait_for_learner(self, timeout: float) -> LearnerReady:
+    def _wait_for_learners(self, timeout: float) -> list[LearnerReady]:
+        """Every policy's ``LearnerReady``, in policy order."""
         deadline = time.monotonic() + timeout
+        ready: dict[int, LearnerReady] = {}
         while time.monotonic() < deadline:
             for msg in self.shared.runner_queue.get_many(POLL):
                 if isinstance(msg, LearnerReady):
-                    return msg
-                self.supervisor.note(msg)
+                    ready[msg.policy] = msg
+                    if len(ready) == self.cfg.num_policies:
+                        return [ready[k] for k in sorted(ready)]
+                else:
+                    self.supervisor.note(msg)
             self.supervisor.check_children()
-        raise ChildError(f"timed out after {timeout:.0f} s waiting for the learner to start")
+        missing = sorted(set(range(self.cfg.num_policies)) - set(ready))
+        raise ChildError(f"timed out after {timeout:.0f} s waiting for the learner"
+                         + (f"s of policies {missing}" if self.cfg.num_policies > 1 else "")
+                         + " to start")
 
     def _log_start(self, wiring: Wiring, ready: LearnerReady) -> None:
         """The start-up line. The device and precision are the learner's (the policy workers
@@ -225,6 +232,7 @@ class ParallelRunner:
             f"{cfg.num_envs_per_worker} envs in {cfg.worker_num_splits} splits, "
             f"{cfg.num_policy_workers} policy worker(s), "
             + (f"{cfg.num_learners} learners, " if cfg.num_learners > 1 else "")
+            + (f"{cfg.num_policies} policies, " if cfg.num_policies > 1 else "")
             + f"device {ready.device} ({ready.precision}), {layout.num_buffers} trajectory "
             f"buffers ({layout.nbytes() / 2**20:.0f} MiB), experiment {self.exp_dir}")
 
