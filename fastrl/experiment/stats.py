@@ -185,7 +185,7 @@ class TrainingStats:
         cfg = self.cfg
         nodes = max(cfg.num_sampler_nodes, 1)  # every node runs the workers the flags say
         return {"env": cfg.num_workers * nodes, "inference": cfg.num_policy_workers * nodes,
-                "learner": 1, "transfer": cfg.num_sampler_nodes}
+                "learner": cfg.num_policies, "transfer": cfg.num_sampler_nodes}
 
     def diagnose(self, busy: dict[str, float], seconds: float) -> Diagnosis:
         fractions = busy_fractions(busy, seconds, self.stage_processes())
