@@ -230,3 +230,61 @@ def test_one_policy_keeps_the_summary_and_folders_of_before(tmp_path):
     assert "policies" not in summary
     assert sorted(p.name for p in (tmp_path / "x").iterdir() if p.name.startswith("check")) \
         == ["checkpoints"]
+
+
+def _report(tmp_path, num_policies: int):
+    from fastrl.config.settings import Config
+    from fastrl.experiment.reporter import Reporter
+    from fastrl.experiment.stats import TrainingStats
+
+    stats = TrainingStats(Config(num_policies=num_policies), 1)
+    reporter = Reporter(stats.cfg, str(tmp_path), stats)
+    for k in range(num_policies):
+        stats.add_episode(10.0 + k, 5, policy=k)
+        stats.add_learner_frames(100 * (k + 1), policy=k)
+        stats.add_learner_stats({"policy_loss": 0.5 + k, "policy_lag_min": 0,
+                                 "policy_lag_mean": 1, "policy_lag_max": 2}, 3 + k, policy=k)
+    summary = reporter.close()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    return summary, events
+
+
+def test_each_policy_has_its_curves_and_summary_figures(tmp_path, capsys):
+    from fastrl.experiment.reporter import print_final_summary
+
+    summary, events = _report(tmp_path, 2)
+    tags = set(events.Tags()["scalars"])
+    assert [e.value for e in events.Scalars("policy_1/episode_return")] == [11.0]
+    assert [e.value for e in events.Scalars("policy_0/train/policy_loss")] == [0.5]
+    assert [e.value for e in events.Scalars("policy_1/train/policy_loss")] == [1.5]
+    assert "train/policy_loss" not in tags  # whose would it be?
+    assert "episode/return" in tags  # every policy's episodes, as before
+    assert summary["env_frames"] == 300 and summary["learner_steps"] == 3 + 4
+    assert [(p["policy"], p["env_frames"], p["mean_episode_return"], p["version"])
+            for p in summary["policies"]] == [(0, 100, 10.0, 3), (1, 200, 11.0, 4)]
+    print_final_summary(summary)
+    out = capsys.readouterr().out
+    assert "policy 1        200 frames, mean return 11.000 over 1 episodes, 4 learner steps" in out
+
+
+def test_one_policy_keeps_the_tensorboard_tags_of_before(tmp_path):
+    summary, events = _report(tmp_path, 1)
+    tags = set(events.Tags()["scalars"])
+    assert "train/policy_loss" in tags and not any(t.startswith("policy_0/") for t in tags)
+    assert "policies" not in summary
+
+
+def test_resume_adds_up_each_policys_counters():
+    from fastrl.config.settings import Config
+    from fastrl.experiment.checkpoint import restore_counters
+    from fastrl.experiment.stats import TrainingStats
+
+    stats = TrainingStats(Config(num_policies=2), 1)
+    restore_counters(stats, {"env_frames": 700, "episodes": 9, "wall_seconds": 5.0}, 20, 1)
+    restore_counters(stats, {"env_frames": 500, "episodes": 12, "wall_seconds": 6.0}, 15, 0)
+    assert stats.env_frames == 1200 and stats.learner_steps == 35
+    assert stats.episodes == 12 and stats.prior_seconds == 6.0  # the run's, from policy 0's
+    assert [(p.env_frames, p.learner_steps) for p in stats.policies] == [(500, 15), (700, 20)]
