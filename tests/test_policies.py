@@ -240,7 +240,7 @@ def _report(tmp_path, num_policies: int):
     stats = TrainingStats(Config(num_policies=num_policies), 1)
     reporter = Reporter(stats.cfg, str(tmp_path), stats)
     for k in range(num_policies):
-        stats.add_episode(10.0 + k, 5, policy=k)
+        stats.add_episode(10.0 + k, 5, policy=k, metrics={"frags": 2.0 * k})
         stats.add_learner_frames(100 * (k + 1), policy=k)
         stats.add_learner_stats({"policy_loss": 0.5 + k, "policy_lag_min": 0,
                                  "policy_lag_mean": 1, "policy_lag_max": 2}, 3 + k, policy=k)
@@ -259,6 +259,8 @@ def test_each_policy_has_its_curves_and_summary_figures(tmp_path, capsys):
     tags = set(events.Tags()["scalars"])
     assert [e.value for e in events.Scalars("policy_1/episode_return")] == [11.0]
     assert [e.value for e in events.Scalars("policy_0/train/policy_loss")] == [0.5]
+    assert [e.value for e in events.Scalars("policy_1/episode_metrics/mean_frags")] == [2.0]
+    assert summary["policies"][1]["episode_metrics"] == {"frags": 2.0}
     assert [e.value for e in events.Scalars("policy_1/train/policy_loss")] == [1.5]
     assert "train/policy_loss" not in tags  # whose would it be?
     assert "episode/return" in tags  # every policy's episodes, as before
@@ -267,7 +269,8 @@ def test_each_policy_has_its_curves_and_summary_figures(tmp_path, capsys):
             for p in summary["policies"]] == [(0, 100, 10.0, 3), (1, 200, 11.0, 4)]
     print_final_summary(summary)
     out = capsys.readouterr().out
-    assert "policy 1        200 frames, mean return 11.000 over 1 episodes, 4 learner steps" in out
+    assert ("policy 1        200 frames, mean return 11.000 over 1 episodes, 4 learner steps "
+            "(version 4), frags 2.00") in out
 
 
 def test_one_policy_keeps_the_tensorboard_tags_of_before(tmp_path):

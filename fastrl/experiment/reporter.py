@@ -78,6 +78,8 @@ class Reporter:
             p.new_episodes = []
             if p.returns:
                 w.add_scalar(prefix + "mean_return", p.mean_return(), step)
+            for name, mean in p.mean_metrics().items():
+                w.add_scalar(f"{prefix}episode_metrics/mean_{name}", mean, step)
             w.add_scalar(prefix + "env_frames", p.env_frames, step)
             w.add_scalar(prefix + "learner_steps", p.learner_steps, step)
             for key, tag in LEARNER_TAGS.items():
@@ -179,7 +181,9 @@ def print_final_summary(summary: dict) -> None:
         ret = p["mean_episode_return"]
         lines.append(f"  policy {p['policy']}        {p['env_frames']:,} frames, mean return "
                      f"{'n/a' if ret is None else f'{ret:.3f}'} over {p['episodes_averaged']} "
-                     f"episodes, {p['learner_steps']:,} learner steps (version {p['version']})")
+                     f"episodes, {p['learner_steps']:,} learner steps (version {p['version']})"
+                     + "".join(f", {name} {mean:.2f}"
+                               for name, mean in p.get("episode_metrics", {}).items()))
     for node in summary.get("sampler_nodes", []):
         lines.append(f"  sampler node {node['node']}  {node['trajectories']:,} trajectories, "
                      f"lag max {node['lag_max']}, {node['losses']} connection(s) lost, "

@@ -74,6 +74,8 @@ class PolicyStats:
         self.learner_steps = 0  # = its learner's version (one per batch trained)
         self.learner: dict[str, float] = {}
         self.new_episodes: list[tuple[float, int]] = []  # not yet written to TensorBoard
+        self.metrics: dict[str, deque[float]] = {}  # the env's episode figures, recent values
+        self._stats_avg = stats_avg
 
     def restore(self, env_frames: int, version: int) -> None:
         self.env_frames, self.learner_steps = env_frames, version
@@ -81,12 +83,22 @@ class PolicyStats:
     def mean_return(self) -> float | None:
         return float(np.mean(self.returns)) if self.returns else None
 
+    def add_metrics(self, kept: dict[str, float]) -> None:
+        for name, value in kept.items():
+            self.metrics.setdefault(name, deque(maxlen=self._stats_avg)).append(value)
+
+    def mean_metrics(self) -> dict[str, float]:
+        """Each episode metric's mean over this policy's recent episodes that reported it (what
+        a population-based ranking by the env's true objective would read)."""
+        return {name: float(np.mean(values)) for name, values in sorted(self.metrics.items())}
+
     def summary(self, policy: int) -> dict:
         return {"policy": policy, "env_frames": self.env_frames, "episodes": self.episodes,
                 "mean_episode_return": self.mean_return(),
                 "mean_episode_length": float(np.mean(self.lengths)) if self.lengths else None,
                 "episodes_averaged": len(self.returns), "learner_steps": self.learner_steps,
-                "version": self.learner_steps}
+                "version": self.learner_steps,
+                **({"episode_metrics": self.mean_metrics()} if self.metrics else {})}
 
 
 class TrainingStats:
@@ -214,6 +226,8 @@ class TrainingStats:
             for name, value in kept.items():
                 self.metrics.setdefault(name, deque(maxlen=self.cfg.stats_avg)).append(value)
             self._metrics_since_summary.append(kept)
+            if self.policies:
+                self.policies[policy].add_metrics(kept)
 
     def mean_metrics(self) -> dict[str, float]:
         """Each episode metric's mean over the recent episodes that reported it."""
