@@ -170,7 +170,6 @@ BASE = ["--env", "tests.agents_env:AgentsEnv-v0", "--device", "cpu", "--num_work
     (["--async_rl", "False"], "--async_rl=False: needs --async_rl True"),
     (["--algo", "apex", "--normalize_returns", "False", "--use_rnn", "False"],
      "--algo=apex: needs --algo appo"),
-    (["--num_learners", "2"], "--num_learners=2: needs --num_learners 1"),
     (["--num_sampler_nodes", "2"], "--num_sampler_nodes=2: needs --num_sampler_nodes 0"),
     (["--eval_every_env_frames", "100"], "--eval_every_env_frames=100: needs"),
 ])

@@ -213,8 +213,6 @@ def _policies(cfg: Config) -> list[str]:
         "algo": (cfg.algo != "appo", "needs --algo appo (one replay learner)"),
         "async_rl": (not cfg.async_rl, "needs --async_rl True (a sync round per policy is not "
                      "built)"),
-        "num_learners": (cfg.num_learners > 1, "needs --num_learners 1 (data-parallel ranks "
-                         "of each policy's learner are not built)"),
         "num_sampler_nodes": (cfg.num_sampler_nodes > 0, "needs --num_sampler_nodes 0 "
                               "(nodes serve one policy)"),
         "eval_every_env_frames": (cfg.eval_every_env_frames > 0, "needs "

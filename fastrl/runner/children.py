@@ -87,14 +87,14 @@ def learner_main(wiring: Wiring, index: int) -> None:
         device = learner_device(device, rank)
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        group = LearnerGroup(rank, cfg.num_learners, wiring.learner_port, device)
+        group = LearnerGroup(rank, cfg.num_learners, wiring.learner_ports[policy], device)
     try:
         learner, counters, path = make_learner(cfg, wiring.info, device, group, policy)
         if rank == 0:
             station = make_learner_station(wiring, learner, REPORT_EVERY["learner"], policy)
             station.announce(counters, path)
         else:
-            station = LearnerRankStation(wiring, learner, rank)
+            station = LearnerRankStation(wiring, learner, rank, policy)
         while not wiring.should_stop():
             station.poll(POLL)
     finally:

@@ -267,6 +267,7 @@ class LearnerStation:
         self.policy = policy
         self.inbox = wiring.learner_queues[policy]
         self.weights = wiring.policy_weights[policy]
+        self.rank_queues = wiring.rank_queues_of(policy)
         self.pending = PendingSlots(wiring.per_worker_buffers, list(wiring.worker_gen))
         self.staging = Staging(learner.device)  # batches reach the learner's device through it
         self._samples = 0
@@ -341,7 +342,7 @@ class LearnerStation:
         start = time.perf_counter()
         group = learner.group
         if group is not None:  # every rank trains on its share: rank r on slots r, r + N, ...
-            for rank, q in enumerate(w.rank_queues, start=1):
+            for rank, q in enumerate(self.rank_queues, start=1):
                 q.put(TrainShare(slots[rank::group.world_size]))
             batch = w.buffers.gather(slots[::group.world_size], self.staging)
             group.barrier()  # every rank has copied its share out
@@ -374,10 +375,10 @@ class LearnerRankStation:
     """Learner rank r > 0 (``--num_learners``): trains on the shares rank 0 hands it, in step
     with the other ranks; rank 0 does everything else."""
 
-    def __init__(self, wiring: Wiring, learner: Learner, rank: int):
+    def __init__(self, wiring: Wiring, learner: Learner, rank: int, policy: int = 0):
         self.wiring = wiring
         self.learner = learner
-        self.inbox = wiring.rank_queues[rank - 1]
+        self.inbox = wiring.rank_queues_of(policy)[rank - 1]
         self.staging = Staging(learner.device)
 
     def poll(self, timeout: float) -> int:

@@ -9,7 +9,8 @@ buffers)::
     learner          --BuffersFreed, Resume-----> worker_queues[w]
     runner           --Fence, SaveCheckpoint----> learner_queues[k]   (every k)
     runner           --Reissue------------------> worker_queues[w]   (every w)
-    learner (rank 0) --TrainShare---------------> rank_queues[r - 1]  (--num_learners > 1)
+    learner (rank 0) --TrainShare---------------> its ranks' queues (--num_learners > 1;
+                                                  rank_queues_of(policy)[r - 1])
     sampler node k   --trajectories, reports----> its link, which plays rollout worker k
                        (--num_sampler_nodes; fastrl/runner/link.py, fastrl/runner/node.py)
     learner          --LearnerReady, Fenced,
@@ -81,6 +82,7 @@ class Wiring:
     # torch.distributed rendezvous.
     rank_queues: list[MessageQueue] = field(default_factory=list)
     learner_port: int = 0
+    learner_ports: list[int] = field(default_factory=list)  # one group per policy
     # Sampler nodes (--num_sampler_nodes): the port of the learner node's store, where they
     # connect. On the learner node "rollout worker" k stands for sampler node k.
     node_port: int = 0
@@ -94,10 +96,17 @@ class Wiring:
             self.learner_queues = [self.learner_queue]
         if not self.policy_weights:
             self.policy_weights = [self.weights]
+        if not self.learner_ports:
+            self.learner_ports = [self.learner_port]
 
     @property
     def num_policies(self) -> int:
         return len(self.policy_weights)
+
+    def rank_queues_of(self, policy: int) -> list[MessageQueue]:
+        """The inboxes of ranks 1.. of ``policy``'s learner (--num_learners > 1)."""
+        n = self.cfg.num_learners - 1
+        return self.rank_queues[policy * n:(policy + 1) * n]
 
     @property
     def num_envs(self) -> int:
@@ -169,7 +178,8 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
         runner_queue = Mailbox(QUEUE_BYTES, doorbell=False)
         policy_weights: list[WeightsSource] = [SharedWeights(m, ctx) for m in models]
         stop = ctx.Event()
-        rank_queues = [Mailbox(QUEUE_BYTES, doorbell=False) for _ in range(cfg.num_learners - 1)]
+        rank_queues = [Mailbox(QUEUE_BYTES, doorbell=False)
+                       for _ in range((cfg.num_learners - 1) * len(models))]
     else:
         policy_queue, runner_queue = LocalQueue(), LocalQueue()
         learner_queues = [LocalQueue() for _ in models]
@@ -178,6 +188,7 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
         stop = threading.Event()
         rank_queues = []
     rnn_state = torch.zeros((num_envs, model.rnn_state_size))
+    ports = _free_ports(len(models)) if rank_queues else [0] * len(models)
     return Wiring(
         cfg=cfg, info=info, num_workers=num_workers, envs_per_worker=envs_per_worker,
         layout=layout, buffers=TrajectoryBuffers(layout, shared=parallel),
@@ -190,9 +201,19 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
         heartbeat=sharedctypes.RawArray("d", num_workers + n_policy),
         policy_ticks=sharedctypes.RawArray("q", n_policy),
         rank_queues=rank_queues,
-        learner_port=free_port() if rank_queues else 0,
+        learner_port=ports[0], learner_ports=ports,
         learner_queues=learner_queues, policy_weights=policy_weights,
     )
+
+
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free TCP ports (each policy's learner group meets on its own)."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
 
 
 def check_shared_memory(layout: BufferLayout) -> None:
