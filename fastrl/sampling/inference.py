@@ -126,7 +126,6 @@ class PolicyWorker:
         return [ActionsReady(req.worker_id, req.split_id, req.t, req.generation, req.epoch)
                 for req in requests]
 
-
     def _act(self, model: ActorCritic, obs: dict, h: torch.Tensor, e_idx: torch.Tensor):
         """``model``'s actions, log-probs, values and new recurrent states for the rows."""
         with torch.inference_mode(), autocast(self.precision, self.device):
