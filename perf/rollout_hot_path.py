@@ -3,11 +3,14 @@
 
     PYTHONPATH=. python perf/rollout_hot_path.py            # from a tree's root
     PYTHONPATH=. python perf/rollout_hot_path.py --doom     # + the output checks on doom_basic
+    PYTHONPATH=. python perf/rollout_hot_path.py --policies 2   # with --num_policies 2
 
 `hot`: microseconds per env step of `RolloutWorker.on_actions` with 8 `CountingEnv`s (float32
 [3] observations, ~1 us steps) in 2 splits, a stand-in policy writing actions, best of
 `--repeat` runs. It imports only what every tree has, so another tree (an older commit) is
-measured by running this file from that tree's root.
+measured by running this file from that tree's root (without `--policies`, which needs a tree
+that has `--num_policies`: each slot's policy is drawn per episode and each trajectory is
+sent by policy).
 
 `--doom`: the checks of fastrl.sampling.env_faults on a real doom_basic observation (uint8
 [3, 72, 128]) against what the worker did without them (`obs_to_dict`, `float(reward)`), and
@@ -26,10 +29,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path.cwd()))
 
 
-def hot_path(steps: int = 60_000, warmup: int = 8_000) -> float:
+def hot_path(steps: int = 60_000, warmup: int = 8_000, policies: int = 1) -> float:
     from tests.test_rollout import make_worker
 
-    worker, _, _, _ = make_worker(num_envs=8, splits=2, per_env=3)
+    extra = {"num_policies": policies, "policy_seed": 0} if policies > 1 else {}
+    worker, _, _, _ = make_worker(num_envs=8, splits=2, per_env=3, **extra)
     requests = list(worker.start().requests)
     done, t0, s0 = 0, None, 0
     while done < steps:
@@ -81,8 +85,12 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--doom", action="store_true")
+    parser.add_argument("--policies", type=int, default=1)
     args = parser.parse_args()
-    result = {"hot_us_per_env_step": round(min(hot_path() for _ in range(args.repeat)), 3)}
+    result = {"hot_us_per_env_step": round(min(hot_path(policies=args.policies)
+                                               for _ in range(args.repeat)), 3)}
+    if args.policies > 1:
+        result["policies"] = args.policies
     if args.doom:
         result["doom_basic_checks"] = doom_checks()
     print(json.dumps(result))

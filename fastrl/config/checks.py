@@ -15,7 +15,8 @@ import os
 from fastrl.config.settings import Config
 
 POSITIVE = ("num_workers", "num_envs_per_worker", "worker_num_splits", "num_policy_workers",
-            "num_learners", "rollout", "batch_size", "policy_threads", "learner_threads",
+            "num_learners", "num_policies", "rollout", "batch_size", "policy_threads",
+            "learner_threads",
             "num_batches_per_epoch", "num_epochs", "learning_rate", "rnn_size", "encoder_fc_size",
             "keep_checkpoints", "stats_avg", "env_framestack", "train_for_env_steps",
             "train_for_seconds", "log_every_sec", "summaries_every_sec", "save_every_sec",
@@ -28,7 +29,8 @@ NON_NEGATIVE = ("max_policy_lag", "eval_every_env_frames", "env_timeout", "max_w
 
 def validate(cfg: Config) -> list[str]:
     """Every problem with ``cfg`` as one line each (empty when it is valid)."""
-    return [line for check in (_values, _env, _model, _batches, _learners, _placement, _replay)
+    return [line for check in (_values, _env, _model, _batches, _learners, _placement, _replay,
+                               _policies)
             for line in check(cfg)]
 
 
@@ -200,3 +202,21 @@ def _replay(cfg: Config) -> list[str]:
         errors.append(f"--apex_epsilon={cfg.apex_epsilon}, --apex_epsilon_alpha="
                       f"{cfg.apex_epsilon_alpha}: need 0 < apex_epsilon <= 1 and alpha >= 0")
     return errors
+
+
+def _policies(cfg: Config) -> list[str]:
+    """``--num_policies`` > 1: what several policies do not run with yet, one line each."""
+    n = cfg.num_policies
+    if n is None or n <= 1:
+        return []
+    why = {
+        "algo": (cfg.algo != "appo", "needs --algo appo (one replay learner)"),
+        "async_rl": (not cfg.async_rl, "needs --async_rl True (a sync round per policy is not "
+                     "built)"),
+        "num_sampler_nodes": (cfg.num_sampler_nodes > 0, "needs --num_sampler_nodes 0 "
+                              "(nodes serve one policy)"),
+        "eval_every_env_frames": (cfg.eval_every_env_frames > 0, "needs "
+                                  "--eval_every_env_frames 0 (evaluation plays one policy)"),
+    }
+    return [f"--num_policies={n} with --{name}={getattr(cfg, name)}: {line}"
+            for name, (bad, line) in why.items() if bad]

@@ -81,6 +81,10 @@ class Config:
                            "(Gloo on CPU; NCCL on GPUs, learner r on cuda:r), each on an equal "
                            "share of every minibatch with the gradients summed: the update of "
                            "one learner on the whole minibatch (parallel mode)", "sampling")
+    num_policies: int = _f(1, "Policies trained side by side, each with its own learner, weights, "
+                           "checkpoints (checkpoints_p{k}/ for policy k > 0) and curves; every "
+                           "env slot (agent) is given a policy drawn at random per episode, so "
+                           "that in multi-agent envs policies meet each other", "sampling")
     num_sampler_nodes: int = _f(0, "Sampler nodes: each runs --num_workers rollout workers and "
                                 "--num_policy_workers policy workers with shared memory of its "
                                 "own, and ships whole trajectories to this learner node over "

@@ -1,5 +1,10 @@
 """Checkpoint files: writing and reading them, the checks before one is loaded, and resuming
-a run from the newest one."""
+a run from the newest one.
+
+Each policy (``--num_policies``) has a folder of its own: policy 0 keeps ``checkpoints/``
+(so an experiment of one policy, and every experiment made before policies existed, resumes
+unchanged), policy ``k > 0`` writes ``checkpoints_p{k}/``. Every function takes the policy,
+0 by default."""
 
 from __future__ import annotations
 
@@ -22,13 +27,16 @@ if TYPE_CHECKING:
 CHECKPOINT_FORMAT = 1
 
 
-def checkpoint_dir(experiment_dir: str) -> str:
-    return os.path.join(experiment_dir, "checkpoints")
+def checkpoint_dir(experiment_dir: str, policy: int = 0) -> str:
+    """The checkpoint folder of ``policy``: ``checkpoints`` for 0, ``checkpoints_p{k}``."""
+    return os.path.join(experiment_dir, "checkpoints" if policy == 0 else f"checkpoints_p{policy}")
 
 
-def list_checkpoints(experiment_dir: str) -> list[str]:
-    """Checkpoint paths, oldest first (names sort by learner version, then frames)."""
-    return sorted(glob.glob(os.path.join(checkpoint_dir(experiment_dir), "checkpoint_*.pt")))
+def list_checkpoints(experiment_dir: str, policy: int = 0) -> list[str]:
+    """Checkpoint paths of ``policy``, oldest first (names sort by learner version, then
+    frames)."""
+    return sorted(glob.glob(os.path.join(checkpoint_dir(experiment_dir, policy),
+                                         "checkpoint_*.pt")))
 
 
 def rng_state() -> dict:
@@ -56,12 +64,13 @@ def set_rng_state(state: dict) -> None:
             "are not restored")
 
 
-def save_checkpoint(experiment_dir: str, state: dict, keep: int) -> str:
-    """Write ``state`` atomically (temporary file, fsync, rename); keep the newest ``keep``."""
+def save_checkpoint(experiment_dir: str, state: dict, keep: int, policy: int = 0) -> str:
+    """Write ``state`` (of ``policy``) atomically (temporary file, fsync, rename); keep the
+    newest ``keep``."""
     version = state["learner"]["version"]
     frames = state["counters"]["env_frames"]
     name = f"checkpoint_{version:09d}_{frames:013d}.pt"
-    folder = checkpoint_dir(experiment_dir)
+    folder = checkpoint_dir(experiment_dir, policy)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, name)
     tmp = path + ".tmp"
@@ -70,7 +79,7 @@ def save_checkpoint(experiment_dir: str, state: dict, keep: int) -> str:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
-    for old in list_checkpoints(experiment_dir)[:-keep]:
+    for old in list_checkpoints(experiment_dir, policy)[:-keep]:
         try:
             os.remove(old)
         except OSError:
@@ -93,10 +102,11 @@ def load_checkpoint(path: str, map_location="cpu") -> dict:
     return state
 
 
-def load_latest_checkpoint(experiment_dir: str,
-                           map_location="cpu") -> tuple[dict | None, str | None]:
-    """The newest readable checkpoint; a corrupt newer one is reported and skipped."""
-    for path in reversed(list_checkpoints(experiment_dir)):
+def load_latest_checkpoint(experiment_dir: str, map_location="cpu",
+                           policy: int = 0) -> tuple[dict | None, str | None]:
+    """The newest readable checkpoint of ``policy``; a corrupt newer one is reported and
+    skipped."""
+    for path in reversed(list_checkpoints(experiment_dir, policy)):
         try:
             return load_checkpoint(path, map_location), path
         except ExperimentError as exc:
@@ -151,15 +161,16 @@ def checkpoint_state(cfg: Config, info: EnvInfo, learner_state: dict, counters: 
     }
 
 
-def restore_learner(learner, cfg: Config, info: EnvInfo) -> tuple[dict | None, str | None]:
-    """Load the experiment's newest checkpoint into ``learner`` (weights, optimizer, version)
+def restore_learner(learner, cfg: Config, info: EnvInfo,
+                    policy: int = 0) -> tuple[dict | None, str | None]:
+    """Load the newest checkpoint of ``policy`` into ``learner`` (weights, optimizer, version)
     and restore the RNG state; return its counters and path, or ``(None, None)`` when the
-    experiment has no checkpoint yet. ``cfg``'s optimizer settings replace the saved ones."""
+    policy has no checkpoint yet. ``cfg``'s optimizer settings replace the saved ones."""
     # Loaded on the CPU, not on the learner's device: torch takes RNG states only as CPU
     # tensors, and the optimizer's load_state_dict moves each moment to its parameter's
     # device but leaves Adam's step counter where it was loaded (on a GPU, every step would
     # then wait for the host to read it).
-    state, path = load_latest_checkpoint(cfg.experiment_dir)
+    state, path = load_latest_checkpoint(cfg.experiment_dir, policy=policy)
     if state is None:
         return None, None
     check_checkpoint_compatible(state, cfg, info, path)
@@ -195,8 +206,18 @@ def apply_optimizer_settings(optimizer: torch.optim.Optimizer, cfg: Config,
             + ", ".join(f"{flag} {old} -> {new}" for flag, (old, new) in changed.items()))
 
 
-def restore_counters(stats, counters: dict, learner_version: int) -> None:
-    """Continue the run's counters from a checkpoint's (see ``checkpoint_state``)."""
+def restore_counters(stats, counters: dict, learner_version: int, policy: int = 0) -> None:
+    """Continue the run's counters from a checkpoint's (see ``checkpoint_state``). With
+    several policies, from each policy's newest checkpoint: the frames and learner steps are
+    the policy's own and add up; episodes and wall time are the run's, from policy 0's."""
+    if stats.policies:
+        stats.policies[policy].restore(int(counters["env_frames"]), learner_version)
+        stats.env_frames = sum(p.env_frames for p in stats.policies)
+        stats.learner_steps = sum(p.learner_steps for p in stats.policies)
+        if policy == 0:
+            stats.episodes = int(counters["episodes"])
+            stats.prior_seconds = float(counters["wall_seconds"])
+        return
     stats.env_frames = int(counters["env_frames"])
     stats.episodes = int(counters["episodes"])
     stats.prior_seconds = float(counters["wall_seconds"])

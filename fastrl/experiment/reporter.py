@@ -67,21 +67,24 @@ class Reporter:
             w.add_scalar(f"nodes/{i}/connection_losses", node.losses, step)
             if node.lag_mean is not None:
                 w.add_scalar(f"nodes/{i}/policy_lag_mean", node.lag_mean, step)
-        names = {"policy_loss": "train/policy_loss", "value_loss": "train/value_loss",
-                 "entropy": "train/entropy", "kl": "train/kl",
-                 "clip_fraction": "train/clip_fraction",
-                 "learning_rate": "train/learning_rate", "grad_norm": "train/grad_norm",
-                 "adv_std": "train/adv_std", "ratio_mean": "train/ratio_mean",
-                 "policy_lag_min": "policy_lag/min", "policy_lag_mean": "policy_lag/mean",
-                 "policy_lag_max": "policy_lag/max",
-                 # --algo apex (fastrl/algo/apex.py, fastrl/runner/replay_station.py)
-                 "q_loss": "train/q_loss", "q_mean": "train/q_mean", "td_error": "train/td_error",
-                 "priority_mean": "replay/priority_mean", "replay_size": "replay/size",
-                 "samples_per_insert": "replay/samples_per_insert", "beta": "replay/beta",
-                 "epsilon_min": "replay/epsilon_min", "epsilon_max": "replay/epsilon_max"}
-        for key, tag in names.items():
-            if key in s.learner:
+        for key, tag in LEARNER_TAGS.items():
+            if key in s.learner and not s.policies:
                 w.add_scalar(tag, s.learner[key], step)
+        for k, p in enumerate(s.policies):  # --num_policies > 1: every policy's own curves
+            prefix = f"policy_{k}/"
+            for ret, length in p.new_episodes:
+                w.add_scalar(prefix + "episode_return", ret, step)
+                w.add_scalar(prefix + "episode_length", length, step)
+            p.new_episodes = []
+            if p.returns:
+                w.add_scalar(prefix + "mean_return", p.mean_return(), step)
+            for name, mean in p.mean_metrics().items():
+                w.add_scalar(f"{prefix}episode_metrics/mean_{name}", mean, step)
+            w.add_scalar(prefix + "env_frames", p.env_frames, step)
+            w.add_scalar(prefix + "learner_steps", p.learner_steps, step)
+            for key, tag in LEARNER_TAGS.items():
+                if key in p.learner:
+                    w.add_scalar(prefix + tag, p.learner[key], step)
         w.flush()
         summary = s.summary(fps)
         write_json_atomic(os.path.join(self.dir, "summary.json"), summary)
@@ -101,12 +104,39 @@ class Reporter:
         busy_txt = progress_text(d.fractions, d.stage if not self.cfg.serial_mode else None)
         log(f"frames {s.env_frames:,} | fps {s.fps():,.0f} | return {ret_txt} | "
             f"lag min/mean/max {lag_txt} | learner steps {s.learner_steps:,}"
-            + (f" | {busy_txt}" if busy_txt else "") + node_text(s.nodes))
+            + (f" | {busy_txt}" if busy_txt else "") + node_text(s.nodes)
+            + policies_text(s.policies))
 
     def close(self) -> dict:
         summary = self.write_summaries()
         self.writer.close()
         return summary
+
+
+# The learner's statistics and their TensorBoard tags (``policy_{k}/`` before each with
+# several policies).
+LEARNER_TAGS = {"policy_loss": "train/policy_loss", "value_loss": "train/value_loss",
+                "entropy": "train/entropy", "kl": "train/kl",
+                "clip_fraction": "train/clip_fraction",
+                "learning_rate": "train/learning_rate", "grad_norm": "train/grad_norm",
+                "adv_std": "train/adv_std", "ratio_mean": "train/ratio_mean",
+                "policy_lag_min": "policy_lag/min", "policy_lag_mean": "policy_lag/mean",
+                "policy_lag_max": "policy_lag/max",
+                # --algo apex (fastrl/algo/apex.py, fastrl/runner/replay_station.py)
+                "q_loss": "train/q_loss", "q_mean": "train/q_mean", "td_error": "train/td_error",
+                "priority_mean": "replay/priority_mean", "replay_size": "replay/size",
+                "samples_per_insert": "replay/samples_per_insert", "beta": "replay/beta",
+                "epsilon_min": "replay/epsilon_min", "epsilon_max": "replay/epsilon_max"}
+
+
+def policies_text(policies) -> str:
+    """The progress line's part about each policy (``--num_policies`` > 1): its recent mean
+    return and learner steps, e.g. ``| policies 0: 3.1 @ 42, 1: 2.7 @ 40``."""
+    if not policies:
+        return ""
+    return " | policies " + ", ".join(
+        f"{k}: {'n/a' if p.mean_return() is None else f'{p.mean_return():.2f}'} @ "
+        f"{p.learner_steps:,}" for k, p in enumerate(policies))
 
 
 def node_text(nodes: list[NodeStats]) -> str:
@@ -147,6 +177,13 @@ def print_final_summary(summary: dict) -> None:
     if faults:
         lines.append("  env faults      " + ", ".join(f"{kind} {n}" for kind, n in faults.items())
                      + f" ({summary['steps_discarded']:,} steps left out of training)")
+    for p in summary.get("policies", []):
+        ret = p["mean_episode_return"]
+        lines.append(f"  policy {p['policy']}        {p['env_frames']:,} frames, mean return "
+                     f"{'n/a' if ret is None else f'{ret:.3f}'} over {p['episodes_averaged']} "
+                     f"episodes, {p['learner_steps']:,} learner steps (version {p['version']})"
+                     + "".join(f", {name} {mean:.2f}"
+                               for name, mean in p.get("episode_metrics", {}).items()))
     for node in summary.get("sampler_nodes", []):
         lines.append(f"  sampler node {node['node']}  {node['trajectories']:,} trajectories, "
                      f"lag max {node['lag_max']}, {node['losses']} connection(s) lost, "

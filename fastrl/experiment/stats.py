@@ -62,6 +62,45 @@ class NodeStats:
                 "lag_mean": self.lag_mean, "lag_max": self.lag_max_run}
 
 
+class PolicyStats:
+    """One policy's figures (``--num_policies`` > 1): its episodes (those whose last step it
+    acted), the frames its learner trained on, its version and its learner's statistics."""
+
+    def __init__(self, stats_avg: int):
+        self.episodes = 0
+        self.returns: deque[float] = deque(maxlen=stats_avg)
+        self.lengths: deque[int] = deque(maxlen=stats_avg)
+        self.env_frames = 0
+        self.learner_steps = 0  # = its learner's version (one per batch trained)
+        self.learner: dict[str, float] = {}
+        self.new_episodes: list[tuple[float, int]] = []  # not yet written to TensorBoard
+        self.metrics: dict[str, deque[float]] = {}  # the env's episode figures, recent values
+        self._stats_avg = stats_avg
+
+    def restore(self, env_frames: int, version: int) -> None:
+        self.env_frames, self.learner_steps = env_frames, version
+
+    def mean_return(self) -> float | None:
+        return float(np.mean(self.returns)) if self.returns else None
+
+    def add_metrics(self, kept: dict[str, float]) -> None:
+        for name, value in kept.items():
+            self.metrics.setdefault(name, deque(maxlen=self._stats_avg)).append(value)
+
+    def mean_metrics(self) -> dict[str, float]:
+        """Each episode metric's mean over this policy's recent episodes that reported it (what
+        a population-based ranking by the env's true objective would read)."""
+        return {name: float(np.mean(values)) for name, values in sorted(self.metrics.items())}
+
+    def summary(self, policy: int) -> dict:
+        return {"policy": policy, "env_frames": self.env_frames, "episodes": self.episodes,
+                "mean_episode_return": self.mean_return(),
+                "mean_episode_length": float(np.mean(self.lengths)) if self.lengths else None,
+                "episodes_averaged": len(self.returns), "learner_steps": self.learner_steps,
+                "version": self.learner_steps,
+                **({"episode_metrics": self.mean_metrics()} if self.metrics else {})}
+
+
 class TrainingStats:
     """Counters and recent statistics of a run, shared by the serial and parallel runners."""
 
@@ -105,6 +144,9 @@ class TrainingStats:
         self._busy_span: list[float] = []
         # Sampler nodes (--num_sampler_nodes): what each link reports.
         self.nodes = [NodeStats() for _ in range(cfg.num_sampler_nodes)]
+        # --num_policies > 1: each policy's figures (none with one policy: the run's are its).
+        self.policies = ([PolicyStats(cfg.stats_avg) for _ in range(cfg.num_policies)]
+                         if cfg.num_policies > 1 else [])
 
     @property
     def run_seconds(self) -> float:
@@ -155,7 +197,7 @@ class TrainingStats:
         cfg = self.cfg
         nodes = max(cfg.num_sampler_nodes, 1)  # every node runs the workers the flags say
         return {"env": cfg.num_workers * nodes, "inference": cfg.num_policy_workers * nodes,
-                "learner": 1, "transfer": cfg.num_sampler_nodes}
+                "learner": cfg.num_policies, "transfer": cfg.num_sampler_nodes}
 
     def diagnose(self, busy: dict[str, float], seconds: float) -> Diagnosis:
         fractions = busy_fractions(busy, seconds, self.stage_processes())
@@ -163,9 +205,16 @@ class TrainingStats:
                         resolved_device_type(self.cfg.device))
 
     def add_episode(self, episode_return: float, length: int, truncated: bool = False,
-                    metrics: dict[str, float] | None = None) -> None:
+                    metrics: dict[str, float] | None = None, policy: int = 0) -> None:
         """A finished episode; ``truncated``: a time limit ended it, not the env; ``metrics``:
-        the env's figures about it by name (values that are not finite numbers are left out)."""
+        the env's figures about it by name (values that are not finite numbers are left out);
+        ``policy``: the one that acted its last step."""
+        if self.policies:
+            p = self.policies[policy]
+            p.episodes += 1
+            p.returns.append(episode_return)
+            p.lengths.append(length)
+            p.new_episodes.append((episode_return, length))
         self.episodes += 1
         self.episodes_truncated += truncated
         self.returns.append(episode_return)
@@ -177,6 +226,8 @@ class TrainingStats:
             for name, value in kept.items():
                 self.metrics.setdefault(name, deque(maxlen=self.cfg.stats_avg)).append(value)
             self._metrics_since_summary.append(kept)
+            if self.policies:
+                self.policies[policy].add_metrics(kept)
 
     def mean_metrics(self) -> dict[str, float]:
         """Each episode metric's mean over the recent episodes that reported it."""
@@ -186,8 +237,20 @@ class TrainingStats:
         for kind, n in faults.items():
             self.env_faults[kind] = self.env_faults.get(kind, 0) + n
 
-    def add_learner_stats(self, stats: dict[str, float], learner_steps: int) -> None:
+    def add_learner_frames(self, frames: int, policy: int = 0) -> None:
+        self.env_frames += frames
+        if self.policies:
+            self.policies[policy].env_frames += frames
+
+    def add_learner_stats(self, stats: dict[str, float], learner_steps: int,
+                          policy: int = 0) -> None:
+        """The last step's statistics of ``policy``'s learner, at version ``learner_steps``
+        (with several policies the run's learner steps are the sum of their versions)."""
         self.learner = stats
+        if self.policies:
+            p = self.policies[policy]
+            p.learner, p.learner_steps = stats, learner_steps
+            learner_steps = sum(q.learner_steps for q in self.policies)
         self.learner_steps = learner_steps
         if "policy_lag_min" in stats:
             self.lag_min = min(self.lag_min, stats["policy_lag_min"])
@@ -234,6 +297,8 @@ class TrainingStats:
             "bottleneck": self._bottleneck(),
             **({"sampler_nodes": [n.summary(i) for i, n in enumerate(self.nodes)]}
                if self.nodes else {}),
+            **({"policies": [p.summary(k) for k, p in enumerate(self.policies)]}
+               if self.policies else {}),
             "updated": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
 

@@ -11,7 +11,7 @@ import torch
 from fastrl.algo.learner_group import LearnerGroup
 from fastrl.config.settings import Config
 from fastrl.device import learner_device, resolve_device, resolve_precision
-from fastrl.runner.common import POLICY_STREAM, build_model, seed_everything
+from fastrl.runner.common import LEARNER_STREAM, POLICY_STREAM, build_model, seed_everything
 from fastrl.runner.replay_station import make_learner_station
 from fastrl.runner.stations import (
     LearnerRankStation,
@@ -47,9 +47,9 @@ def policy_worker_main(wiring: Wiring, policy_id: int) -> None:
     # (a new epoch), draws its own stream (sampler nodes run with seeds of their own).
     seed_everything(cfg.seed, POLICY_STREAM, policy_id, int(wiring.policy_epoch.value))
     device = resolve_device(cfg.device)
-    model = build_model(cfg, wiring.info, device)
-    model.eval()
-    policy = make_policy_worker(wiring, model, device, resolve_precision(cfg.precision, device))
+    models = [build_model(cfg, wiring.info, device).eval() for _ in range(wiring.num_policies)]
+    policy = make_policy_worker(wiring, models[0], device, resolve_precision(cfg.precision, device),
+                                others=models[1:])
     station = PolicyStation(wiring, policy_id, policy, REPORT_EVERY["policy"])
     # Act only with the learner's weights (its checkpoint's, when resuming): wait for the
     # first publication instead of acting with this process's own random initialisation.
@@ -67,30 +67,48 @@ def policy_worker_main(wiring: Wiring, policy_id: int) -> None:
         station.poll(POLL)
 
 
-def learner_main(wiring: Wiring, rank: int) -> None:
-    """Learner rank ``rank`` (0 unless --num_learners > 1): rank 0 runs the learner station,
+def learner_name(policy: int, rank: int) -> str:
+    """The process name of a learner: ``fastrl-learner`` (policy 0, rank 0), ``-{rank}``
+    after it for ranks of --num_learners, ``-p{policy}`` for the learners of --num_policies."""
+    return "fastrl-learner" + (f"-p{policy}" if policy else "") + (f"-{rank}" if rank else "")
+
+
+def learner_main(wiring: Wiring, index: int) -> None:
+    """Learner ``index`` = ``policy * num_learners + rank`` (policy 0 unless --num_policies
+    > 1, rank 0 unless --num_learners > 1): rank 0 runs the learner station of its policy,
     the others train on the shares it hands them (fastrl/algo/learner_group.py)."""
     cfg = wiring.cfg
-    seed_everything(cfg.seed)
+    policy, rank = divmod(index, cfg.num_learners)
+    # Policy 0 seeds as a run of one policy does; the others draw initial weights of their own.
+    seed_everything(cfg.seed, *((LEARNER_STREAM, policy) if policy else ()))
     device = resolve_device(cfg.device)
     group = None
     if cfg.num_learners > 1:
         device = learner_device(device, rank)
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        group = LearnerGroup(rank, cfg.num_learners, wiring.learner_port, device)
+        group = LearnerGroup(rank, cfg.num_learners, wiring.learner_ports[policy], device)
     try:
-        learner, counters, path = make_learner(cfg, wiring.info, device, group)
+        learner, counters, path = make_learner(cfg, wiring.info, device, group, policy)
         if rank == 0:
-            station = make_learner_station(wiring, learner, REPORT_EVERY["learner"])
+            station = make_learner_station(wiring, learner, REPORT_EVERY["learner"], policy)
             station.announce(counters, path)
         else:
-            station = LearnerRankStation(wiring, learner, rank)
+            station = LearnerRankStation(wiring, learner, rank, policy)
         while not wiring.should_stop():
             station.poll(POLL)
     finally:
         if group is not None:
             group.close()
+
+
+def start_learners(cfg: Config, supervisor: Supervisor) -> None:
+    """Every learner process: each policy's ranks (--num_policies x --num_learners)."""
+    for policy in range(cfg.num_policies):
+        for rank in range(cfg.num_learners):
+            supervisor.start(Child(learner_name(policy, rank), "learner",
+                                   policy * cfg.num_learners + rank, cfg.learner_threads,
+                                   learner_main))
 
 
 def start_sampling(cfg: Config, supervisor: Supervisor) -> None:

@@ -87,8 +87,14 @@ def buffers_per_env(cfg: Config, num_envs: int) -> int:
     training and the next), and no more: a learner-bound run fills every slot, so each slot
     beyond that adds policy lag, not speed. (Rounding up per batch rather than for both
     gave CartPole's classic recipe 3 slots per env where 2 hold both batches: its policy lag
-    went from 88-95 SGD steps to 45-63, perf/RESULTS.md, "Default recipes".)"""
-    return math.ceil(2 * cfg.trajectories_per_batch / num_envs) + 1
+    went from 88-95 SGD steps to 45-63, perf/RESULTS.md, "Default recipes".)
+
+    With ``--num_policies P > 1`` each policy's learner waits for a whole batch of its own:
+    room for ``P + 1`` batches, so that however the waiting slots fall among the learners,
+    one of them always has a whole batch (``P`` learners each one trajectory short hold
+    fewer than ``P`` batches) while the envs go on filling theirs."""
+    batches = 2 if cfg.num_policies <= 1 else cfg.num_policies + 1
+    return math.ceil(batches * cfg.trajectories_per_batch / num_envs) + 1
 
 
 def process_context():
@@ -107,6 +113,7 @@ def process_context():
 
 # ``seed_everything`` streams: the kinds of process that draw random numbers of their own.
 POLICY_STREAM = 1
+LEARNER_STREAM = 2  # the learners of policies 1, 2, ... (policy 0 seeds from --seed itself)
 
 
 def seed_everything(seed: int | None, *stream: int) -> None:

@@ -69,15 +69,16 @@ class RunLoop:
         stats = self.stats
         if isinstance(msg, RolloutReport):
             for ep in msg.episodes:
-                stats.add_episode(ep.episode_return, ep.length, ep.truncated, ep.metrics)
+                stats.add_episode(ep.episode_return, ep.length, ep.truncated, ep.metrics,
+                                  ep.policy)
             stats.env_restarts += msg.env_restarts
             stats.steps_discarded += msg.steps_discarded
             stats.add_env_faults(msg.faults)
             stats.add_busy("env", msg.busy_seconds)
         elif isinstance(msg, LearnerReport):
-            stats.env_frames += msg.samples * stats.frameskip
+            stats.add_learner_frames(msg.samples * stats.frameskip, msg.policy)
             if msg.stats:
-                stats.add_learner_stats(msg.stats, msg.version)
+                stats.add_learner_stats(msg.stats, msg.version, msg.policy)
             if not self.cfg.sampling_only:
                 stats.add_stage_time("learner", msg.samples, msg.busy_seconds)
             stats.add_busy("learner", msg.busy_seconds)
@@ -135,7 +136,7 @@ class RunLoop:
                                and time.monotonic() - last_save >= cfg.save_every_sec):
                     if asked:
                         log(f"{SAVE_SIGNAL.name}: saving a checkpoint now; training goes on")
-                    self.wiring.learner_queue.put(SaveCheckpoint(stats.counters(), False))
+                    self.ask_to_save(final=False)
                     last_save = time.monotonic()
         except KeyboardInterrupt:
             by = (self.signals.stopped_by if self.signals is not None else None) or "SIGINT"
@@ -146,19 +147,31 @@ class RunLoop:
         stats.end_measurement()
         return not cfg.sampling_only and stats.env_frames > frames_at_start
 
+    def ask_to_save(self, final: bool) -> None:
+        """Ask every policy's learner for a checkpoint with the run's counters."""
+        msg = SaveCheckpoint(self.stats.counters(), final)
+        for q in self.wiring.learner_queues:
+            q.put(msg)
+
     def final_save(self, turn: Callable[[], None]) -> None:
-        """Ask the learner for the final checkpoint and wait for it (``turn`` keeps the
-        learner going in serial mode and notices its death in parallel mode)."""
-        self.wiring.learner_queue.put(SaveCheckpoint(self.stats.counters(), True))
+        """Ask every learner for the final checkpoint and wait for each (``turn`` keeps the
+        learners going in serial mode and notices a death in parallel mode)."""
+        self.ask_to_save(final=True)
+        waiting = set(range(self.wiring.num_policies))
         deadline = time.monotonic() + FINAL_SAVE_TIMEOUT
         while time.monotonic() < deadline:
             turn()
             for msg in self.wiring.runner_queue.get_many(self.poll_timeout):
                 if isinstance(msg, CheckpointSaved) and msg.final:
                     log(f"saved {msg.path}")
-                    return
+                    waiting.discard(msg.policy)
+                    if not waiting:
+                        return
+                    continue
                 self.handle(msg)
-        log(f"warning: the learner did not confirm the final checkpoint within "
+        who = ("the learner" if self.wiring.num_policies == 1 else
+               "the learners of policies " + ", ".join(map(str, sorted(waiting))))
+        log(f"warning: {who} did not confirm the final checkpoint within "
             f"{FINAL_SAVE_TIMEOUT:.0f} s")
 
     def _evaluate(self) -> None:

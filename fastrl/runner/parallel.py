@@ -35,7 +35,7 @@ from fastrl.experiment.folder import prepare_experiment_dir
 from fastrl.experiment.reporter import Reporter, print_final_summary
 from fastrl.experiment.stats import TrainingStats
 from fastrl.log import log
-from fastrl.runner.children import POLL, learner_main, start_sampling
+from fastrl.runner.children import POLL, start_learners, start_sampling
 from fastrl.runner.common import (
     announce_inputs,
     announce_recipe,
@@ -158,19 +158,18 @@ class ParallelRunner:
         try:
             wiring = self.setup()
             stats = TrainingStats(cfg, wiring.info.frameskip)
-            self.supervisor.start(Child("fastrl-learner", "learner", 0, cfg.learner_threads,
-                                        learner_main))
-            for rank in range(1, cfg.num_learners):
-                self.supervisor.start(Child(f"fastrl-learner-{rank}", "learner", rank,
-                                            cfg.learner_threads, learner_main))
+            start_learners(cfg, self.supervisor)
             if not cfg.num_sampler_nodes:
-                # The workers start while the learner does: policy workers wait for its first
-                # weights, and nothing they report can come before its LearnerReady.
+                # The workers start while the learners do: policy workers wait for their first
+                # weights, and nothing they report can come before a LearnerReady.
                 self.start_sampling()
-            ready, early = self._wait_for_learner(timeout=120)
-            if ready.counters:
-                restore_counters(stats, ready.counters, ready.version)
-                log(f"resumed from {ready.checkpoint} at {stats.env_frames:,} frames")
+            readies, early = self._wait_for_learners(timeout=120)
+            for ready in readies:
+                if ready.counters:
+                    restore_counters(stats, ready.counters, ready.version, ready.policy)
+                    log(f"resumed from {ready.checkpoint} at {ready.counters['env_frames']:,} "
+                        "frames")
+            ready = readies[0]
             if cfg.num_sampler_nodes:
                 self.start_sampling()
             stats.start_time = time.time()
@@ -187,8 +186,8 @@ class ParallelRunner:
             save_due = loop.run()
             self.supervisor.restart_workers = False
             if save_due:
-                learner = self.supervisor.children["fastrl-learner"]
-                loop.final_save(lambda: self.supervisor.check_exit(learner))
+                learners = [c for c in self.supervisor.children.values() if c.kind == "learner"]
+                loop.final_save(lambda: [self.supervisor.check_exit(c) for c in learners])
             summary = reporter.close()
             reporter = None
             print_final_summary(summary)
@@ -215,24 +214,27 @@ class ParallelRunner:
             for msg in self.shared.runner_queue.get_many(timeout):
                 self.supervisor.note(msg)
 
-    def _wait_for_learner(self, timeout: float) -> tuple[LearnerReady, list]:
-        """The learner's LearnerReady, and the workers' messages read meanwhile (reports of
-        env faults at start-up, for the run loop's statistics)."""
+    def _wait_for_learners(self, timeout: float) -> tuple[list[LearnerReady], list]:
+        """Every policy's ``LearnerReady``, in policy order, and the workers' messages read
+        meanwhile (their first reports, for the run loop's statistics)."""
         early = []
         deadline = time.monotonic() + timeout
+        ready: dict[int, LearnerReady] = {}
         while time.monotonic() < deadline:
-            ready = None
             for msg in self.shared.runner_queue.get_many(POLL):
                 if isinstance(msg, LearnerReady):
-                    ready = msg
+                    ready[msg.policy] = msg
                 elif isinstance(msg, (ChildFailed, Fenced)):
                     self.supervisor.note(msg)
                 else:
                     early.append(msg)
-            if ready is not None:
-                return ready, early
+            if len(ready) == self.cfg.num_policies:
+                return [ready[k] for k in sorted(ready)], early
             self.supervisor.check_children()
-        raise ChildError(f"timed out after {timeout:.0f} s waiting for the learner to start")
+        missing = sorted(set(range(self.cfg.num_policies)) - set(ready))
+        raise ChildError(f"timed out after {timeout:.0f} s waiting for the learner"
+                         + (f"s of policies {missing}" if self.cfg.num_policies > 1 else "")
+                         + " to start")
 
     def _log_start(self, wiring: Wiring, ready: LearnerReady) -> None:
         """The start-up line. The device and precision are the learner's (the policy workers
@@ -245,6 +247,7 @@ class ParallelRunner:
             f"{cfg.num_envs_per_worker} envs in {cfg.worker_num_splits} splits, "
             f"{cfg.num_policy_workers} policy worker(s), "
             + (f"{cfg.num_learners} learners, " if cfg.num_learners > 1 else "")
+            + (f"{cfg.num_policies} policies, " if cfg.num_policies > 1 else "")
             + f"device {ready.device} ({ready.precision}), {layout.num_buffers} trajectory "
             f"buffers ({layout.nbytes() / 2**20:.0f} MiB), experiment {self.exp_dir}")
 

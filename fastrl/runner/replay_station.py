@@ -55,8 +55,10 @@ class ReplayLearnerStation(LearnerStation):
         return work
 
 
-def make_learner_station(wiring: Wiring, learner, report_every: float) -> LearnerStation:
-    """The learner station for the run's ``--algo``."""
+def make_learner_station(wiring: Wiring, learner, report_every: float,
+                         policy: int = 0) -> LearnerStation:
+    """The learner station for the run's ``--algo`` (of ``policy``: ``--num_policies``,
+    APPO only)."""
     if isinstance(learner, ApexLearner):
         return ReplayLearnerStation(wiring, learner, report_every)
-    return LearnerStation(wiring, learner, report_every)
+    return LearnerStation(wiring, learner, report_every, policy)

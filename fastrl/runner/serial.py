@@ -61,19 +61,25 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
         check_env_settings(cfg, info)
         exp_dir = prepare_experiment_dir(cfg)  # only once the checks have passed
         announce_recipe(cfg, info)
-        learner, counters, path = make_learner(cfg, info, device)
+        # One learner per policy (--num_policies), each with its own checkpoints.
+        made = [make_learner(cfg, info, device, policy=k) for k in range(cfg.num_policies)]
+        learners = [learner for learner, _, _ in made]
+        learner = learners[0]
         announce_inputs(info, learner.model)
-        wiring = build_wiring(cfg, info, learner.model, num_workers=1, envs_per_worker=len(envs))
-        learner_station = make_learner_station(wiring, learner, report_every=0.0)
-        learner_station.announce(counters, path)
-        ready = wiring.runner_queue.get_many(0.0)
-        assert len(ready) == 1 and isinstance(ready[0], LearnerReady), ready
+        wiring = build_wiring(cfg, info, learner.model, num_workers=1, envs_per_worker=len(envs),
+                              models=[m.model for m in learners])
+        learner_stations = [make_learner_station(wiring, m, 0.0, k) for k, m in enumerate(learners)]
         stats = TrainingStats(cfg, info.frameskip)
-        if counters is not None:
-            restore_counters(stats, counters, learner.version)
-            log(f"resumed from {path} at {stats.env_frames:,} frames")
-        policy = PolicyStation(wiring, 0, make_policy_worker(wiring, learner.model, device,
-                                                             learner.precision), 0.0)
+        for k, (station, (_, counters, path)) in enumerate(zip(learner_stations, made)):
+            station.announce(counters, path)
+            ready = wiring.runner_queue.get_many(0.0)
+            assert len(ready) == 1 and isinstance(ready[0], LearnerReady), ready
+            if counters is not None:
+                restore_counters(stats, counters, learners[k].version, k)
+                log(f"resumed from {path} at {counters['env_frames']:,} frames")
+        policy = PolicyStation(wiring, 0, make_policy_worker(
+            wiring, learner.model, device, learner.precision,
+            others=[m.model for m in learners[1:]]), 0.0)
         rollout = RolloutStation(wiring, 0, report_every=0.0)
         rollout.start(envs)
         reporter = Reporter(cfg, exp_dir, stats)
@@ -86,15 +92,18 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
             f"device {device} ({learner.precision}), model {n_params:,} parameters, "
             f"experiment {exp_dir}")
 
+        def learn() -> int:
+            return sum(station.poll(0.0) for station in learner_stations)
+
         def turn() -> None:
-            moved = rollout.poll(0.0) + policy.poll(0.0) + learner_station.poll(0.0)
+            moved = rollout.poll(0.0) + policy.poll(0.0) + learn()
             if not moved:
                 raise SerialStall("serial runner stalled: no station had anything to do")
 
         loop = RunLoop(wiring, stats, reporter, turn, evaluator=evaluator,
                        warmup_seconds=warmup_seconds, signals=signals)
         if loop.run():
-            loop.final_save(lambda: learner_station.poll(0.0))
+            loop.final_save(learn)
         summary = reporter.close()
         reporter = None
         print_final_summary(summary)

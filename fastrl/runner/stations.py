@@ -28,8 +28,9 @@ from fastrl.sampling.agents import MultiAgentRolloutWorker
 from fastrl.sampling.env_faults import EnvFault
 from fastrl.sampling.env_setup import EnvInfo, create_env, reward_scale
 from fastrl.sampling.inference import PolicyWorker, ape_x_epsilons
-from fastrl.sampling.rollout import RolloutWorker, StepOutput
+from fastrl.sampling.rollout import RolloutWorker
 from fastrl.sampling.staging import Staging
+from fastrl.sampling.trajectories import StepOutput
 from fastrl.transport.messages import (
     ActionsReady,
     BuffersFreed,
@@ -129,7 +130,8 @@ class RolloutStation:
             env_factory=lambda: create_env(cfg), env_timeout=cfg.env_timeout,
             decorrelate=cfg.decorrelate_envs_on_one_worker, generation=self.generation,
             epoch=int(w.policy_epoch.value), action_bounds=cfg.action_bounds,
-            env_check=cfg.env_check)
+            env_check=cfg.env_check, num_policies=w.num_policies,
+            policy_seed=None if cfg.seed is None else [cfg.seed, self.worker_id, self.generation])
         self.envs = self.worker.envs  # the worker replaces faulty envs in this very list
         try:
             self._route(self.worker.start())
@@ -191,7 +193,12 @@ class RolloutStation:
         if out.requests:
             self.wiring.policy_queue.put_many(out.requests)
         if out.trajectories:
-            self.wiring.learner_queue.put_many(out.trajectories)
+            queues = self.wiring.learner_queues
+            if len(queues) == 1:
+                queues[0].put_many(out.trajectories)
+            else:  # each to the learner of the policy that acted it
+                for msg in out.trajectories:
+                    queues[msg.policy].put(msg)
         if out.episodes or out.env_restarts or out.faults:
             r = self._report
             faults = dict(r.faults)
@@ -247,12 +254,20 @@ class PolicyStation:
 
 class LearnerStation:
     """The learner: collects trajectory slots, trains on each full batch, frees the slots,
-    publishes the new weights, and writes checkpoints when the runner asks."""
+    publishes the new weights, and writes checkpoints when the runner asks.
 
-    def __init__(self, wiring: Wiring, learner: Learner, report_every: float):
+    With ``--num_policies``, the learner of ``policy``: its own inbox
+    (``wiring.learner_queues[policy]``), weights (``wiring.policy_weights[policy]``) and
+    checkpoint folder; its messages to the runner name the policy."""
+
+    def __init__(self, wiring: Wiring, learner: Learner, report_every: float, policy: int = 0):
         self.wiring = wiring
         self.learner = learner
         self.report_every = report_every
+        self.policy = policy
+        self.inbox = wiring.learner_queues[policy]
+        self.weights = wiring.policy_weights[policy]
+        self.rank_queues = wiring.rank_queues_of(policy)
         self.pending = PendingSlots(wiring.per_worker_buffers, list(wiring.worker_gen))
         self.staging = Staging(learner.device)  # batches reach the learner's device through it
         self._samples = 0
@@ -266,8 +281,9 @@ class LearnerStation:
         before this LearnerReady."""
         learner = self.learner
         self.wiring.runner_queue.put(LearnerReady(counters, checkpoint, learner.version,
-                                                  str(learner.device), learner.precision))
-        self.wiring.weights.publish(learner.model, learner.version)
+                                                  str(learner.device), learner.precision,
+                                                  self.policy))
+        self.weights.publish(learner.model, learner.version)
 
     def poll(self, timeout: float) -> int:
         """Handle the messages waiting (up to ``timeout`` s for the first, none while a full
@@ -281,14 +297,14 @@ class LearnerStation:
         w = self.wiring
         if self._ready():
             timeout = 0.0
-        msgs = w.learner_queue.get_many(timeout)
+        msgs = self.inbox.get_many(timeout)
         for msg in msgs:
             if isinstance(msg, TrajectoriesReady):
                 self.pending.add(msg)
             elif isinstance(msg, Fence):
                 # Everything the dead worker sent came before this message.
                 dropped = self.pending.fence(msg.worker_id, msg.generation)
-                w.runner_queue.put(Fenced(msg.worker_id, msg.generation, dropped))
+                w.runner_queue.put(Fenced(msg.worker_id, msg.generation, dropped, self.policy))
             elif isinstance(msg, SaveCheckpoint):
                 self._save(msg)
             else:
@@ -296,7 +312,7 @@ class LearnerStation:
         work = len(msgs) + self._work()
         if self._samples and time.monotonic() - self._last_report >= self.report_every:
             w.runner_queue.put(LearnerReport(self._stats, self.learner.version, self._samples,
-                                             self._busy))
+                                             self._busy, self.policy))
             self._samples, self._busy, self._stats = 0, 0.0, {}
             self._last_report = time.monotonic()
         return work
@@ -328,7 +344,7 @@ class LearnerStation:
         start = time.perf_counter()
         group = learner.group
         if group is not None:  # every rank trains on its share: rank r on slots r, r + N, ...
-            for rank, q in enumerate(w.rank_queues, start=1):
+            for rank, q in enumerate(self.rank_queues, start=1):
                 q.put(TrainShare(slots[rank::group.world_size]))
             batch = w.buffers.gather(slots[::group.world_size], self.staging)
             group.barrier()  # every rank has copied its share out
@@ -337,7 +353,7 @@ class LearnerStation:
         self._free(slots)  # the data is copied out: the slots can be refilled while we train
         self._stats = learner.train(batch)
         self._samples += len(slots) * w.cfg.rollout
-        w.weights.publish(learner.model, learner.version)
+        self.weights.publish(learner.model, learner.version)
         if not w.cfg.async_rl:
             for worker_id, q in enumerate(w.worker_queues):
                 q.put(Resume(learner.version, self.pending.generations[worker_id]))
@@ -350,21 +366,21 @@ class LearnerStation:
     def _save(self, msg: SaveCheckpoint) -> None:
         w = self.wiring
         if w.cfg.sampling_only:
-            w.runner_queue.put(CheckpointSaved("", msg.final))
+            w.runner_queue.put(CheckpointSaved("", msg.final, self.policy))
             return
         state = checkpoint_state(w.cfg, w.info, self.learner.state_dict(), msg.counters)
-        path = save_checkpoint(w.cfg.experiment_dir, state, w.cfg.keep_checkpoints)
-        w.runner_queue.put(CheckpointSaved(path, msg.final))
+        path = save_checkpoint(w.cfg.experiment_dir, state, w.cfg.keep_checkpoints, self.policy)
+        w.runner_queue.put(CheckpointSaved(path, msg.final, self.policy))
 
 
 class LearnerRankStation:
     """Learner rank r > 0 (``--num_learners``): trains on the shares rank 0 hands it, in step
     with the other ranks; rank 0 does everything else."""
 
-    def __init__(self, wiring: Wiring, learner: Learner, rank: int):
+    def __init__(self, wiring: Wiring, learner: Learner, rank: int, policy: int = 0):
         self.wiring = wiring
         self.learner = learner
-        self.inbox = wiring.rank_queues[rank - 1]
+        self.inbox = wiring.rank_queues_of(policy)[rank - 1]
         self.staging = Staging(learner.device)
 
     def poll(self, timeout: float) -> int:
@@ -379,20 +395,22 @@ class LearnerRankStation:
 
 
 def make_policy_worker(wiring: Wiring, model: torch.nn.Module, device: torch.device,
-                       precision: str) -> PolicyWorker:
+                       precision: str, others: list[torch.nn.Module] = ()) -> PolicyWorker:
     """The policy worker core; with ``--algo apex``, epsilon-greedy with every env slot's
-    Ape-X epsilon (over all the run's slots)."""
+    Ape-X epsilon (over all the run's slots). ``others``: the models of policies 1, 2, ...
+    (``--num_policies``), each fed by its own weights."""
     cfg = wiring.cfg
     epsilons = None
     if cfg.algo == "apex":
         epsilons = ape_x_epsilons(wiring.num_envs, cfg.apex_epsilon, cfg.apex_epsilon_alpha)
     return PolicyWorker(model, wiring.info.action_space, wiring.buffers, wiring.rnn_state,
-                        device, weights=wiring.weights, precision=precision, epsilons=epsilons)
+                        device, weights=wiring.weights, precision=precision, epsilons=epsilons,
+                        others=list(zip(others, wiring.policy_weights[1:], strict=True)))
 
 
 def make_learner(cfg, info: EnvInfo, device: torch.device, group: LearnerGroup | None = None,
-                 ) -> tuple[Learner | ApexLearner, dict | None, str | None]:
-    """The learner, with the experiment's newest checkpoint restored if there is one; also
+                 policy: int = 0) -> tuple[Learner | ApexLearner, dict | None, str | None]:
+    """The learner of ``policy``, with its newest checkpoint restored if there is one; also
     that checkpoint's run counters and path (None, None without one). In a ``group`` every
     rank restores the same checkpoint and then takes rank 0's weights and statistics, so that
     a fresh start (unseeded) begins alike too."""
@@ -402,7 +420,7 @@ def make_learner(cfg, info: EnvInfo, device: torch.device, group: LearnerGroup |
     else:
         learner = Learner(cfg, build_model(cfg, info, device), info.action_space, device,
                           frameskip=info.frameskip, group=group)
-    counters, path = restore_learner(learner, cfg, info)
+    counters, path = restore_learner(learner, cfg, info, policy)
     if group is not None:
         group.broadcast_module(learner.model)
     return learner, counters, path

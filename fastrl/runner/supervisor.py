@@ -131,6 +131,8 @@ class Supervisor:
         self.restarts = 0
         self._failures: dict[str, ChildFailed] = {}
         self._fenced: dict[int, int] = {}
+        # (worker, generation) -> the policies whose learners confirmed that fence so far
+        self._fence_answers: dict[tuple[int, int], set[int]] = {}
         # Dead processes (the objects, not their pids, which the system may reuse) whose queue
         # locks the watchdog has checked.
         self._repaired: set = set()
@@ -146,8 +148,12 @@ class Supervisor:
         if isinstance(msg, ChildFailed):
             log(f"{msg.name} failed; its traceback:\n{msg.traceback.rstrip()}")
             self._failures[msg.name] = msg
-        elif isinstance(msg, Fenced):
-            self._fenced[msg.worker_id] = msg.generation
+        elif isinstance(msg, Fenced):  # done when every policy's learner confirmed it
+            answers = self._fence_answers.setdefault((msg.worker_id, msg.generation), set())
+            answers.add(msg.policy)
+            if len(answers) == self.wiring.num_policies:
+                del self._fence_answers[(msg.worker_id, msg.generation)]
+                self._fenced[msg.worker_id] = msg.generation
 
     # -- starting -------------------------------------------------------------------------
 
@@ -252,9 +258,11 @@ class Supervisor:
         generation = w.worker_gen[worker_id] + 1
         w.worker_gen[worker_id] = generation  # from now on policy workers drop its old requests
         ticks = list(w.policy_ticks)
-        w.learner_queue.put(Fence(worker_id, generation))
+        for q in w.learner_queues:  # every policy's learner may hold its slots
+            q.put(Fence(worker_id, generation))
         self.pump_until(lambda: self._fenced.get(worker_id) == generation, 120,
-                        f"the learner to release {child.name}'s buffers")
+                        f"the learner{'s' if w.num_policies > 1 else ''} to release "
+                        f"{child.name}'s buffers")
         self._wait_policy_ticks(ticks)
         self.start(child)
 
@@ -280,14 +288,14 @@ class Supervisor:
                 time.sleep(0.005)
 
     def pump_until(self, done: Callable[[], bool], timeout: float, what: str) -> None:
-        """Read the runner queue until ``done()``; only the learner's death interrupts."""
+        """Read the runner queue until ``done()``; only a learner's death interrupts."""
         deadline = time.monotonic() + timeout
-        learner = self.children.get("fastrl-learner")
+        learners = [c for c in self.children.values() if c.kind == "learner"]
         while not done():
             if time.monotonic() > deadline:
                 raise ChildError(f"timed out after {timeout:.0f} s waiting for {what}")
             self.pump(0.05)
-            if learner is not None:
+            for learner in learners:
                 self.check_exit(learner)
 
     def _take_failure(self, name: str, wait: float) -> ChildFailed | None:

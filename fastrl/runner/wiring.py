@@ -5,15 +5,23 @@ buffers)::
 
     rollout worker w --InferenceRequest---------> policy_queue (shared by the policy workers)
     policy worker    --ActionsReady-------------> worker_queues[w]
-    rollout worker w --TrajectoriesReady--------> learner_queue
+    rollout worker w --TrajectoriesReady--------> learner_queues[k]   (k: the acting policy)
     learner          --BuffersFreed, Resume-----> worker_queues[w]
-    runner           --Fence, SaveCheckpoint----> learner_queue
+    runner           --Fence, SaveCheckpoint----> learner_queues[k]   (every k)
     runner           --Reissue------------------> worker_queues[w]   (every w)
-    learner (rank 0) --TrainShare---------------> rank_queues[r - 1]  (--num_learners > 1)
+    learner (rank 0) --TrainShare---------------> its ranks' queues (--num_learners > 1;
+                                                  rank_queues_of(policy)[r - 1])
     sampler node k   --trajectories, reports----> its link, which plays rollout worker k
                        (--num_sampler_nodes; fastrl/runner/link.py, fastrl/runner/node.py)
     learner          --LearnerReady, Fenced,
                        CheckpointSaved----------> runner_queue
+    learner k        --weights------------------> policy_weights[k] (every policy worker)
+
+``--num_policies P``: one learner per policy, each with its own queue
+(``learner_queues[k]``; ``learner_queue`` is policy 0's) and weights (``policy_weights[k]``;
+``weights`` is policy 0's). The trajectory slots, worker queues and policy queue are shared:
+a slot belongs to its rollout worker, whichever policy's learner it is sent to, and that
+learner frees it back to the worker.
     everyone         --reports, ChildFailed-----> runner_queue
 
 Parallel mode puts the buffers in shared memory and the queues in faster-fifo mailboxes, and
@@ -74,9 +82,31 @@ class Wiring:
     # torch.distributed rendezvous.
     rank_queues: list[MessageQueue] = field(default_factory=list)
     learner_port: int = 0
+    learner_ports: list[int] = field(default_factory=list)  # one group per policy
     # Sampler nodes (--num_sampler_nodes): the port of the learner node's store, where they
     # connect. On the learner node "rollout worker" k stands for sampler node k.
     node_port: int = 0
+    # --num_policies: every policy's learner queue and weights (item 0: learner_queue and
+    # weights themselves); filled in by __post_init__ for one policy.
+    learner_queues: list[MessageQueue] = field(default_factory=list)
+    policy_weights: list[WeightsSource] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.learner_queues:
+            self.learner_queues = [self.learner_queue]
+        if not self.policy_weights:
+            self.policy_weights = [self.weights]
+        if not self.learner_ports:
+            self.learner_ports = [self.learner_port]
+
+    @property
+    def num_policies(self) -> int:
+        return len(self.policy_weights)
+
+    def rank_queues_of(self, policy: int) -> list[MessageQueue]:
+        """The inboxes of ranks 1.. of ``policy``'s learner (--num_learners > 1)."""
+        n = self.cfg.num_learners - 1
+        return self.rank_queues[policy * n:(policy + 1) * n]
 
     @property
     def num_envs(self) -> int:
@@ -103,7 +133,7 @@ class Wiring:
         return self.parent is not None and not self.parent.alive()
 
     def queues(self) -> list[MessageQueue]:
-        return [self.policy_queue, self.learner_queue, self.runner_queue, *self.worker_queues,
+        return [self.policy_queue, *self.learner_queues, self.runner_queue, *self.worker_queues,
                 *self.rank_queues]
 
     def close(self) -> None:
@@ -119,14 +149,16 @@ class _Counter:
 
 
 def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers: int,
-                 envs_per_worker: int, ctx=None, slots_per_env: int | None = None) -> Wiring:
+                 envs_per_worker: int, ctx=None, slots_per_env: int | None = None,
+                 models: list[torch.nn.Module] | None = None) -> Wiring:
     """Allocate buffers and queues for ``num_workers`` rollout workers of ``envs_per_worker``
     envs of ``info.num_agents`` agents each: every agent is an env slot, and past this point
     "envs" count slots (``Wiring.envs_per_worker``, ``num_envs``). With a multiprocessing
     context ``ctx`` everything lives in shared memory (parallel mode, the weights published by
     copy); without, in this process (serial mode, where the policy acts with ``model``
     itself). ``slots_per_env``: trajectory slots per env slot (default: room for two learner
-    batches, see ``buffers_per_env``)."""
+    batches, see ``buffers_per_env``). ``models``: serial mode with ``--num_policies`` > 1,
+    every policy's learner model (``model`` is the first)."""
     envs_per_worker *= info.num_agents
     num_envs = num_workers * envs_per_worker
     if slots_per_env is None:
@@ -136,37 +168,52 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
                                       model.rnn_state_size)
     parallel = ctx is not None
     n_policy = cfg.num_policy_workers if parallel else 1
+    models = models or [model] * cfg.num_policies
     if parallel:
         check_shared_memory(layout)
         # Restartable workers' mailboxes get doorbells (see fastrl/transport/mailbox.py).
         policy_queue = Mailbox(QUEUE_BYTES, doorbell=True)
         worker_queues = [Mailbox(QUEUE_BYTES, doorbell=True) for _ in range(num_workers)]
-        learner_queue = Mailbox(QUEUE_BYTES, doorbell=False)
+        learner_queues = [Mailbox(QUEUE_BYTES, doorbell=False) for _ in models]
         runner_queue = Mailbox(QUEUE_BYTES, doorbell=False)
-        weights: WeightsSource = SharedWeights(model, ctx)
+        policy_weights: list[WeightsSource] = [SharedWeights(m, ctx) for m in models]
         stop = ctx.Event()
-        rank_queues = [Mailbox(QUEUE_BYTES, doorbell=False) for _ in range(cfg.num_learners - 1)]
+        rank_queues = [Mailbox(QUEUE_BYTES, doorbell=False)
+                       for _ in range((cfg.num_learners - 1) * len(models))]
     else:
-        policy_queue, learner_queue, runner_queue = LocalQueue(), LocalQueue(), LocalQueue()
+        policy_queue, runner_queue = LocalQueue(), LocalQueue()
+        learner_queues = [LocalQueue() for _ in models]
         worker_queues = [LocalQueue() for _ in range(num_workers)]
-        weights = LocalWeights(model)
+        policy_weights = [LocalWeights(m) for m in models]
         stop = threading.Event()
         rank_queues = []
     rnn_state = torch.zeros((num_envs, model.rnn_state_size))
+    ports = _free_ports(len(models)) if rank_queues else [0] * len(models)
     return Wiring(
         cfg=cfg, info=info, num_workers=num_workers, envs_per_worker=envs_per_worker,
         layout=layout, buffers=TrajectoryBuffers(layout, shared=parallel),
         rnn_state=rnn_state.share_memory_() if parallel else rnn_state,
-        weights=weights, policy_queue=policy_queue, worker_queues=worker_queues,
-        learner_queue=learner_queue, runner_queue=runner_queue, stop=stop,
+        weights=policy_weights[0], policy_queue=policy_queue, worker_queues=worker_queues,
+        learner_queue=learner_queues[0], runner_queue=runner_queue, stop=stop,
         parent=Lifeline() if parallel else None,
         worker_gen=sharedctypes.RawArray("q", num_workers),
         policy_epoch=sharedctypes.RawValue("q", 0) if parallel else _Counter(),
         heartbeat=sharedctypes.RawArray("d", num_workers + n_policy),
         policy_ticks=sharedctypes.RawArray("q", n_policy),
         rank_queues=rank_queues,
-        learner_port=free_port() if rank_queues else 0,
+        learner_port=ports[0], learner_ports=ports,
+        learner_queues=learner_queues, policy_weights=policy_weights,
     )
+
+
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free TCP ports (each policy's learner group meets on its own)."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
 
 
 def check_shared_memory(layout: BufferLayout) -> None:

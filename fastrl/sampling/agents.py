@@ -43,7 +43,8 @@ from fastrl.errors import EnvOutputError
 from fastrl.policy.obs import random_legal_action
 from fastrl.sampling.buffers import INVALID_VERSION
 from fastrl.sampling.env_faults import check_reward
-from fastrl.sampling.rollout import ENV_FAULTS_IN_A_ROW, RolloutWorker, StepOutput, _Split
+from fastrl.sampling.rollout import ENV_FAULTS_IN_A_ROW, RolloutWorker
+from fastrl.sampling.trajectories import PolicyAssignment, Split, StepOutput
 
 INACTIVE = "inactive"  # infos[a][INACTIVE] = True: agent a has no step this time
 FINAL_OBS = "final_obs"  # infos[a][FINAL_OBS]: agent a's last observation at a time limit
@@ -82,11 +83,12 @@ class MultiAgentRolloutWorker(RolloutWorker):
         first = worker_id * slots
         per_split = slots // len(self.splits)
         ranges = [range(s * per_split, (s + 1) * per_split) for s in range(len(self.splits))]
-        self.splits = [_Split(env_ids=[first + j for j in r], local=list(r)) for r in ranges]
+        self.splits = [Split(env_ids=[first + j for j in r], local=list(r)) for r in ranges]
         self._ep_return = self._ep_return.repeat(n)
         self._ep_len = self._ep_len.repeat(n)
         self._ep_start = self._ep_start.repeat(n)
         self._faults_in_a_row = [0] * slots
+        self.assign = PolicyAssignment(slots, self.num_policies, self.policy_seed)  # per agent
         self.inactive_steps = 0  # agent steps sat out (written as left-out samples)
 
     def start(self) -> StepOutput:
@@ -101,7 +103,7 @@ class MultiAgentRolloutWorker(RolloutWorker):
             self._begin_trajectories(s, out)
         return out
 
-    def _step_split(self, split: _Split, t: int, bufs: list[int], actions: list,
+    def _step_split(self, split: Split, t: int, bufs: list[int], actions: list,
                     out: StepOutput) -> list[dict]:
         """Step ``split``'s envs, each with its agents' actions (its ``num_agents`` slots)."""
         n = self.num_agents
@@ -184,6 +186,7 @@ class MultiAgentRolloutWorker(RolloutWorker):
             self._rewards_np[b, t] = 0.0
             self._dones_np[b, t] = True
             out.steps_discarded += t + 1 - start
+            self.assign.episode_ended(i * n + a)
         return self._new_episode(i, -1, t + 1, out, fault=fault)
 
     def _new_episode(self, i: int, e: int, first_step: int, out: StepOutput,

@@ -34,12 +34,18 @@ class PolicyWorker:
         epsilons: ``--algo apex``: ``[num_env_slots]``, each env slot's exploration rate
             (indexed like ``rnn_state``): the greedy action (``mode``), replaced by a uniform
             one with that probability (see :func:`ape_x_epsilons`).
+        others: ``--num_policies`` > 1: ``(model, weights)`` of policies 1, 2, ...
+            (``model`` and ``weights`` are policy 0's). Each model loads its own weights; a
+            batch's rows are grouped by ``InferenceRequest.policies`` and each group is acted
+            by its policy's model, from one gather of the observations and with one transfer
+            back.
     """
 
     def __init__(self, model: ActorCritic, action_space, buffers: TrajectoryBuffers,
                  rnn_state: torch.Tensor, device: torch.device,
                  weights: WeightsSource, deterministic: bool = False, precision: str = "fp32",
-                 epsilons: torch.Tensor | None = None):
+                 epsilons: torch.Tensor | None = None,
+                 others: list[tuple[ActorCritic, WeightsSource]] = ()):
         self.model = model
         self.buffers = buffers
         self.rnn_state = rnn_state
@@ -52,6 +58,9 @@ class PolicyWorker:
         # -1 until weights are loaded: the model's own initial weights are never used to act
         # (they are not the learner's, whatever their version says).
         self.policy_version = -1
+        self.models = [model, *(m for m, _ in others)]
+        self.sources = [weights, *(source for _, source in others)]
+        self.versions = [-1] * len(self.models)  # of every policy, policy_version's included
         # Observations and memory reach the device through buffers kept from call to call.
         self.staging = Staging(device)
         self._flat_obs = {k: v.view(-1, *v.shape[2:]) for k, v in buffers.obs.items()}
@@ -63,11 +72,17 @@ class PolicyWorker:
         published = self.weights.version()
         if published >= 0 and published != self.policy_version:
             self.policy_version = self.weights.load_into(self.model)
+        if len(self.models) > 1:
+            self.versions[0] = self.policy_version
+            for k in range(1, len(self.models)):
+                published = self.sources[k].version()
+                if published >= 0 and published != self.versions[k]:
+                    self.versions[k] = self.sources[k].load_into(self.models[k])
 
     @property
     def has_weights(self) -> bool:
-        """Whether the model holds weights it may act with."""
-        return self.policy_version >= 0
+        """Whether every model holds weights it may act with."""
+        return self.policy_version >= 0 and min(self.versions[1:], default=0) >= 0
 
     def infer(self, requests: list[InferenceRequest]) -> list[ActionsReady]:
         """Act for every env in ``requests``; return who may step now."""
@@ -79,10 +94,13 @@ class PolicyWorker:
         env_ids: list[int] = []
         bufs: list[int] = []
         steps: list[int] = []
+        policies: list[int] = []
         for req in requests:
             env_ids += req.env_ids
             bufs += req.buffers
             steps += [req.t] * len(req.buffers)
+            if len(self.models) > 1:
+                policies += req.policies or [0] * len(req.buffers)
         b_idx = torch.tensor(bufs, dtype=torch.int64)
         t_idx = torch.tensor(steps, dtype=torch.int64)
         e_idx = torch.tensor(env_ids, dtype=torch.int64)
@@ -91,8 +109,27 @@ class PolicyWorker:
                                     **{f"obs/{k}": (v, rows) for k, v in self._flat_obs.items()}})
         h = staged.pop("rnn")
         obs = {key[4:]: value for key, value in staged.items()}
+        if policies:
+            actions, log_probs, values, new_h, versions = self._act_per_policy(obs, h, policies)
+        else:
+            actions, log_probs, values, new_h = self._act(self.model, obs, h, e_idx)
+            versions = self.policy_version
+        actions, log_probs, values, new_h = to_host(
+            [actions.to(self.buffers.actions.dtype), log_probs.float(), values.float(),
+             new_h.float()])
+        self.buffers.actions[b_idx, t_idx] = actions
+        self.buffers.log_probs[b_idx, t_idx] = log_probs
+        self.buffers.values[b_idx, t_idx] = values
+        self.buffers.policy_versions[b_idx, t_idx] = versions
+        if new_h.shape[-1]:
+            self.rnn_state[e_idx] = new_h
+        return [ActionsReady(req.worker_id, req.split_id, req.t, req.generation, req.epoch)
+                for req in requests]
+
+    def _act(self, model: ActorCritic, obs: dict, h: torch.Tensor, e_idx: torch.Tensor):
+        """``model``'s actions, log-probs, values and new recurrent states for the rows."""
         with torch.inference_mode(), autocast(self.precision, self.device):
-            logits, values, new_h = self.model.forward_step(obs, h)
+            logits, values, new_h = model.forward_step(obs, h)
             dist = ActionDistribution(logits, self.action_spec)
             if self.epsilons is not None:
                 actions = epsilon_greedy(dist.mode(), self.epsilons[e_idx].to(self.device),
@@ -100,17 +137,30 @@ class PolicyWorker:
             else:
                 actions = dist.mode() if self.deterministic else dist.sample()
             log_probs = dist.log_prob(actions)
-        actions, log_probs, values, new_h = to_host(
-            [actions.to(self.buffers.actions.dtype), log_probs.float(), values.float(),
-             new_h.float()])
-        self.buffers.actions[b_idx, t_idx] = actions
-        self.buffers.log_probs[b_idx, t_idx] = log_probs
-        self.buffers.values[b_idx, t_idx] = values
-        self.buffers.policy_versions[b_idx, t_idx] = self.policy_version
-        if new_h.shape[-1]:
-            self.rnn_state[e_idx] = new_h
-        return [ActionsReady(req.worker_id, req.split_id, req.t, req.generation, req.epoch)
-                for req in requests]
+        return actions, log_probs, values, new_h
+
+    def _act_per_policy(self, obs: dict, h: torch.Tensor, policies: list[int]):
+        """Each policy's rows (``policies[i]`` acts for row ``i``) acted by its own model,
+        put back in row order; also the acting version of every row (host, int64)."""
+        pol = torch.tensor(policies, dtype=torch.int64)
+        versions = torch.tensor(self.versions, dtype=torch.int64)[pol]
+        parts = []
+        for k in sorted(set(policies)):
+            rows = (pol == k).nonzero().squeeze(1)
+            dev_rows = rows.to(self.device)
+            sub = {key: value[dev_rows] for key, value in obs.items()}
+            parts.append((dev_rows, self._act(self.models[k], sub, h[dev_rows], None)))
+        if len(parts) == 1:  # one policy acts for the whole batch
+            return (*parts[0][1], versions)
+        n = len(policies)
+        out = []
+        for i in range(4):
+            first = parts[0][1][i]
+            full = torch.empty((n, *first.shape[1:]), dtype=first.dtype, device=first.device)
+            for dev_rows, outputs in parts:
+                full[dev_rows] = outputs[i]
+            out.append(full)
+        return (*out, versions)
 
 
 def ape_x_epsilons(num_envs: int, base: float = 0.4, alpha: float = 7.0) -> torch.Tensor:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import gymnasium as gym
 import numpy as np
@@ -31,6 +30,7 @@ from fastrl.sampling.env_faults import (
     describe,
     fault_kind,
 )
+from fastrl.sampling.trajectories import PolicyAssignment, Split, StepOutput, by_policy
 from fastrl.transport.messages import (
     ActionsReady,
     EpisodeStats,
@@ -47,31 +47,6 @@ ENV_RESTART_ATTEMPTS = 3
 # runner then restarts the worker.)
 ENV_FAULTS_IN_A_ROW = 10
 ENV_CHECKS = ("warn", "strict")  # --env_check
-
-
-@dataclass
-class StepOutput:
-    """What one call on the worker produced, for its station to route."""
-
-    requests: list[InferenceRequest] = field(default_factory=list)
-    trajectories: list[TrajectoriesReady] = field(default_factory=list)
-    episodes: list[EpisodeStats] = field(default_factory=list)
-    env_restarts: int = 0  # envs closed and recreated after a fault
-    steps_discarded: int = 0  # steps of the partial episodes those faults cut short
-    faults: list[EnvFault] = field(default_factory=list)  # for the log and the counts
-
-
-@dataclass
-class _Split:
-    env_ids: list[int]  # global env ids
-    local: list[int]  # indices into the worker's env list
-    buffers: list[int] = field(default_factory=list)
-    t: int = 0
-    waiting_for_buffers: bool = False
-    paused: bool = False  # sync mode: round finished, waiting for new weights
-    trajectories_this_round: int = 0
-    pending_obs: list | None = None  # first observations of the next trajectory
-    request_epoch: int = -1  # epoch of the request in flight; -1: none in flight
 
 
 class RolloutWorker:
@@ -108,6 +83,10 @@ class RolloutWorker:
             (``fastrl.policy.actions.ActionSpec``).
         env_check: ``"warn"``: bad env output is a fault like any other; ``"strict"``: it
             raises :class:`~fastrl.errors.EnvOutputError` at once, naming the env.
+        num_policies, policy_seed: ``--num_policies``: each slot's policy, drawn per episode
+            from a generator seeded with ``policy_seed``
+            (``fastrl.sampling.trajectories.PolicyAssignment``); a trajectory goes to the
+            learner of the policy that acted it (``TrajectoriesReady.policy``).
 
     A time limit (``truncated`` without ``terminated``) ends the episode for the learner like
     a termination (``dones``), but the episode's last observation is kept in the slot's
@@ -123,7 +102,8 @@ class RolloutWorker:
                  trajectories_per_round: int | None = None, seed: int | None = None,
                  env_factory: Callable[[], gym.Env] | None = None, env_timeout: float = 0.0,
                  generation: int = 0, epoch: int = 0, decorrelate: bool = False,
-                 action_bounds: str = "clip", env_check: str = "warn"):
+                 action_bounds: str = "clip", env_check: str = "warn", num_policies: int = 1,
+                 policy_seed=None):
         if len(envs) % num_splits:
             raise ValueError(f"{len(envs)} envs cannot be split into {num_splits} equal groups")
         if env_check not in ENV_CHECKS:
@@ -159,7 +139,7 @@ class RolloutWorker:
         first = worker_id * len(envs)
         per_split = len(envs) // num_splits
         self.splits = [
-            _Split(env_ids=[first + i for i in range(s * per_split, (s + 1) * per_split)],
+            Split(env_ids=[first + i for i in range(s * per_split, (s + 1) * per_split)],
                    local=list(range(s * per_split, (s + 1) * per_split)))
             for s in range(num_splits)
         ]
@@ -172,6 +152,8 @@ class RolloutWorker:
         self._ep_start = np.zeros(len(envs), dtype=np.int64)
         self._versions_np = buffers.policy_versions.numpy()
         self._faults_in_a_row = [0] * len(envs)  # since each env last finished an episode
+        self.num_policies, self.policy_seed = num_policies, policy_seed
+        self.assign = PolicyAssignment(len(envs), num_policies, policy_seed)
 
     # -- public API ---------------------------------------------------------------------
 
@@ -220,7 +202,7 @@ class RolloutWorker:
         actions = actions[:, 0].tolist() if self._discrete else [self._to_env(a) for a in actions]
         return self._stepped(split_id, self._step_split(split, t, bufs, actions, out), out)
 
-    def _step_split(self, split: _Split, t: int, bufs: list[int], actions: list,
+    def _step_split(self, split: Split, t: int, bufs: list[int], actions: list,
                     out: StepOutput) -> list[dict]:
         """Step the split's envs with one action per slot; each slot's next observation."""
         return [self._step(i, e, b, t, action, out)
@@ -292,6 +274,7 @@ class RolloutWorker:
         self._rewards_np[b, t] = 0.0
         self._dones_np[b, t] = True
         out.steps_discarded += t + 1 - start
+        self.assign.episode_ended(i)
         return self._new_episode(i, e, t + 1, out, fault=fault)
 
     def _end_episode(self, i: int, e: int, b: int, t: int, obs: dict, time_limit: bool,
@@ -307,7 +290,8 @@ class RolloutWorker:
             ret, length = float(self._ep_return[i]), int(self._ep_len[i])
         metrics = info.get("episode_metrics")  # the env's own numbers for the episode
         out.episodes.append(EpisodeStats(e, ret, length, time_limit,
-                                         dict(metrics) if isinstance(metrics, dict) else None))
+                                         dict(metrics) if isinstance(metrics, dict) else None,
+                                         self.assign.episode_ended(i)))
         self._faults_in_a_row[i] = 0
 
     def _keep_final_obs(self, b: int, t: int, obs: dict) -> None:
@@ -326,8 +310,12 @@ class RolloutWorker:
         next (unless the sync-mode round is over)."""
         split = self.splits[split_id]
         self._write_obs(split.buffers, self.rollout, next_obs)
-        out.trajectories.append(TrajectoriesReady(self.worker_id, tuple(split.buffers),
-                                                  self.generation))
+        if split.policies:  # to the learner of the policy that acted each slot
+            out.trajectories.extend(TrajectoriesReady(self.worker_id, bufs, self.generation, k)
+                                    for k, bufs in by_policy(split.buffers, split.policies).items())
+        else:
+            out.trajectories.append(TrajectoriesReady(self.worker_id, tuple(split.buffers),
+                                                      self.generation))
         split.buffers = []
         split.pending_obs = next_obs
         split.trajectories_this_round += 1
@@ -366,7 +354,8 @@ class RolloutWorker:
         split = self.splits[split_id]
         split.request_epoch = self.epoch
         return InferenceRequest(self.worker_id, split_id, split.t, tuple(split.env_ids),
-                                tuple(split.buffers), self.generation, self.epoch)
+                                tuple(split.buffers), self.generation, self.epoch,
+                                split.policies)
 
     def _new_episode(self, i: int, e: int, first_step: int, out: StepOutput,
                      seed: int | None = None, fault: Exception | None = None) -> dict:
@@ -444,6 +433,8 @@ class RolloutWorker:
         self._ep_start[split.local] = 0
         self._final_step_np[split.buffers] = -1
         self._write_obs(split.buffers, 0, split.pending_obs)
+        if self.num_policies > 1:  # the policies drawn at episode ends take over here
+            split.policies = self.assign.begin(split.local, split.env_ids, self._policy_rnn_np)
         if self._has_rnn:
             self._rnn_np[split.buffers] = self._policy_rnn_np[split.env_ids]
         split.pending_obs = None

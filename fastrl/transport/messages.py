@@ -19,6 +19,8 @@ class InferenceRequest(NamedTuple):
     The observation of env ``env_ids[i]`` is in buffer slot ``buffers[i]`` at step ``t``; the
     policy writes the action (and log-prob, value, version) to the same place. A policy
     worker drops a request whose ``generation`` or ``epoch`` is out of date.
+    ``policies[i]`` (``--num_policies`` > 1) is the policy that acts for ``env_ids[i]``;
+    empty: policy 0 acts for all.
     """
 
     worker_id: int
@@ -28,6 +30,7 @@ class InferenceRequest(NamedTuple):
     buffers: tuple[int, ...]
     generation: int
     epoch: int
+    policies: tuple[int, ...] = ()
 
 
 class ActionsReady(NamedTuple):
@@ -44,11 +47,13 @@ class ActionsReady(NamedTuple):
 
 
 class TrajectoriesReady(NamedTuple):
-    """Rollout worker -> learner: these buffer slots hold complete trajectories."""
+    """Rollout worker -> learner of ``policy``: these buffer slots hold complete
+    trajectories, every step acted by ``policy``."""
 
     worker_id: int
     buffers: tuple[int, ...]
     generation: int
+    policy: int = 0
 
 
 class BuffersFreed(NamedTuple):
@@ -68,13 +73,15 @@ class Resume(NamedTuple):
 class EpisodeStats(NamedTuple):
     """One finished episode: the env's native return, its length in agent steps, whether
     a time limit cut it (``truncated``) rather than the env ending it, and the env's own
-    figures about it (``info["episode_metrics"]``: frags, deaths... by name), if any."""
+    figures about it (``info["episode_metrics"]``: frags, deaths... by name), if any; the
+    policy that acted its last step."""
 
     env_id: int
     episode_return: float
     length: int
     truncated: bool
     metrics: dict[str, float] | None = None
+    policy: int = 0
 
 
 # --- supervision -----------------------------------------------------------------------------
@@ -89,11 +96,13 @@ class Fence(NamedTuple):
 
 
 class Fenced(NamedTuple):
-    """Learner -> runner: done; ``trajectories`` untrained trajectories were dropped."""
+    """Learner of ``policy`` -> runner: done; ``trajectories`` untrained trajectories
+    were dropped."""
 
     worker_id: int
     generation: int
     trajectories: int
+    policy: int = 0
 
 
 class Reissue(NamedTuple):
@@ -124,6 +133,7 @@ class LearnerReady(NamedTuple):
     version: int
     device: str
     precision: str
+    policy: int = 0  # whose learner (--num_policies)
 
 
 class TrainShare(NamedTuple):
@@ -145,6 +155,7 @@ class CheckpointSaved(NamedTuple):
 
     path: str
     final: bool
+    policy: int = 0
 
 
 # --- reports (to the runner, which keeps the statistics) ------------------------------------
@@ -184,6 +195,7 @@ class LearnerReport(NamedTuple):
     version: int
     samples: int  # samples trained (or, sampling only, collected) since the last report
     busy_seconds: float  # time spent in gather + train since the last report
+    policy: int = 0  # whose learner (--num_policies)
 
 
 class NodeReport(NamedTuple):

@@ -1,0 +1,100 @@
+"""What a rollout worker's call produces, its splits, and which policy fills each slot.
+
+``StepOutput`` and ``Split`` are the rollout worker's (``fastrl/sampling/rollout.py``) own
+records; :class:`PolicyAssignment` is ``--num_policies``: which policy acts for each of the
+worker's env slots, drawn per episode.
+
+**When a new policy takes over** (``--num_policies P > 1``). Every trajectory is acted by
+one policy, so that it can go whole to that policy's learner. When a slot's episode ends
+(or is cut short by an env fault), the slot draws the policy of its next episode, uniformly
+from the ``P`` policies with the worker's seeded generator. The draw takes effect at the
+slot's next trajectory boundary (:meth:`PolicyAssignment.begin`, when the worker begins
+the split's next trajectories): the steps of the new episode taken before that boundary are
+acted by the previous policy and go, in its trajectory, to the previous policy's learner. A
+slot whose policy changes starts the new policy's trajectory with a zero recurrent state.
+An episode is attributed (``EpisodeStats.policy``) to the policy that acted its last step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fastrl.sampling.env_faults import EnvFault
+from fastrl.transport.messages import EpisodeStats, InferenceRequest, TrajectoriesReady
+
+
+@dataclass
+class StepOutput:
+    """What one call on the worker produced, for its station to route."""
+
+    requests: list[InferenceRequest] = field(default_factory=list)
+    trajectories: list[TrajectoriesReady] = field(default_factory=list)
+    episodes: list[EpisodeStats] = field(default_factory=list)
+    env_restarts: int = 0  # envs closed and recreated after a fault
+    steps_discarded: int = 0  # steps of the partial episodes those faults cut short
+    faults: list[EnvFault] = field(default_factory=list)  # for the log and the counts
+
+
+@dataclass
+class Split:
+    env_ids: list[int]  # global env ids
+    local: list[int]  # indices into the worker's env list
+    buffers: list[int] = field(default_factory=list)
+    t: int = 0
+    waiting_for_buffers: bool = False
+    paused: bool = False  # sync mode: round finished, waiting for new weights
+    trajectories_this_round: int = 0
+    pending_obs: list | None = None  # first observations of the next trajectory
+    request_epoch: int = -1  # epoch of the request in flight; -1: none in flight
+    # The policy acting for each slot of the current trajectories (--num_policies > 1);
+    # empty with one policy: policy 0 acts for every slot.
+    policies: tuple[int, ...] = ()
+
+
+class PolicyAssignment:
+    """The policy of each of ``num_slots`` env slots (the worker's local slot indices): the
+    one acting now (``current``) and the one drawn for the slot's next episode (``next``),
+    which takes over at the slot's next trajectory boundary (the module's docstring).
+
+    With one policy nothing is drawn and every method is a constant."""
+
+    def __init__(self, num_slots: int, num_policies: int = 1, seed=None):
+        if num_policies < 1:
+            raise ValueError(f"num_policies={num_policies}: must be >= 1")
+        self.num_policies = num_policies
+        self._rng = np.random.default_rng(seed)
+        self.current = (self._rng.integers(num_policies, size=num_slots) if num_policies > 1
+                        else np.zeros(num_slots, dtype=np.int64))
+        self.next = self.current.copy()
+        self.changes = 0  # slots whose policy changed at a trajectory boundary
+
+    def episode_ended(self, j: int) -> int:
+        """Slot ``j``'s episode ended (or was cut short): draw its next episode's policy;
+        return the policy that acted the ended episode's last step."""
+        if self.num_policies == 1:
+            return 0
+        self.next[j] = self._rng.integers(self.num_policies)
+        return int(self.current[j])
+
+    def begin(self, local: list[int], env_ids: list[int], rnn_state: np.ndarray) -> tuple[int, ...]:
+        """Slots ``local`` (global ids ``env_ids``) begin a trajectory: each takes the policy
+        drawn for it; a slot whose policy changes gets a zero recurrent state (its row of
+        ``rnn_state``). Returns the slots' policies."""
+        current, nxt = self.current, self.next
+        for j, e in zip(local, env_ids):
+            if nxt[j] != current[j]:
+                current[j] = nxt[j]
+                rnn_state[e] = 0.0
+                self.changes += 1
+        return tuple(int(current[j]) for j in local)
+
+
+def by_policy(buffers: list[int], policies: tuple[int, ...]) -> dict[int, tuple[int, ...]]:
+    """``buffers`` grouped by the policy (``policies[i]`` for ``buffers[i]``) that filled
+    them, each group in its original order."""
+    groups: dict[int, list[int]] = {}
+    for b, k in zip(buffers, policies, strict=True):
+        groups.setdefault(k, []).append(b)
+    return {k: tuple(bufs) for k, bufs in sorted(groups.items())}

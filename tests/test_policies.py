@@ -1,0 +1,292 @@
+"""Several policies (--num_policies): the per-slot assignment and the trajectories it makes,
+in-process with fake policies (single- and multi-agent), the policy worker's grouping, the
+refusals, and serial-mode training with checkpoints and resume. The multiprocess run is in
+tests/test_policies_modes.py."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from fastrl.config.load import parse_config
+from fastrl.config.settings import ConfigError
+from fastrl.experiment.checkpoint import list_checkpoints, load_checkpoint
+from fastrl.policy.model import ActorCritic
+from fastrl.runner.serial import run_serial
+from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
+from fastrl.sampling.inference import PolicyWorker
+from fastrl.sampling.trajectories import PolicyAssignment, by_policy
+from fastrl.sampling.weights import LocalWeights
+from fastrl.transport.messages import InferenceRequest
+from tests.test_agents import make_worker as make_agents_worker
+from tests.test_rollout import make_worker as make_single_worker
+
+T = 5
+P = 3
+RNN = 2
+
+
+def policy_of(req: InferenceRequest) -> list[int]:
+    return list(req.policies) if req.policies else [0] * len(req.buffers)
+
+
+def drive_policies(worker, buffers, rnn_state, turns: int):
+    """The pipeline's turns with a fake policy worker that writes, for each row, the acting
+    policy as the policy version and ``policy + 1`` as the recurrent state; slots are freed
+    at once. Returns the completed trajectories ``(policy, data)`` and the episodes, each with
+    the policy that acted the step that ended it."""
+    rng = np.random.default_rng(0)
+    requests = list(worker.start().requests)
+    completed, episodes = [], []
+    for _ in range(turns):
+        req = requests.pop(0)
+        acting = dict(zip(req.env_ids, policy_of(req)))
+        for b, e, k in zip(req.buffers, req.env_ids, policy_of(req)):
+            buffers.actions[b, req.t, 0] = int(rng.integers(3))
+            buffers.log_probs[b, req.t] = -1.0
+            buffers.values[b, req.t] = 0.0
+            buffers.policy_versions[b, req.t] = k
+            rnn_state[e] = k + 1.0
+        out = worker.on_actions(req.split_id)
+        requests += out.requests
+        for ep in out.episodes:
+            assert ep.policy == acting[ep.env_id], "an episode credited to another policy"
+            episodes.append(ep)
+        for traj in out.trajectories:
+            completed.append((traj.policy, buffers.gather(list(traj.buffers))))
+            requests += worker.add_free_buffers(traj.buffers).requests
+    return completed, episodes
+
+
+def check_trajectories(completed, key):
+    """Every trajectory is acted by the policy it was sent for (or left out), starts from the
+    zero state or that policy's own, and every step of every stream lands in exactly one."""
+    steps: dict[tuple, list[int]] = {}
+    per_policy = [0] * P
+    for policy, data in completed:
+        per_policy[policy] += data["policy_versions"].shape[0]
+        versions = data["policy_versions"]
+        assert torch.all((versions == policy) | (versions < 0)), "a trajectory mixes policies"
+        for b in range(versions.shape[0]):
+            h = data["rnn_states"][b]
+            # a policy that takes over starts from zeros, never from another policy's state
+            assert torch.all(h == 0) or torch.all(h == policy + 1), (policy, h)
+            stream, s = key(data["obs"]["obs"][b])
+            steps.setdefault(stream, []).extend(s)
+    for stream, s in steps.items():
+        assert sorted(s) == list(range(len(s))), f"{stream}: steps lost or repeated"
+    assert all(n > 0 for n in per_policy), per_policy
+    return steps
+
+
+def test_single_agent_steps_land_in_one_trajectory_of_the_acting_policy():
+    worker, envs, buffers, rnn_state = make_single_worker(rnn=RNN, num_policies=P, policy_seed=3)
+    completed, episodes = drive_policies(worker, buffers, rnn_state, turns=600)
+
+    def key(obs):  # CountingEnv: [tag, global step, episode step]
+        return int(obs[0, 0]), obs[:T, 1].long().tolist()
+
+    steps = check_trajectories(completed, key)
+    assert len(steps) == len(envs)
+    assert worker.assign.changes > 0  # policies did change hands between episodes
+    assert {ep.policy for ep in episodes} == set(range(P))
+
+
+def test_multi_agent_steps_land_in_one_trajectory_of_the_acting_policy():
+    worker, envs, buffers, rnn_state = make_agents_worker(rnn=RNN, num_policies=P,
+                                                          policy_seed=4)
+    completed, episodes = drive_policies(worker, buffers, rnn_state, turns=600)
+
+    def key(obs):  # AgentsEnv: [tag, agent, env step, episode step, cue]
+        return (int(obs[0, 0]), int(obs[0, 1])), obs[:T, 2].long().tolist()
+
+    steps = check_trajectories(completed, key)
+    assert len(steps) == 2 * len(envs)
+    assert worker.assign.changes > 0
+    assert {ep.policy for ep in episodes} == set(range(P))
+
+
+def test_a_new_draw_takes_effect_at_the_next_trajectory_boundary():
+    assign = PolicyAssignment(2, num_policies=2, seed=0)
+    assign.current[:] = [0, 1]
+    assign.next[:] = [0, 1]
+    h = np.ones((9, RNN), dtype=np.float32)
+    for _ in range(50):  # until slot 0's next episode draws policy 1
+        assert assign.episode_ended(0) == 0
+        if assign.next[0] == 1:
+            break
+    assert assign.current[0] == 0  # still acting until the boundary
+    assert assign.begin([0, 1], [7, 8], h) == (1, 1)
+    assert h[7].tolist() == [0.0, 0.0] and h[8].tolist() == [1.0, 1.0]  # only the changed one
+    assert by_policy([4, 5, 6], (1, 0, 1)) == {0: (5,), 1: (4, 6)}
+
+
+def test_one_policy_draws_nothing_and_requests_carry_no_policies():
+    worker, _, buffers, _ = make_single_worker()
+    out = worker.start()
+    assert all(req.policies == () for req in out.requests)
+    assert PolicyAssignment(4).episode_ended(2) == 0
+
+
+def test_the_policy_worker_acts_each_row_with_its_own_policy():
+    cfg = parse_config(["--env", "tests.counting_env:CountingEnv-v0", "--use_rnn", "False",
+                        "--encoder_mlp_layers", "8", "--recipe", "pixels", "--device", "cpu"])
+    obs_space = spaces.Dict({"obs": spaces.Box(-1e9, 1e9, (3,), np.float32)})
+    action_space = spaces.Discrete(3)
+    layout = BufferLayout.from_spaces(obs_space, action_space, 6, T, 0)
+    buffers = TrajectoryBuffers(layout)
+    buffers.obs["obs"][:] = torch.randn(6, T + 1, 3)
+    torch.manual_seed(0)
+    models = [ActorCritic(obs_space, action_space, cfg).eval() for _ in range(2)]
+    sources = [LocalWeights(m) for m in models]
+    sources[0].publish(models[0], 5)
+    sources[1].publish(models[1], 9)
+    worker = PolicyWorker(models[0], action_space, buffers, torch.zeros(6, 0), torch.device("cpu"),
+                          weights=sources[0], others=[(models[1], sources[1])])
+    assert worker.has_weights is False
+    worker.maybe_update_weights()
+    assert worker.has_weights and worker.versions == [5, 9]
+    req = InferenceRequest(0, 0, 2, (0, 1, 2, 3, 4, 5), (0, 1, 2, 3, 4, 5), 0, 0,
+                           (1, 0, 1, 1, 0, 0))
+    worker.infer([req])
+    assert buffers.policy_versions[:, 2].tolist() == [9, 5, 9, 9, 5, 5]
+    with torch.no_grad():
+        for k, model in enumerate(models):
+            _, values, _ = model.forward_step({"obs": buffers.obs["obs"][:, 2]}, torch.zeros(6, 0))
+            rows = [b for b, p in enumerate(req.policies) if p == k]
+            assert torch.allclose(buffers.values[rows, 2], values[rows])
+
+
+BASE = ["--env", "tests.agents_env:AgentsEnv-v0", "--device", "cpu", "--num_workers", "1",
+        "--num_envs_per_worker", "2", "--worker_num_splits", "1", "--rollout", "8",
+        "--recipe", "pixels"]
+
+
+@pytest.mark.parametrize("flags,named", [
+    (["--async_rl", "False"], "--async_rl=False: needs --async_rl True"),
+    (["--algo", "apex", "--normalize_returns", "False", "--use_rnn", "False"],
+     "--algo=apex: needs --algo appo"),
+    (["--num_sampler_nodes", "2"], "--num_sampler_nodes=2: needs --num_sampler_nodes 0"),
+    (["--eval_every_env_frames", "100"], "--eval_every_env_frames=100: needs"),
+])
+def test_what_several_policies_cannot_do_is_one_line_naming_the_flag(tmp_path, flags, named):
+    with pytest.raises(ConfigError) as info:
+        parse_config([*BASE, "--train_dir", str(tmp_path), "--num_policies", "2", *flags])
+    lines = [line for line in str(info.value).splitlines() if "--num_policies=2" in line]
+    assert len(lines) == 1 and named in lines[0], str(info.value)
+
+
+def test_num_policies_must_be_positive(tmp_path):
+    with pytest.raises(ConfigError, match=r"--num_policies=0: must be > 0"):
+        parse_config([*BASE, "--train_dir", str(tmp_path), "--num_policies", "0"])
+
+
+SERIAL = [*BASE, "--serial_mode", "--seed", "1", "--batch_size", "32", "--use_rnn", "False",
+          "--encoder_mlp_layers", "16", "--log_every_sec", "100", "--summaries_every_sec", "100",
+          "--save_every_sec", "1000", "--experiment", "x"]
+
+
+@pytest.mark.slow
+def test_serial_mode_trains_two_policies_and_resumes_both(tmp_path):
+    args = [*SERIAL, "--train_dir", str(tmp_path), "--num_policies", "2"]
+    first = run_serial(parse_config([*args, "--train_for_env_steps", "2000"]))
+    exp = str(tmp_path / "x")
+    assert (tmp_path / "x" / "checkpoints").is_dir()
+    assert (tmp_path / "x" / "checkpoints_p1").is_dir()
+    assert not (tmp_path / "x" / "checkpoints_p2").exists()
+    saved = [load_checkpoint(list_checkpoints(exp, k)[-1]) for k in range(2)]
+    policies = first["policies"]
+    assert [p["policy"] for p in policies] == [0, 1]
+    for k, p in enumerate(policies):
+        assert p["learner_steps"] > 0 and p["episodes"] > 0 and p["env_frames"] > 0
+        assert saved[k]["learner"]["version"] == p["version"]
+        assert saved[k]["counters"]["env_frames"] == p["env_frames"]
+    assert sum(p["env_frames"] for p in policies) == first["env_frames"]
+    assert sum(p["episodes"] for p in policies) == first["episodes"]
+    # the two policies' weights are not the same network
+    w0, w1 = (s["learner"]["model"] for s in saved)
+    assert any(not torch.equal(w0[name], w1[name]) for name in w0)
+    summary = json.loads((tmp_path / "x" / "summary.json").read_text())
+    assert summary["policies"] == json.loads(json.dumps(policies))
+
+    second = run_serial(parse_config([*args, "--train_for_env_steps", "4000"]))
+    for k, p in enumerate(second["policies"]):
+        assert p["version"] > policies[k]["version"]  # each resumed from its own checkpoint
+        assert p["env_frames"] > policies[k]["env_frames"]
+    resumed = [load_checkpoint(list_checkpoints(exp, k)[-1]) for k in range(2)]
+    assert all(r["learner"]["version"] > s["learner"]["version"] for r, s in zip(resumed, saved))
+    assert second["env_frames"] >= 4000
+
+
+@pytest.mark.slow
+def test_one_policy_keeps_the_summary_and_folders_of_before(tmp_path):
+    summary = run_serial(parse_config([*SERIAL, "--train_dir", str(tmp_path),
+                                       "--train_for_env_steps", "600"]))
+    assert "policies" not in summary
+    assert sorted(p.name for p in (tmp_path / "x").iterdir() if p.name.startswith("check")) \
+        == ["checkpoints"]
+
+
+def _report(tmp_path, num_policies: int):
+    from fastrl.config.settings import Config
+    from fastrl.experiment.reporter import Reporter
+    from fastrl.experiment.stats import TrainingStats
+
+    stats = TrainingStats(Config(num_policies=num_policies), 1)
+    reporter = Reporter(stats.cfg, str(tmp_path), stats)
+    for k in range(num_policies):
+        stats.add_episode(10.0 + k, 5, policy=k, metrics={"frags": 2.0 * k})
+        stats.add_learner_frames(100 * (k + 1), policy=k)
+        stats.add_learner_stats({"policy_loss": 0.5 + k, "policy_lag_min": 0,
+                                 "policy_lag_mean": 1, "policy_lag_max": 2}, 3 + k, policy=k)
+    summary = reporter.close()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    return summary, events
+
+
+def test_each_policy_has_its_curves_and_summary_figures(tmp_path, capsys):
+    from fastrl.experiment.reporter import print_final_summary
+
+    summary, events = _report(tmp_path, 2)
+    tags = set(events.Tags()["scalars"])
+    assert [e.value for e in events.Scalars("policy_1/episode_return")] == [11.0]
+    assert [e.value for e in events.Scalars("policy_0/train/policy_loss")] == [0.5]
+    assert [e.value for e in events.Scalars("policy_1/episode_metrics/mean_frags")] == [2.0]
+    assert summary["policies"][1]["episode_metrics"] == {"frags": 2.0}
+    assert [e.value for e in events.Scalars("policy_1/train/policy_loss")] == [1.5]
+    assert "train/policy_loss" not in tags  # whose would it be?
+    assert "episode/return" in tags  # every policy's episodes, as before
+    assert summary["env_frames"] == 300 and summary["learner_steps"] == 3 + 4
+    assert [(p["policy"], p["env_frames"], p["mean_episode_return"], p["version"])
+            for p in summary["policies"]] == [(0, 100, 10.0, 3), (1, 200, 11.0, 4)]
+    print_final_summary(summary)
+    out = capsys.readouterr().out
+    assert ("policy 1        200 frames, mean return 11.000 over 1 episodes, 4 learner steps "
+            "(version 4), frags 2.00") in out
+
+
+def test_one_policy_keeps_the_tensorboard_tags_of_before(tmp_path):
+    summary, events = _report(tmp_path, 1)
+    tags = set(events.Tags()["scalars"])
+    assert "train/policy_loss" in tags and not any(t.startswith("policy_0/") for t in tags)
+    assert "policies" not in summary
+
+
+def test_resume_adds_up_each_policys_counters():
+    from fastrl.config.settings import Config
+    from fastrl.experiment.checkpoint import restore_counters
+    from fastrl.experiment.stats import TrainingStats
+
+    stats = TrainingStats(Config(num_policies=2), 1)
+    restore_counters(stats, {"env_frames": 700, "episodes": 9, "wall_seconds": 5.0}, 20, 1)
+    restore_counters(stats, {"env_frames": 500, "episodes": 12, "wall_seconds": 6.0}, 15, 0)
+    assert stats.env_frames == 1200 and stats.learner_steps == 35
+    assert stats.episodes == 12 and stats.prior_seconds == 6.0  # the run's, from policy 0's
+    assert [(p.env_frames, p.learner_steps) for p in stats.policies] == [(500, 15), (700, 20)]
