@@ -34,7 +34,7 @@ from fastrl.config.settings import (
     build_parser,
     str2bool,
 )
-from fastrl.errors import EnvSettingsError, ExperimentError
+from fastrl.errors import ExperimentError
 from fastrl.experiment.checkpoint import (
     checkpoint_dir,
     list_checkpoints,
@@ -44,6 +44,7 @@ from fastrl.experiment.checkpoint import (
 )
 from fastrl.experiment.evaluation import EvalResult, evaluate
 from fastrl.experiment.folder import write_json_atomic
+from fastrl.experiment.match import play_match, seats_and_checkpoints
 from fastrl.experiment.video import (
     FrameSinks,
     VideoRecorder,
@@ -79,6 +80,7 @@ class EnjoyOptions:
     video_path: str | None
     fps: float | None
     render: bool
+    policies: str | None = None
 
 
 def add_enjoy_arguments(parser: argparse.ArgumentParser, suppress_defaults: bool = False) -> None:
@@ -103,6 +105,10 @@ def add_enjoy_arguments(parser: argparse.ArgumentParser, suppress_defaults: bool
     add("fps", None, "Frames per second of the video and of --render (none: real time, "
         "the env's render_fps, in agent steps per second)", type=float)
     add("render", False, "Show the game in a window (needs a display; headless by default)", **flag)
+    add("policies", None, "Which of the experiment's policies (--num_policies) plays: one "
+        "number per agent of a multi-agent env (e.g. 0,1), or one for every agent (none: "
+        "agent a is played by policy a %% the number of policies; a single-agent env: 0)",
+        metavar="K[,K...]")
 
 
 def build_enjoy_parser(suppress_defaults: bool = False) -> argparse.ArgumentParser:
@@ -239,11 +245,41 @@ def _one_line(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _metrics_text(metrics: dict[str, float]) -> str:
+    return "".join(f", {name} {value:.2f}" for name, value in metrics.items())
+
+
+def _episode_line(i: int, options: EnjoyOptions, ret: float, length: int, metrics: dict,
+                  who: str = "") -> None:
+    log(f"{who}episode {i + 1}/{options.max_num_episodes}: return {ret:.3f}, length {length}"
+        + _metrics_text(metrics))
+
+
+def _load_model(cfg: Config, info, state: dict, ckpt_path: str, device) -> Any:
+    """The model of one checkpoint, checked against the env and the config."""
+    from fastrl.experiment.checkpoint import check_checkpoint_compatible
+    from fastrl.runner.common import build_model
+
+    check_checkpoint_compatible(state, cfg, info, ckpt_path)
+    model = build_model(cfg, info, device)
+    try:
+        model.load_state_dict(state["learner"]["model"])
+    except (KeyError, TypeError) as exc:
+        raise ExperimentError(
+            f"checkpoint {ckpt_path} holds no model weights ({_one_line(exc)})"
+        ) from exc
+    except RuntimeError as exc:
+        raise ExperimentError(
+            f"checkpoint {ckpt_path} does not fit the model built for --env={cfg.env}: "
+            f"{_one_line(exc)}"
+        ) from exc
+    return model
+
+
 def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOptions) -> dict:
     """Play, print and write ``eval.json``; return what was written."""
     from fastrl.device import resolve_device
-    from fastrl.experiment.checkpoint import check_checkpoint_compatible
-    from fastrl.runner.common import build_model, seed_everything
+    from fastrl.runner.common import seed_everything
     from fastrl.sampling.env_setup import env_info
 
     device = resolve_device(cfg.device)
@@ -253,25 +289,14 @@ def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOp
     recorder: VideoRecorder | None = None
     fps = options.fps or DEFAULT_VIDEO_FPS
     result = EvalResult()
+    agents: list[EvalResult] = []  # a multi-agent env's results, per agent
+    seats: list[int] = [0]
     interrupted = False
     try:
         info = env_info(env, cfg.env_obs_layout)
-        if info.multi_agent:
-            raise EnvSettingsError(f"env {cfg.env!r} has {info.num_agents} agents: enjoy.py "
-                                   "plays single-agent envs only (for now)")
-        check_checkpoint_compatible(state, cfg, info, ckpt_path)
-        model = build_model(cfg, info, device)
-        try:
-            model.load_state_dict(state["learner"]["model"])
-        except (KeyError, TypeError) as exc:
-            raise ExperimentError(
-                f"checkpoint {ckpt_path} holds no model weights ({_one_line(exc)})"
-            ) from exc
-        except RuntimeError as exc:
-            raise ExperimentError(
-                f"checkpoint {ckpt_path} does not fit the model built for --env={cfg.env}: "
-                f"{_one_line(exc)}"
-            ) from exc
+        seats, states = seats_and_checkpoints(exp_dir, state, ckpt_path, info.num_agents,
+                                              options.policies)
+        models = {k: _load_model(cfg, info, st, path, device) for k, (st, path) in states.items()}
         fps = options.fps or real_time_fps(env)
         video_path = options.video_path or os.path.join(exp_dir, VIDEO_FILE)
         if options.save_video:
@@ -279,25 +304,41 @@ def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOp
             sinks.append(recorder)
         if options.render:
             sinks.append(WindowViewer(fps, f"fastrl: {cfg.env} ({cfg.experiment})"))
+        state, ckpt_path = states[seats[0]]
         trained = state.get("counters", {}).get("env_frames")
         trained_txt = (f"{trained:,} training frames" if isinstance(trained, int)
                        else "training frames unknown")
-        log(f"playing {options.max_num_episodes} episodes of {cfg.env} with {ckpt_path} "
-            f"({trained_txt}), {'deterministic' if options.deterministic else 'sampled'} actions, "
-            f"device {device}")
+        who = (f"policies {','.join(map(str, seats))} in its {len(seats)} seats"
+               if info.multi_agent else f"{ckpt_path} ({trained_txt})")
+        log(f"playing {options.max_num_episodes} episodes of {cfg.env} with {who}, "
+            f"{'deterministic' if options.deterministic else 'sampled'} actions, device {device}")
+        sink = FrameSinks(sinks) if sinks else None
+        if info.multi_agent:
+            agents = [EvalResult() for _ in seats]
 
-        def on_episode(i: int, ret: float, length: int) -> None:
-            result.returns.append(ret)
-            result.lengths.append(length)
-            log(f"episode {i + 1}/{options.max_num_episodes}: return {ret:.3f}, length {length}")
+        def on_agent_episode(a: int, i: int, ret: float, length: int, metrics: dict) -> None:
+            agents[a].add(ret, length, metrics)
+            _episode_line(i, options, ret, length, metrics, f"agent {a}: ")
+
+        def on_episode(i: int, ret: float, length: int, metrics: dict) -> None:
+            result.add(ret, length, metrics)
+            _episode_line(i, options, ret, length, metrics)
 
         try:
-            evaluate(model, env, options.max_num_episodes, options.deterministic,
-                     device, frame_sink=FrameSinks(sinks) if sinks else None, seed=cfg.seed,
-                     on_episode=on_episode)
+            if info.multi_agent:
+                play_match([models.get(k) for k in range(max(seats) + 1)], seats, env,
+                           options.max_num_episodes, options.deterministic, device,
+                           frame_sink=sink, seed=cfg.seed, on_episode=on_agent_episode)
+            else:
+                evaluate(models[seats[0]], env, options.max_num_episodes, options.deterministic,
+                         device, frame_sink=sink, seed=cfg.seed, on_episode=on_episode)
         except KeyboardInterrupt:
             interrupted = True
-            log(f"interrupted after {result.episodes} episodes")
+            log("interrupted")
+        for agent in agents:  # every agent's episodes, for the overall figures
+            result.returns += agent.returns
+            result.lengths += agent.lengths
+            result.metrics += agent.metrics
     finally:
         videos = recorder.close() if recorder is not None else []
         for sink in sinks:
@@ -309,12 +350,15 @@ def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOp
         "env": cfg.env,
         "experiment": cfg.experiment,
         "checkpoint": os.path.abspath(ckpt_path),
+        "policies": seats,
         "checkpoint_env_frames": state.get("counters", {}).get("env_frames"),
         "deterministic": options.deterministic,
         "seed": cfg.seed,
         "requested_episodes": options.max_num_episodes,
         "interrupted": interrupted,
         **result.to_dict(),
+        **({"agents": [{"agent": a, "policy": seats[a], **r.to_dict()}
+                       for a, r in enumerate(agents)]} if agents else {}),
         "videos": [os.path.abspath(p) for p in videos],
         "video_frames": recorder.frames if recorder is not None else 0,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -322,7 +366,12 @@ def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOp
     if result.episodes:
         log(f"return {result.mean_return:.3f} +- {result.std_return:.3f} (mean +- std over "
             f"{result.episodes} episodes), length {result.mean_length:.1f} +- "
-            f"{result.std_length:.1f}")
+            f"{result.std_length:.1f}" + (" over every agent" if agents else "")
+            + _metrics_text(result.mean_metrics))
+    for a, r in enumerate(agents):
+        if r.episodes:
+            log(f"agent {a} (policy {seats[a]}): return {r.mean_return:.3f} +- "
+                f"{r.std_return:.3f} over {r.episodes} episodes" + _metrics_text(r.mean_metrics))
     for path in videos:
         log(f"video: {path} ({report['video_frames']} frames at {fps:g} fps)")
     os.makedirs(exp_dir, exist_ok=True)

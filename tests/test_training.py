@@ -103,7 +103,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, caps
 
 @pytest.mark.learning
 @pytest.mark.multiprocess
-def test_async_pipeline_learns_cartpole_to_450_within_300k_steps(tmp_path):
+def test_async_pipeline_learns_cartpole_to_450_within_200k_steps(tmp_path):
     """The classic recipe (2 workers x 8 envs, 4 epochs of 4 minibatches) through the parallel
     pipeline in async mode (policy lag up to ~50 SGD steps here, corrected by V-trace). Its
     target is the one perf/learning.py measures: the logged mean return (the last
@@ -117,16 +117,16 @@ def test_async_pipeline_learns_cartpole_to_450_within_300k_steps(tmp_path):
     # The classic recipe trains CartPole in sync mode; this test is about the async pipeline.
     args = [*(a for a in CARTPOLE if a != "--serial_mode"), "--async_rl", "True"]
     # --log_every_sec 2 overrides CARTPOLE's 10 (the last value given counts): a finer curve.
-    proc = run_train([*args, "--num_workers", "2", "--seed", "1", "--train_for_env_steps", "300000",
+    proc = run_train([*args, "--num_workers", "2", "--seed", "1", "--train_for_env_steps", "200000",
                       "--log_every_sec", "2", "--train_dir", str(tmp_path), "--experiment", "a"],
                      timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
-    assert summary["env_frames"] >= 300_000
+    assert summary["env_frames"] >= 200_000
     assert summary["policy_lag"]["max"] > 0  # it really ran asynchronously
     curve = lc.read_curve(str(tmp_path / "a" / "tb"))
     assert curve, "no episode returns were logged"
     frames, _, returns = lc.curve_arrays(curve, 0.0)
     reached = lc.first_crossing(frames, returns, 450)
-    assert reached is not None and reached <= 300_000, list(zip(frames, returns))
+    assert reached is not None and reached <= 200_000, list(zip(frames, returns))
     assert summary["mean_episode_return"] >= 400, summary

@@ -63,6 +63,19 @@ class EvalResult:
 
     returns: list[float] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
+    # The env's own figures of each episode (``info["episode_metrics"]``: frags...), {} if none.
+    metrics: list[dict[str, float]] = field(default_factory=list)
+
+    def add(self, ret: float, length: int, metrics: dict | None = None) -> None:
+        self.returns.append(float(ret))
+        self.lengths.append(int(length))
+        self.metrics.append({k: float(v) for k, v in (metrics or {}).items()})
+
+    @property
+    def mean_metrics(self) -> dict[str, float]:
+        """Each metric's mean over the episodes that report it."""
+        names = sorted({k for m in self.metrics for k in m})
+        return {k: float(np.mean([m[k] for m in self.metrics if k in m])) for k in names}
 
     @property
     def episodes(self) -> int:
@@ -98,6 +111,7 @@ class EvalResult:
             "std_return": num(self.std_return),
             "mean_length": num(self.mean_length),
             "std_length": num(self.std_length),
+            **({"mean_metrics": self.mean_metrics} if any(self.metrics) else {}),
         }
 
 
@@ -139,7 +153,7 @@ def evaluate(
     device: torch.device | str,
     frame_sink: FrameSink | None = None,
     seed: int | None = None,
-    on_episode: Callable[[int, float, int], None] | None = None,
+    on_episode: Callable[[int, float, int, dict], None] | None = None,
 ) -> EvalResult:
     """Play ``num_episodes`` complete episodes of ``env`` with ``model``; one env, batch 1.
 
@@ -157,7 +171,7 @@ def evaluate(
         seed: seeds the env's first reset and, in a private fork of torch's RNG, the action
             sampling: the same seed, weights and env give the same episodes. ``None``: the
             env continues its own random stream and sampling uses torch's global RNG.
-        on_episode: called as ``on_episode(index, native_return, length)`` after each
+        on_episode: called as ``on_episode(index, native_return, length, metrics)`` after each
             episode (progress printing; results so far survive a ``KeyboardInterrupt``).
 
     Returns:
@@ -192,10 +206,9 @@ def evaluate(
                         ret, length = float(episode["r"]), int(episode["l"])
                     else:
                         ret, length = ep_return, ep_len
-                    result.returns.append(ret)
-                    result.lengths.append(length)
+                    result.add(ret, length, info.get("episode_metrics"))
                     if on_episode is not None:
-                        on_episode(result.episodes - 1, ret, length)
+                        on_episode(result.episodes - 1, ret, length, result.metrics[-1])
                     ep_return, ep_len = 0.0, 0
                     # As in training: the next episode starts from a zero hidden state.
                     rnn_state = model.initial_rnn_state(1, device)
