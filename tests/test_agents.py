@@ -4,6 +4,8 @@ tests/test_agents_modes.py."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from gymnasium import spaces
@@ -214,9 +216,11 @@ def test_serial_mode_learns_every_agents_cue(tmp_path, capsys):
     assert summary["env_frames"] >= 16000
     # measured: 5.69 and 5.67 over the last 100 episodes (6 at best, 2 at random)
     assert summary["mean_episode_return"] > 5.0, summary["mean_episode_return"]
-    # enjoy.py plays single-agent envs only: one line, not a traceback
-    capsys.readouterr()
+    # enjoy.py plays the learnt policy in both seats: well above random (2), below the
+    # training's end, since a fresh env's step counter (part of the observation) is far from
+    # the ~2,000 the policy last saw (measured: 4.2; 5.9 with the counter started at 2,000)
     assert enjoy_main(["--train_dir", str(tmp_path), "--experiment", "x", "--env", AGENTS,
-                       "--device", "cpu", "--max_num_episodes", "1"]) != 0
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "has 2 agents: enjoy.py plays single-agent envs only" in err[0]
+                       "--device", "cpu", "--max_num_episodes", "5", "--seed", "1"]) == 0
+    report = json.loads((tmp_path / "x" / "eval.json").read_text())
+    assert [a["policy"] for a in report["agents"]] == [0, 0]
+    assert report["episodes"] == 10 and report["mean_return"] > 3.0, report
