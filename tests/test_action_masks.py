@@ -16,7 +16,7 @@ from fastrl.policy.model import ActorCritic
 from fastrl.policy.obs import random_legal_action
 from tests.learning_runs import small_ppo_run
 from tests.test_model import make_cfg
-from tests.test_parallel import run_train
+from tests.test_parallel import run_train, run_train_here
 
 SPACES = {"discrete": (spaces.Discrete(5), [5]),
           "multidiscrete": (spaces.MultiDiscrete([3, 4, 2]), [3, 4, 2])}
@@ -178,7 +178,7 @@ def test_no_masked_action_is_ever_taken(tmp_path, mode, kind):
             "--device", "cpu", "--use_rnn", "False", "--encoder_mlp_layers", "16",
             "--num_workers", "2", "--num_envs_per_worker", "4", "--rollout", "8",
             "--batch_size", "64", "--train_for_env_steps", "3000", *MODES[mode]]
-    proc = run_train(args, timeout=240)
+    proc = run_train_here(args) if mode == "serial" else run_train(args, timeout=240)
     _check_no_illegal_action(proc, tmp_path)
 
 

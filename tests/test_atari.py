@@ -22,7 +22,7 @@ from fastrl.config.load import parse_config  # noqa: E402
 from fastrl.env_registry import make_env, recommended_settings  # noqa: E402
 from fastrl.errors import UnknownEnvError  # noqa: E402
 from fastrl.sampling.env_setup import env_options  # noqa: E402
-from tests.test_parallel import run_train  # noqa: E402
+from tests.test_parallel import run_train_here  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 H, W = 210, 160
@@ -315,7 +315,7 @@ def test_serial_training_on_pong_writes_a_checkpoint(tmp_path):
             "--worker_num_splits", "1", "--rollout", "32", "--batch_size", "64",
             "--num_batches_per_epoch", "1", "--num_epochs", "1", "--encoder_fc_size", "32",
             "--train_for_env_steps", "1000", "--seed", "1"]
-    proc = run_train(args, timeout=240)
+    proc = run_train_here(args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     exp = tmp_path / "pong"
     summary = json.loads((exp / "summary.json").read_text())

@@ -9,8 +9,6 @@ import multiprocessing as mp
 import os
 import signal
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +25,7 @@ from fastrl.config.load import parse_config  # noqa: E402
 from fastrl.env_registry import _entry, make_env  # noqa: E402
 from fastrl.transport.procs import SHM_DIR  # noqa: E402
 from tests.test_doom_envs import _vizdoom_children  # noqa: E402
+from tests.test_parallel import run_train_here  # noqa: E402
 
 BOTS_SCENARIOS = ["doom_duel_bots", "doom_deathmatch_bots"]
 METRICS = {"frags", "deaths", "suicides", "hits", "damage", "placing"}
@@ -232,8 +231,7 @@ def train_serially(tmp_path, env: str, *extra: str) -> tuple[str, dict]:
             "--serial_mode", "--device", "cpu", "--seed", "1", "--num_workers", "1",
             "--num_envs_per_worker", "2", "--worker_num_splits", "1", "--rollout", "16",
             "--env_max_episode_steps", "32", "--log_every_sec", "5", *extra]
-    proc = subprocess.run([sys.executable, "train.py", *args], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = run_train_here(args)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     summary = json.loads((tmp_path / "x" / "summary.json").read_text())
     assert set(summary["episode_metrics"]) == METRICS

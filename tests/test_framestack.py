@@ -13,7 +13,7 @@ from envs.wrappers import FrameStack
 from fastrl.env_registry import make_env
 from tests.counting_env import CountingEnv
 from tests.masked_env import MaskedPickEnv
-from tests.test_parallel import run_train
+from tests.test_parallel import run_train, run_train_here
 
 
 def test_vectors_are_stacked_oldest_first_and_reset_fills_with_the_first():
@@ -84,7 +84,7 @@ def test_training_with_a_frame_stack(tmp_path, mode):
             "--use_rnn", "False", "--encoder_mlp_layers", "16", "--num_workers", "2",
             "--num_envs_per_worker", "4", "--rollout", "8", "--batch_size", "64",
             "--train_for_env_steps", "2000", *mode]
-    proc = run_train(args, timeout=240)
+    proc = run_train_here(args) if mode else run_train(args, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((tmp_path / "x" / "summary.json").read_text())
     assert summary["env_frames"] >= 2000

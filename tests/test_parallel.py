@@ -3,6 +3,8 @@ exit."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -95,6 +97,17 @@ def test_every_step_lands_in_exactly_one_trajectory(tmp_path):
 def run_train(args, timeout=120):
     return subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def run_train_here(args) -> subprocess.CompletedProcess:
+    """``train.py args`` in this process, its output captured: for serial-mode runs, which
+    start no process of their own (a second interpreter costs ~2 s of the suite a run)."""
+    from fastrl.train import main as train_main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = train_main(list(args))
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def test_sync_mode_has_zero_policy_lag(tmp_path):
