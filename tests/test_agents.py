@@ -91,6 +91,13 @@ def test_every_agent_step_lands_in_exactly_one_trajectory():
         assert 0 <= ep.episode_return <= ep.length
 
 
+def test_start_beats_before_each_env_reset():
+    worker, envs, _, _ = make_worker()
+    beats = []
+    worker.start(lambda: beats.append(1))
+    assert len(beats) == len(envs)  # once per env (2 agents each), not per agent
+
+
 def test_slots_are_numbered_per_agent_across_workers():
     worker, _, _, _ = make_worker(num_envs=2, splits=1, worker_id=1)
     assert worker.splits[0].env_ids == [4, 5, 6, 7]  # 2 envs x 2 agents after worker 0's 4

@@ -99,6 +99,18 @@ def test_every_step_lands_in_exactly_one_trajectory():
     assert episodes and all(ep.episode_return == 7 and ep.length == 7 for ep in episodes)
 
 
+def test_start_beats_before_each_env_reset():
+    """The worker's heartbeat goes on while it resets its envs (many multiplayer matches can
+    take longer than --worker_timeout to reset)."""
+    worker, envs, _, _ = make_worker()
+    order = []
+    for env in envs:
+        reset = env.reset
+        env.reset = lambda *a, reset=reset, **k: (order.append("reset"), reset(*a, **k))[1]
+    worker.start(lambda: order.append("beat"))
+    assert order == ["beat", "reset"] * len(envs)
+
+
 def test_dones_mark_episode_ends_and_next_obs_is_a_reset():
     worker, _, buffers, _ = make_worker(num_envs=2, splits=1)
     completed, _ = drive(worker, buffers, steps=100)

@@ -134,7 +134,7 @@ class RolloutStation:
             policy_seed=None if cfg.seed is None else [cfg.seed, self.worker_id, self.generation])
         self.envs = self.worker.envs  # the worker replaces faulty envs in this very list
         try:
-            self._route(self.worker.start())
+            self._route(self.worker.start(lambda: w.beat(self.worker_id)))
         except EnvOutputError as exc:
             self._stop_run(exc)
 

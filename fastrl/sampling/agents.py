@@ -35,6 +35,7 @@ episode, as a single-agent env loses its one, and is recreated.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -91,15 +92,15 @@ class MultiAgentRolloutWorker(RolloutWorker):
         self.assign = PolicyAssignment(slots, self.num_policies, self.policy_seed)  # per agent
         self.inactive_steps = 0  # agent steps sat out (written as left-out samples)
 
-    def start(self) -> StepOutput:
+    def start(self, beat: Callable[[], None] = lambda: None) -> StepOutput:
         out = StepOutput()
         n = self.num_agents
         for s, split in enumerate(self.splits):
             envs = [split.local[k] // n for k in range(0, len(split.local), n)]
-            # (each env's global id for its seed, as for single-agent envs)
-            split.pending_obs = [obs for i in envs
-                                 for obs in self._first_obs(i, self.worker_id * len(self.envs) + i,
-                                                            out)]
+            split.pending_obs = []
+            for i in envs:  # (each env's global id for its seed, as for single-agent envs)
+                beat()
+                split.pending_obs += self._first_obs(i, self.worker_id * len(self.envs) + i, out)
             self._begin_trajectories(s, out)
         return out
 

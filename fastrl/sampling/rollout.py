@@ -157,12 +157,16 @@ class RolloutWorker:
 
     # -- public API ---------------------------------------------------------------------
 
-    def start(self) -> StepOutput:
-        """Reset every env, write the first observations; return a request per split."""
+    def start(self, beat: Callable[[], None] = lambda: None) -> StepOutput:
+        """Reset every env, write the first observations; return a request per split.
+        ``beat`` is called before each env's reset (the worker's heartbeat: resetting many
+        multiplayer matches can outlast --worker_timeout)."""
         out = StepOutput()
         for s, split in enumerate(self.splits):
-            split.pending_obs = [self._first_obs(i, e, out)
-                                 for i, e in zip(split.local, split.env_ids)]
+            split.pending_obs = []
+            for i, e in zip(split.local, split.env_ids):
+                beat()
+                split.pending_obs.append(self._first_obs(i, e, out))
             self._begin_trajectories(s, out)
         return out
 
