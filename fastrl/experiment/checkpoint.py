@@ -165,7 +165,9 @@ def restore_learner(learner, cfg: Config, info: EnvInfo,
                     policy: int = 0) -> tuple[dict | None, str | None]:
     """Load the newest checkpoint of ``policy`` into ``learner`` (weights, optimizer, version)
     and restore the RNG state; return its counters and path, or ``(None, None)`` when the
-    policy has no checkpoint yet. ``cfg``'s optimizer settings replace the saved ones."""
+    policy has no checkpoint yet. ``cfg``'s optimizer settings replace the saved ones, except
+    under ``--with_pbt``, where the policy keeps its own hyperparameters (learning rate,
+    gamma, exploration coefficient) saved with its checkpoint."""
     # Loaded on the CPU, not on the learner's device: torch takes RNG states only as CPU
     # tensors, and the optimizer's load_state_dict moves each moment to its parameter's
     # device but leaves Adam's step counter where it was loaded (on a GPU, every step would
@@ -176,6 +178,9 @@ def restore_learner(learner, cfg: Config, info: EnvInfo,
     check_checkpoint_compatible(state, cfg, info, path)
     learner.load_state_dict(state["learner"])
     apply_optimizer_settings(learner.optimizer, cfg, state.get("cfg", {}))
+    saved = state["learner"].get("hyperparams")
+    if cfg.with_pbt and saved:  # the population's: this policy's own, over the flags'
+        learner.set_hyperparams(saved)
     set_rng_state(state["rng"])
     return state["counters"], path
 
