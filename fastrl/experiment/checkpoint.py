@@ -8,6 +8,7 @@ unchanged), policy ``k > 0`` writes ``checkpoints_p{k}/``. Every function takes 
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import random
@@ -177,10 +178,13 @@ def restore_learner(learner, cfg: Config, info: EnvInfo,
         return None, None
     check_checkpoint_compatible(state, cfg, info, path)
     learner.load_state_dict(state["learner"])
-    apply_optimizer_settings(learner.optimizer, cfg, state.get("cfg", {}))
-    saved = state["learner"].get("hyperparams")
-    if cfg.with_pbt and saved:  # the population's: this policy's own, over the flags'
-        learner.set_hyperparams(saved)
+    own = state["learner"].get("hyperparams") if cfg.with_pbt else None
+    # --with_pbt: the policy's own hyperparameters, over the flags' (the lr's too, so that the
+    # log line does not name a change that is not made)
+    flags = cfg if not own else dataclasses.replace(cfg, learning_rate=own["learning_rate"])
+    apply_optimizer_settings(learner.optimizer, flags, state.get("cfg", {}))
+    if own:
+        learner.set_hyperparams(own)
     set_rng_state(state["rng"])
     return state["counters"], path
 
