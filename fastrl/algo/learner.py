@@ -31,7 +31,8 @@ PBT_HYPERPARAMS = ("learning_rate", "exploration_loss_coeff", "gamma")
 
 
 class Learner:
-    """Owns the trainable model and its optimizer; ``version`` counts SGD steps.
+    """Owns the trainable model and its optimizer; ``version`` counts SGD steps (plus one per
+    PBT replacement: :meth:`take_weights`).
 
     :meth:`train` takes a batch gathered from the trajectory buffers (see
     ``TrajectoryBuffers.gather``), already on ``device``.
