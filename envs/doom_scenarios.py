@@ -140,7 +140,10 @@ MATCH_TICS = 4 * 60 * 35  # a 4-minute match: 2100 agent steps at frameskip 4
 # Recommended (on unless --env_reward_shaping False): in 10-minute doom_duel_bots runs on
 # the 2-core machine the frag count fell from about -80 to -130 per match on frags alone and
 # rose from about -80 to +30 with the shaping (perf/RESULTS.md).
-MULTIPLAYER_RECOMMENDED = (("reward_scale", 1.0), ("env_reward_shaping", True))
+# The frag count is a match's true objective: population-based training (--with_pbt) ranks
+# the policies by the `frags` episode metric unless --pbt_objective says otherwise.
+MULTIPLAYER_RECOMMENDED = (("reward_scale", 1.0), ("env_reward_shaping", True),
+                           ("pbt_objective", "frags"))
 MULTIPLAYER_SHAPING = (
     Shaping("DAMAGECOUNT", gain=0.003),
     Shaping("DEATHCOUNT", gain=-0.5),

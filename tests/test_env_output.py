@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fastrl.errors import EnvOutputError
-from fastrl.runner.stations import FaultLog
+from fastrl.runner.fault_log import FaultLog
 from fastrl.sampling.buffers import INVALID_VERSION
 from fastrl.sampling.env_faults import EnvBroken, EnvFault, ObsCheck, check_reward
 from fastrl.sampling.rollout import ENV_FAULTS_IN_A_ROW

@@ -89,6 +89,8 @@ class ApexLearner:
     ``samples_trained`` counts transitions inserted (env steps collected), as the run's
     frame counter and checkpoints read it; ``version`` counts learner steps."""
 
+    version_floor = 0  # no population-based training with --algo apex (config/checks.py)
+
     def __init__(self, cfg: Config, model: ActorCritic, obs_space: spaces.Dict,
                  action_space: spaces.Space, device: torch.device, frameskip: int = 1):
         problem = q_learning_problem(action_space, obs_space)

@@ -11,6 +11,7 @@ Two ways to form the SGD steps (``--advantages``):
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -25,9 +26,13 @@ from fastrl.policy.distributions import ActionDistribution
 from fastrl.policy.model import NORMALIZER_FRAMES, ActorCritic
 from fastrl.policy.recurrent import Cuts, find_cuts
 
+# What population-based training (fastrl/runner/pbt.py) perturbs, per policy's learner.
+PBT_HYPERPARAMS = ("learning_rate", "exploration_loss_coeff", "gamma")
+
 
 class Learner:
-    """Owns the trainable model and its optimizer; ``version`` counts SGD steps.
+    """Owns the trainable model and its optimizer; ``version`` counts SGD steps (plus one per
+    PBT replacement: :meth:`take_weights`).
 
     :meth:`train` takes a batch gathered from the trajectory buffers (see
     ``TrajectoryBuffers.gather``), already on ``device``.
@@ -61,7 +66,11 @@ class Learner:
             ppo_clip_value=cfg.ppo_clip_value, ratio_clamp=cfg.ratio_clamp,
         )
         self.precision = resolve_precision(cfg.precision, device)
+        self.learning_rate = cfg.learning_rate  # this policy's own under --with_pbt
         self.version = 0
+        # Samples acted by a version below this are left out of the loss: after a PBT
+        # replacement, the experience the old weights acted (see take_weights).
+        self.version_floor = 0
         self.samples_trained = 0
         self.train_seconds = 0.0
         self.frameskip = frameskip  # env frames per sample, for --lr_schedule linear_decay
@@ -105,11 +114,14 @@ class Learner:
         if cfg.lr_schedule == "linear_decay":
             done = self.samples_trained * self.frameskip / cfg.train_for_env_steps
             for group in self.optimizer.param_groups:
-                group["lr"] = cfg.learning_rate * max(0.0, 1.0 - done)
+                group["lr"] = self.learning_rate * max(0.0, 1.0 - done)
         if cfg.advantages == "batch":
             last = self._train_on_fixed_targets(batch, host)
         else:
             last = self._train_on_trajectories(batch, host)
+        if self.version_floor:  # PBT: acted steps left out as the old weights' (take_weights)
+            v = batch["policy_versions"]
+            last["stale_samples"] = ((v >= 0) & (v < self.version_floor)).sum()
         # One transfer for every statistic (0-d tensors; stacking widens dtypes, exactly).
         values = torch.cat([torch.stack(list(last.values())), lag]).tolist()
         stats: dict[str, float] = dict(zip(last, values))
@@ -171,9 +183,10 @@ class Learner:
         return host.to(self.device)
 
     def _valid(self, versions: torch.Tensor) -> torch.Tensor:
-        """The samples that take part in the loss: acted (not cut short by an env fault) and
-        at most ``--max_policy_lag`` versions old."""
-        return (versions >= 0) & ((self.version - versions) <= self.cfg.max_policy_lag)
+        """The samples that take part in the loss: acted (not cut short by an env fault), at
+        most ``--max_policy_lag`` versions old, and not older than the last PBT replacement."""
+        return ((versions >= self.version_floor)
+                & ((self.version - versions) <= self.cfg.max_policy_lag))
 
     @torch.no_grad()
     def _fixed_targets(self, batch: dict, host: dict) -> dict:
@@ -285,7 +298,7 @@ class Learner:
                                               cuts=cuts, **extra)
         if bootstrap:
             rewards = _add_time_limit_bootstrap(rewards, batch["final_step"], out[2].detach(),
-                                                cfg.gamma, value_norm)
+                                                self.params.gamma, value_norm)
         return out[0], out[1], rewards, value_norm
 
     def _apply(self, loss: torch.Tensor, stats: dict) -> dict[str, torch.Tensor]:
@@ -307,12 +320,41 @@ class Learner:
         stats["loss"] = loss.detach()
         return stats
 
+    @property
+    def hyperparams(self) -> dict[str, float]:
+        """This learner's own values of ``PBT_HYPERPARAMS`` (the flags' unless PBT set them)."""
+        return {"learning_rate": self.learning_rate,
+                "exploration_loss_coeff": self.params.exploration_loss_coeff,
+                "gamma": self.params.gamma}
+
+    def set_hyperparams(self, values: dict) -> None:
+        """Train from now on with these ``PBT_HYPERPARAMS``: the optimizer's learning rate
+        (the base of ``--lr_schedule``) and the loss's gamma and exploration coefficient."""
+        self.learning_rate = float(values["learning_rate"])
+        self.params = dataclasses.replace(
+            self.params, gamma=float(values["gamma"]),
+            exploration_loss_coeff=float(values["exploration_loss_coeff"]))
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.learning_rate
+
+    def take_weights(self, source, hyperparams: dict) -> None:
+        """A PBT replacement: the donor's current weights from ``source`` (its published
+        ``WeightsSource``), a fresh optimizer state (Adam's moments were estimated for the
+        old weights; the donor's are not published), the new hyperparameters, and a new
+        version that is also the floor below which samples are left out of the loss."""
+        source.load_into(self.model)
+        self.optimizer.state.clear()
+        self.set_hyperparams(hyperparams)
+        self.version += 1
+        self.version_floor = self.version
+
     def state_dict(self) -> dict:
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "version": self.version,
             "samples_trained": self.samples_trained,
+            "hyperparams": self.hyperparams,
         }
 
     def load_state_dict(self, state: dict) -> None:

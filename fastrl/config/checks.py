@@ -30,7 +30,7 @@ NON_NEGATIVE = ("max_policy_lag", "eval_every_env_frames", "env_timeout", "max_w
 def validate(cfg: Config) -> list[str]:
     """Every problem with ``cfg`` as one line each (empty when it is valid)."""
     return [line for check in (_values, _env, _model, _batches, _learners, _placement, _replay,
-                               _policies)
+                               _policies, _pbt)
             for line in check(cfg)]
 
 
@@ -220,3 +220,35 @@ def _policies(cfg: Config) -> list[str]:
     }
     return [f"--num_policies={n} with --{name}={getattr(cfg, name)}: {line}"
             for name, (bad, line) in why.items() if bad]
+
+
+def _pbt(cfg: Config) -> list[str]:
+    """``--with_pbt``: its values and what it needs, one line each."""
+    if not cfg.with_pbt:
+        return []
+    errors = []
+    if cfg.num_policies is None or cfg.num_policies < 2:
+        errors.append(f"--with_pbt=True with --num_policies={cfg.num_policies}: needs "
+                      "--num_policies 2 or more (a population)")
+    for name, bad in (("num_learners", cfg.num_learners > 1),
+                      ("sampling_only", cfg.sampling_only)):
+        if bad:
+            errors.append(f"--with_pbt=True with --{name}={getattr(cfg, name)}: not built "
+                          + ("(the ranks of a learner group would need the donor's weights "
+                             "too): use --num_learners 1" if name == "num_learners" else
+                             "(nothing trains): use --sampling_only False"))
+    for name in ("pbt_period_env_steps", "pbt_min_episodes"):
+        if getattr(cfg, name) <= 0:
+            errors.append(f"--{name}={getattr(cfg, name)}: must be > 0")
+    for name in ("pbt_start_env_steps", "pbt_min_gap"):
+        if getattr(cfg, name) < 0:
+            errors.append(f"--{name}={getattr(cfg, name)}: must be >= 0")
+    if not 0.0 < cfg.pbt_replace_fraction <= 0.5:
+        errors.append(f"--pbt_replace_fraction={cfg.pbt_replace_fraction}: must be in (0, 0.5] "
+                      "(the replaced and the donors are two ends of the ranking)")
+    if not 1.0 <= cfg.pbt_perturb_min <= cfg.pbt_perturb_max:
+        errors.append(f"--pbt_perturb_min={cfg.pbt_perturb_min}, --pbt_perturb_max="
+                      f"{cfg.pbt_perturb_max}: need 1 <= pbt_perturb_min <= pbt_perturb_max")
+    if not cfg.pbt_objective or not cfg.pbt_objective.strip():
+        errors.append("--pbt_objective='': must be return or an episode metric's name")
+    return errors

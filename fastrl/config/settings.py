@@ -229,6 +229,28 @@ class Config:
                          "steps into the minibatches and --rollout exceed --batch_size",
                          choices=("minibatch", "batch"))
 
+    # --- population-based training (--with_pbt; fastrl/runner/pbt.py) ----------------
+    with_pbt: bool = _f(False, "Population-based training over the --num_policies (>= 2): every "
+                        "--pbt_period_env_steps the worst policies take the weights of the best "
+                        "and their hyperparameters perturbed", "pbt")
+    pbt_period_env_steps: int = _f(5_000_000, "Env frames of the run (all policies) between two "
+                                   "exchanges (Sample Factory's Doom runs: 5M)", "pbt")
+    pbt_start_env_steps: int = _f(0, "No exchange before the run has this many env frames", "pbt")
+    pbt_replace_fraction: float = _f(0.3, "Fraction of the ranked policies replaced at an "
+                                     "exchange (at least one, at most half), by a donor drawn "
+                                     "from the same fraction at the top", "pbt")
+    pbt_perturb_min: float = _f(1.1, "Smallest factor a hyperparameter is multiplied or divided "
+                                "by (each direction at random)", "pbt")
+    pbt_perturb_max: float = _f(1.5, "Largest such factor", "pbt")
+    pbt_min_gap: float = _f(0.1, "Replace only when the donor's objective beats the replaced "
+                            "one's by more than this fraction of the larger of their absolute "
+                            "values (and by more than 0)", "pbt")
+    pbt_min_episodes: int = _f(10, "A policy is ranked only with this many episodes since it "
+                               "was last replaced (or since the start)", "pbt")
+    pbt_objective: str = _f("return", "What ranks the policies: return (the mean episode "
+                            "return) or the name of an episode metric the env reports (doom "
+                            "multiplayer envs recommend frags)", "pbt")
+
     # --- replay (--algo apex) ---------------------------------------------------------
     replay_capacity: int = _f(100_000, "Transitions the replay store holds (oldest out first)",
                               "replay")

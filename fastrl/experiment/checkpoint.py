@@ -8,6 +8,7 @@ unchanged), policy ``k > 0`` writes ``checkpoints_p{k}/``. Every function takes 
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import random
@@ -165,7 +166,9 @@ def restore_learner(learner, cfg: Config, info: EnvInfo,
                     policy: int = 0) -> tuple[dict | None, str | None]:
     """Load the newest checkpoint of ``policy`` into ``learner`` (weights, optimizer, version)
     and restore the RNG state; return its counters and path, or ``(None, None)`` when the
-    policy has no checkpoint yet. ``cfg``'s optimizer settings replace the saved ones."""
+    policy has no checkpoint yet. ``cfg``'s optimizer settings replace the saved ones, except
+    under ``--with_pbt``, where the policy keeps its own hyperparameters (learning rate,
+    gamma, exploration coefficient) saved with its checkpoint."""
     # Loaded on the CPU, not on the learner's device: torch takes RNG states only as CPU
     # tensors, and the optimizer's load_state_dict moves each moment to its parameter's
     # device but leaves Adam's step counter where it was loaded (on a GPU, every step would
@@ -175,7 +178,13 @@ def restore_learner(learner, cfg: Config, info: EnvInfo,
         return None, None
     check_checkpoint_compatible(state, cfg, info, path)
     learner.load_state_dict(state["learner"])
-    apply_optimizer_settings(learner.optimizer, cfg, state.get("cfg", {}))
+    own = state["learner"].get("hyperparams") if cfg.with_pbt else None
+    # --with_pbt: the policy's own hyperparameters, over the flags' (the lr's too, so that the
+    # log line does not name a change that is not made)
+    flags = cfg if not own else dataclasses.replace(cfg, learning_rate=own["learning_rate"])
+    apply_optimizer_settings(learner.optimizer, flags, state.get("cfg", {}))
+    if own:
+        learner.set_hyperparams(own)
     set_rng_state(state["rng"])
     return state["counters"], path
 

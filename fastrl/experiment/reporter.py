@@ -122,6 +122,7 @@ LEARNER_TAGS = {"policy_loss": "train/policy_loss", "value_loss": "train/value_l
                 "adv_std": "train/adv_std", "ratio_mean": "train/ratio_mean",
                 "policy_lag_min": "policy_lag/min", "policy_lag_mean": "policy_lag/mean",
                 "policy_lag_max": "policy_lag/max",
+                "stale_samples": "pbt/stale_samples",  # --with_pbt (fastrl/runner/pbt.py)
                 # --algo apex (fastrl/algo/apex.py, fastrl/runner/replay_station.py)
                 "q_loss": "train/q_loss", "q_mean": "train/q_mean", "td_error": "train/td_error",
                 "priority_mean": "replay/priority_mean", "replay_size": "replay/size",
@@ -184,6 +185,12 @@ def print_final_summary(summary: dict) -> None:
                      f"episodes, {p['learner_steps']:,} learner steps (version {p['version']})"
                      + "".join(f", {name} {mean:.2f}"
                                for name, mean in p.get("episode_metrics", {}).items()))
+    pbt = summary.get("pbt")
+    if pbt:
+        lines.append(f"  pbt             {pbt['exchanges']} exchanges in {pbt['rankings']} "
+                     f"rankings by {pbt['objective']}; policies replaced "
+                     + ", ".join(f"{k}: {n}" for k, n in enumerate(pbt["replaced"]))
+                     + f"; {sum(pbt['stale_trajectories_dropped'])} stale trajectories dropped")
     for node in summary.get("sampler_nodes", []):
         lines.append(f"  sampler node {node['node']}  {node['trajectories']:,} trajectories, "
                      f"lag max {node['lag_max']}, {node['losses']} connection(s) lost, "

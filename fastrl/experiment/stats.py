@@ -147,6 +147,7 @@ class TrainingStats:
         # --num_policies > 1: each policy's figures (none with one policy: the run's are its).
         self.policies = ([PolicyStats(cfg.stats_avg) for _ in range(cfg.num_policies)]
                          if cfg.num_policies > 1 else [])
+        self.pbt = None  # --with_pbt: the population (fastrl/runner/pbt.py), set by the run loop
 
     @property
     def run_seconds(self) -> float:
@@ -154,7 +155,8 @@ class TrainingStats:
 
     def counters(self) -> dict:
         return {"env_frames": self.env_frames, "episodes": self.episodes,
-                "wall_seconds": self.prior_seconds + self.run_seconds}
+                "wall_seconds": self.prior_seconds + self.run_seconds,
+                **({"pbt": self.pbt.counters()} if self.pbt is not None else {})}
 
     def mark_warmup(self) -> None:
         """Start of the measured window reported as ``measured_fps`` (perf scripts)."""
@@ -299,6 +301,7 @@ class TrainingStats:
                if self.nodes else {}),
             **({"policies": [p.summary(k) for k, p in enumerate(self.policies)]}
                if self.policies else {}),
+            **({"pbt": self.pbt.summary()} if self.pbt is not None else {}),
             "updated": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
 

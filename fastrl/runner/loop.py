@@ -25,6 +25,7 @@ from fastrl.transport.messages import (
     LearnerReport,
     NodeLost,
     NodeReport,
+    PbtReplaced,
     PolicyReport,
     RolloutReport,
     SaveCheckpoint,
@@ -43,13 +44,15 @@ class RunLoop:
             where nothing arrives while this process waits).
         evaluate_in_thread: parallel mode evaluates in a thread beside the loop; serial
             mode evaluates in place, between two polls of the stations.
+        pbt: the population (``--with_pbt``, fastrl/runner/pbt.py): it sees every episode and
+            exchanges policies between two turns when due.
     """
 
     def __init__(self, wiring: Wiring, stats: TrainingStats, reporter: Reporter,
                  turn: Callable[[], None], note: Callable[[object], None] | None = None,
                  poll_timeout: float = 0.0, evaluator: PeriodicEvaluator | None = None,
                  evaluate_in_thread: bool = False, warmup_seconds: float = 0.0,
-                 signals: LauncherSignals | None = None):
+                 signals: LauncherSignals | None = None, pbt=None):
         self.wiring = wiring
         self.cfg = wiring.cfg
         self.stats = stats
@@ -61,6 +64,7 @@ class RunLoop:
         self.evaluate_in_thread = evaluate_in_thread
         self.warmup_seconds = warmup_seconds
         self.signals = signals
+        self.pbt = stats.pbt = pbt
 
     def handle(self, msg) -> None:
         """Apply one runner-queue message to the statistics."""
@@ -71,6 +75,8 @@ class RunLoop:
             for ep in msg.episodes:
                 stats.add_episode(ep.episode_return, ep.length, ep.truncated, ep.metrics,
                                   ep.policy)
+                if self.pbt is not None:
+                    self.pbt.add_episode(ep.policy, ep.episode_return, ep.metrics)
             stats.env_restarts += msg.env_restarts
             stats.steps_discarded += msg.steps_discarded
             stats.add_env_faults(msg.faults)
@@ -82,6 +88,10 @@ class RunLoop:
             if not self.cfg.sampling_only:
                 stats.add_stage_time("learner", msg.samples, msg.busy_seconds)
             stats.add_busy("learner", msg.busy_seconds)
+            if msg.stale and self.pbt is not None:
+                self.pbt.add_stale(msg.policy, msg.stale)
+        elif isinstance(msg, PbtReplaced):
+            self.pbt.confirmed(msg)
         elif isinstance(msg, PolicyReport):
             stats.add_stage_time(f"policy_worker_{msg.policy_id}", msg.samples,
                                  msg.busy_seconds)
@@ -124,6 +134,8 @@ class RunLoop:
                    and stats.run_seconds < cfg.train_for_seconds):
                 self.turn()
                 self.drain(self.poll_timeout)
+                if self.pbt is not None:
+                    self.pbt.maybe_exchange(stats.env_frames)
                 if not warm and stats.run_seconds >= self.warmup_seconds:
                     stats.mark_warmup()
                     warm = True

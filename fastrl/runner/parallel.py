@@ -48,6 +48,7 @@ from fastrl.runner.common import (
 from fastrl.runner.link import NodeLink, host_store, publish_config
 from fastrl.runner.loop import RunLoop
 from fastrl.runner.node import local_node_main
+from fastrl.runner.pbt import Population
 from fastrl.runner.supervisor import Child, ChildError, Supervisor
 from fastrl.runner.wiring import Wiring, build_wiring
 from fastrl.sampling.env_setup import create_env, probe_env
@@ -175,11 +176,13 @@ class ParallelRunner:
             stats.start_time = time.time()
             reporter = Reporter(cfg, self.exp_dir, stats)
             self._log_start(wiring, ready)
+            pbt = (Population(cfg, self.exp_dir, wiring.learner_queues, readies,
+                              reporter.writer) if cfg.with_pbt else None)
             self.loop = loop = RunLoop(wiring, stats, reporter, self._turn,
                                        note=self.supervisor.note, poll_timeout=POLL,
                                        evaluator=self.evaluator, evaluate_in_thread=True,
                                        warmup_seconds=self.warmup_seconds,
-                                       signals=self.signals)
+                                       signals=self.signals, pbt=pbt)
             for msg in early:
                 loop.handle(msg)
             self.supervisor.restart_workers = cfg.max_worker_restarts > 0

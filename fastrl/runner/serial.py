@@ -24,6 +24,7 @@ from fastrl.runner.common import (
     seed_everything,
 )
 from fastrl.runner.loop import RunLoop
+from fastrl.runner.pbt import Population
 from fastrl.runner.replay_station import make_learner_station
 from fastrl.runner.stations import (
     PolicyStation,
@@ -70,10 +71,12 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
                               models=[m.model for m in learners])
         learner_stations = [make_learner_station(wiring, m, 0.0, k) for k, m in enumerate(learners)]
         stats = TrainingStats(cfg, info.frameskip)
+        readies = []
         for k, (station, (_, counters, path)) in enumerate(zip(learner_stations, made)):
             station.announce(counters, path)
             ready = wiring.runner_queue.get_many(0.0)
             assert len(ready) == 1 and isinstance(ready[0], LearnerReady), ready
+            readies += ready
             if counters is not None:
                 restore_counters(stats, counters, learners[k].version, k)
                 log(f"resumed from {path} at {counters['env_frames']:,} frames")
@@ -100,8 +103,10 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
             if not moved:
                 raise SerialStall("serial runner stalled: no station had anything to do")
 
+        pbt = (Population(cfg, exp_dir, wiring.learner_queues, readies, reporter.writer)
+               if cfg.with_pbt else None)
         loop = RunLoop(wiring, stats, reporter, turn, evaluator=evaluator,
-                       warmup_seconds=warmup_seconds, signals=signals)
+                       warmup_seconds=warmup_seconds, signals=signals, pbt=pbt)
         if loop.run():
             loop.final_save(learn)
         summary = reporter.close()

@@ -10,7 +10,6 @@ mode polls the same three stations in turn in one process (``fastrl/runner/seria
 from __future__ import annotations
 
 import time
-from collections import Counter
 from typing import NoReturn
 
 import torch
@@ -20,12 +19,11 @@ from fastrl.algo.learner import Learner
 from fastrl.algo.learner_group import LearnerGroup
 from fastrl.errors import EnvOutputError
 from fastrl.experiment.checkpoint import checkpoint_state, restore_learner, save_checkpoint
-from fastrl.log import log
 from fastrl.runner.common import build_model
+from fastrl.runner.fault_log import FaultLog
 from fastrl.runner.slots import PendingSlots
 from fastrl.runner.wiring import Wiring
 from fastrl.sampling.agents import MultiAgentRolloutWorker
-from fastrl.sampling.env_faults import EnvFault
 from fastrl.sampling.env_setup import EnvInfo, create_env, reward_scale
 from fastrl.sampling.inference import PolicyWorker, ape_x_epsilons
 from fastrl.sampling.rollout import RolloutWorker
@@ -41,6 +39,8 @@ from fastrl.transport.messages import (
     InferenceRequest,
     LearnerReady,
     LearnerReport,
+    PbtReplace,
+    PbtReplaced,
     PolicyReport,
     Reissue,
     Resume,
@@ -49,44 +49,6 @@ from fastrl.transport.messages import (
     TrainShare,
     TrajectoriesReady,
 )
-
-# An env that fails all the time must not flood the log: a worker logs the first fault of
-# each kind in full, the later ones as counts, at most one line this often (seconds).
-FAULT_COUNTS_EVERY = 30.0
-
-
-class FaultLog:
-    """The log lines of one worker's env faults: the first of each kind (of an exception: of
-    each exception type) in full, naming the env and what went wrong; the others as counts by
-    kind, at most one line every ``every`` seconds."""
-
-    def __init__(self, name: str, every: float = FAULT_COUNTS_EVERY):
-        self.name = name
-        self.every = every
-        self.total = 0
-        self._seen: set[tuple[str, str]] = set()
-        self._unlogged: Counter[str] = Counter()
-        self._last = time.monotonic()
-
-    def add(self, fault: EnvFault) -> None:
-        self.total += 1
-        if (fault.kind, fault.cause) in self._seen:
-            self._unlogged[fault.kind] += 1
-            return
-        self._seen.add((fault.kind, fault.cause))
-        log(f"{self.name}: {fault}; recreating it (the first {fault.kind} fault of this worker; "
-            "later ones are counted)")
-
-    def flush(self, force: bool = False) -> None:
-        """Log the counts not logged yet, if ``every`` seconds have passed (or ``force``)."""
-        now = time.monotonic()
-        if not self._unlogged or (not force and now - self._last < self.every):
-            return
-        counts = ", ".join(f"{kind} {n}" for kind, n in sorted(self._unlogged.items()))
-        log(f"{self.name}: {sum(self._unlogged.values())} more env faults ({counts}), each env "
-            f"recreated; {self.total} in all from this worker")
-        self._unlogged.clear()
-        self._last = now
 
 
 class RolloutStation:
@@ -273,6 +235,7 @@ class LearnerStation:
         self._samples = 0
         self._busy = 0.0
         self._stats: dict = {}
+        self._stale = 0  # --with_pbt: trajectories of the old weights dropped since the report
         self._last_report = time.monotonic()
 
     def announce(self, counters: dict | None, checkpoint: str | None) -> None:
@@ -282,7 +245,8 @@ class LearnerStation:
         learner = self.learner
         self.wiring.runner_queue.put(LearnerReady(counters, checkpoint, learner.version,
                                                   str(learner.device), learner.precision,
-                                                  self.policy))
+                                                  self.policy,
+                                                  getattr(learner, "hyperparams", None)))
         self.weights.publish(learner.model, learner.version)
 
     def poll(self, timeout: float) -> int:
@@ -300,6 +264,8 @@ class LearnerStation:
         msgs = self.inbox.get_many(timeout)
         for msg in msgs:
             if isinstance(msg, TrajectoriesReady):
+                if self.learner.version_floor > 0:
+                    msg = self._drop_stale(msg)
                 self.pending.add(msg)
             elif isinstance(msg, Fence):
                 # Everything the dead worker sent came before this message.
@@ -307,15 +273,44 @@ class LearnerStation:
                 w.runner_queue.put(Fenced(msg.worker_id, msg.generation, dropped, self.policy))
             elif isinstance(msg, SaveCheckpoint):
                 self._save(msg)
+            elif isinstance(msg, PbtReplace):
+                self._replace(msg)
             else:
                 raise TypeError(f"learner: unexpected message {msg!r}")
         work = len(msgs) + self._work()
-        if self._samples and time.monotonic() - self._last_report >= self.report_every:
+        if ((self._samples or self._stale)
+                and time.monotonic() - self._last_report >= self.report_every):
             w.runner_queue.put(LearnerReport(self._stats, self.learner.version, self._samples,
-                                             self._busy, self.policy))
-            self._samples, self._busy, self._stats = 0, 0.0, {}
+                                             self._busy, self.policy, self._stale))
+            self._samples, self._busy, self._stats, self._stale = 0, 0.0, {}, 0
             self._last_report = time.monotonic()
         return work
+
+    def _replace(self, msg: PbtReplace) -> None:
+        """Population-based training replaces this policy (fastrl/runner/pbt.py): the donor's
+        current published weights and the new hyperparameters (``Learner.take_weights``); the
+        trajectories waiting here were acted by the old weights: freed untrained."""
+        learner = self.learner
+        learner.take_weights(self.wiring.policy_weights[msg.donor], msg.hyperparams)
+        dropped = self.pending.take_all()
+        self._free(dropped)
+        self.weights.publish(learner.model, learner.version)
+        self.wiring.runner_queue.put(PbtReplaced(self.policy, msg.donor, msg.exchange,
+                                                 learner.version, len(dropped)))
+
+    def _drop_stale(self, msg: TrajectoriesReady) -> TrajectoriesReady:
+        """``msg`` without the trajectories acted whole before the last PBT replacement (every
+        step's version below the floor), which are freed untrained and counted; one acted
+        partly by the new weights stays, its old steps masked out of the loss."""
+        versions = self.wiring.buffers.policy_versions[list(msg.buffers)]
+        stale = (versions.amax(dim=1) < self.learner.version_floor).tolist()
+        if not any(stale):
+            return msg
+        old = [b for b, s in zip(msg.buffers, stale) if s]
+        if msg.generation == self.pending.generations[msg.worker_id]:
+            self._stale += len(old)
+            self._free(old)
+        return msg._replace(buffers=tuple(b for b, s in zip(msg.buffers, stale) if not s))
 
     def _ready(self) -> bool:
         """Whether there is training to do without waiting for a message."""

@@ -134,6 +134,7 @@ class LearnerReady(NamedTuple):
     device: str
     precision: str
     policy: int = 0  # whose learner (--num_policies)
+    hyperparams: dict | None = None  # the learner's own (--with_pbt: saved with its checkpoint)
 
 
 class TrainShare(NamedTuple):
@@ -156,6 +157,30 @@ class CheckpointSaved(NamedTuple):
     path: str
     final: bool
     policy: int = 0
+
+
+# --- population-based training (--with_pbt; fastrl/runner/pbt.py) ---------------------------
+
+
+class PbtReplace(NamedTuple):
+    """Runner -> the learner of a replaced policy: take policy ``donor``'s current (published)
+    weights and these hyperparameters, reset the optimizer, drop the experience the old
+    weights acted."""
+
+    donor: int
+    hyperparams: dict
+    exchange: int  # the exchange's number in the run (pbt.jsonl)
+
+
+class PbtReplaced(NamedTuple):
+    """Learner -> runner: done; ``version`` is the new weights' (the floor below which samples
+    are left out), ``dropped`` the trajectories waiting for a batch that were dropped."""
+
+    policy: int
+    donor: int
+    exchange: int
+    version: int
+    dropped: int
 
 
 # --- reports (to the runner, which keeps the statistics) ------------------------------------
@@ -196,6 +221,9 @@ class LearnerReport(NamedTuple):
     samples: int  # samples trained (or, sampling only, collected) since the last report
     busy_seconds: float  # time spent in gather + train since the last report
     policy: int = 0  # whose learner (--num_policies)
+    # --with_pbt: trajectories acted entirely before this policy's last replacement, dropped
+    # untrained since the last report
+    stale: int = 0
 
 
 class NodeReport(NamedTuple):
