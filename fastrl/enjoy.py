@@ -29,6 +29,7 @@ import gymnasium as gym
 from fastrl.config.checks import validate
 from fastrl.config.load import load_saved_config, with_added_later
 from fastrl.config.settings import (
+    REPLAY_ALGOS,
     Config,
     ConfigError,
     build_parser,
@@ -393,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
                                   "set); use --save_video to record the episodes instead")
         exp_dir, state, ckpt_path = locate(full, explicit, options)
         cfg = merge_config(full, explicit, exp_dir, state, ckpt_path)
-        if cfg.algo == "apex":  # a Q-network's advantages are no policy to sample: greedy
+        if cfg.algo in REPLAY_ALGOS:  # a Q-network's advantages are no policy to sample
             options = dataclasses.replace(options, deterministic=True)
         # SIGTERM and SIGHUP end the evaluation as Ctrl-C does: the episodes so far are
         # reported and the video is closed; a second signal quits at once.

@@ -47,7 +47,8 @@ EnvFactory = Callable[..., gym.Env]
 # "module:attribute", leading arguments, recommended settings), and/or ``match_env(name)``:
 # that row for a name of the family's form, else None (for families named by a pattern, whose
 # names are not listed by ``registered_envs``; matched before gymnasium's registry).
-BUILTIN_FAMILIES = ("envs.doom_scenarios", "envs.atari_games", "envs.pettingzoo_env")
+BUILTIN_FAMILIES = ("envs.doom_scenarios", "envs.atari_games", "envs.pettingzoo_env",
+                    "envs.memory_tasks")
 # Any gymnasium id, through the adapter; and the frame-stacking wrapper for --env_framestack.
 GYM_FACTORY = "envs.gym_env:make_gym_env"
 FRAMESTACK = "envs.wrappers:FrameStack"

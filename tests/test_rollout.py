@@ -68,7 +68,8 @@ def drive(worker, buffers, steps, free_immediately=True):
             for traj in step.trajectories:
                 done_slots.append(list(traj.buffers))
                 # copy out before the slots can be reused, as the learner does
-                done_slots[-1] = [(b, buffers.gather([b])) for b in traj.buffers]
+                done_slots[-1] = [(b, {**buffers.gather([b]), "traj_id": int(buffers.traj_ids[b])})
+                                  for b in traj.buffers]
                 if free_immediately:
                     requests += worker.add_free_buffers(traj.buffers).requests
     return done_slots, episodes
@@ -97,6 +98,24 @@ def test_every_step_lands_in_exactly_one_trajectory():
         assert len(steps) % T == 0
     assert len(seen) == 4
     assert episodes and all(ep.episode_return == 7 and ep.length == 7 for ep in episodes)
+
+
+def test_an_env_slots_trajectories_carry_consecutive_ids():
+    """--algo r2d2 links a trajectory to its env slot's previous one by id (one less)."""
+    worker, _, buffers, _ = make_worker(generation=3)
+    completed, _ = drive(worker, buffers, steps=300)
+    by_env: dict[int, list[tuple[int, int]]] = {}
+    for group in completed:
+        for _, traj in group:
+            obs = traj["obs"]["obs"][0]
+            by_env.setdefault(int(obs[0, 0]), []).append((int(obs[0, 1]), traj["traj_id"]))
+    ids = set()
+    for runs in by_env.values():
+        runs.sort()  # by the env's step count at the trajectory's start
+        got = [tid for _, tid in runs]
+        assert got == list(range(got[0], got[0] + len(got))) and len(got) >= 3
+        ids |= set(got)
+    assert len(ids) == sum(len(r) for r in by_env.values())  # no id shared by two envs
 
 
 def test_start_beats_before_each_env_reset():

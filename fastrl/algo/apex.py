@@ -31,18 +31,22 @@ from fastrl.device import autocast, resolve_precision
 from fastrl.policy.actions import ActionSpec
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.obs import has_action_mask
+from fastrl.policy.recurrent import state_size
 from fastrl.policy.spaces import storage
 from fastrl.sampling.replay import RateLimiter, ReplayStore, annealed_beta
+from fastrl.sampling.sequences import SequenceStore
 
 
-def q_learning_problem(action_space: spaces.Space, obs_space: spaces.Dict) -> str | None:
-    """Why ``--algo apex`` cannot learn Q-values for these spaces (None when it can)."""
+def q_learning_problem(action_space: spaces.Space, obs_space: spaces.Dict,
+                       algo: str = "apex") -> str | None:
+    """Why ``--algo apex`` (or ``r2d2``) cannot learn Q-values for these spaces (None when it
+    can)."""
     spec = ActionSpec(action_space)
     if spec.num_continuous:
-        return (f"--algo apex needs Discrete or MultiDiscrete actions (one Q head per "
+        return (f"--algo {algo} needs Discrete or MultiDiscrete actions (one Q head per "
                 f"dimension), not {action_space}: use --algo appo for continuous actions")
     if has_action_mask(obs_space, spec.num_logits):
-        return "--algo apex does not take an action_mask observation yet: use --algo appo"
+        return f"--algo {algo} does not take an action_mask observation yet: use --algo appo"
     return None
 
 
@@ -70,7 +74,8 @@ def chosen_q(q: list[torch.Tensor], actions: torch.Tensor) -> torch.Tensor:
 
 def build_store(cfg: Config, obs_space: spaces.Dict, action_space: spaces.Space,
                 nbytes_only: bool = False) -> ReplayStore | int:
-    """The run's replay store (or only its size in bytes)."""
+    """The run's replay store (or only its size in bytes): transitions for ``--algo apex``,
+    sequences for ``r2d2``."""
     shapes, dtypes = {}, {}
     for key, sub in obs_space.spaces.items():
         shape, np_dtype = storage(sub)
@@ -78,6 +83,11 @@ def build_store(cfg: Config, obs_space: spaces.Dict, action_space: spaces.Space,
         dtypes[key] = torch.from_numpy(np.zeros(1, dtype=np_dtype)).dtype
     spec = ActionSpec(action_space)
     args = (shapes, dtypes, cfg.rollout, spec.action_dims, spec.dtype, cfg.replay_capacity)
+    if cfg.algo == "r2d2":  # sequences, with the recurrent state stored at each
+        rnn = state_size(cfg.rnn_type, cfg.rnn_size)
+        if nbytes_only:
+            return SequenceStore.nbytes_for(*args, rnn_size=rnn)
+        return SequenceStore(*args, alpha=cfg.replay_alpha, rnn_size=rnn, seed=cfg.seed)
     if nbytes_only:
         return ReplayStore.nbytes_for(*args)
     return ReplayStore(*args, alpha=cfg.replay_alpha, seed=cfg.seed)
@@ -93,7 +103,7 @@ class ApexLearner:
 
     def __init__(self, cfg: Config, model: ActorCritic, obs_space: spaces.Dict,
                  action_space: spaces.Space, device: torch.device, frameskip: int = 1):
-        problem = q_learning_problem(action_space, obs_space)
+        problem = q_learning_problem(action_space, obs_space, cfg.algo)
         if problem:
             raise ValueError(problem)
         self.cfg = cfg
@@ -105,8 +115,10 @@ class ApexLearner:
         self.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate,
                                           betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps)
         self.store = build_store(cfg, obs_space, action_space)
+        # transitions sampled per learner step (r2d2: trained steps of its sequences)
+        self.samples_per_step = cfg.batch_size * (cfg.rollout if cfg.algo == "r2d2" else 1)
         self.limiter = RateLimiter(cfg.replay_samples_per_insert, cfg.replay_min_size,
-                                   cfg.batch_size, cfg.rollout)
+                                   self.samples_per_step, cfg.rollout)
         self.precision = resolve_precision(cfg.precision, device)
         self.group = None
         self.version = 0
@@ -119,13 +131,16 @@ class ApexLearner:
         """How many of ``trajectories`` waiting ones the rate limiter lets in now."""
         return self.limiter.insertable(self.cfg.rollout, trajectories)
 
-    def insert(self, batch: dict) -> int:
-        """Store gathered trajectories (CPU, ``TrajectoryBuffers.gather``); returns the
-        transitions they hold."""
+    def _update_normalizers(self, batch: dict) -> None:
         if self.cfg.normalize_input:
             t = batch["rewards"].shape[1]
             self.model.update_normalizers({k: v[:, :t].reshape(-1, *v.shape[2:])
                                            for k, v in batch["obs"].items()})
+
+    def insert(self, batch: dict) -> int:
+        """Store gathered trajectories (CPU, ``TrajectoryBuffers.gather``); returns the
+        transitions they hold."""
+        self._update_normalizers(batch)
         n = self.store.insert(batch)
         if self.cfg.replay_initial_priority == "td":
             idx = self.store.newest(n // self.cfg.rollout)
@@ -140,38 +155,51 @@ class ApexLearner:
 
     def can_train(self) -> bool:
         # (a store of only steps no policy acted, all at priority 0, has nothing to sample)
-        return (self.limiter.can_sample(self.cfg.batch_size, self.store.size)
+        return (self.limiter.can_sample(self.samples_per_step, self.store.size)
                 and self.store.tree.total > 0)
+
+    def _beta(self) -> float:
+        """The importance-weight exponent now (annealed over the run)."""
+        done = self.samples_trained * self.frameskip / self.cfg.train_for_env_steps
+        return annealed_beta(self.cfg.replay_beta, done)
 
     def train(self) -> dict[str, float]:
         """One learner step on a batch sampled by priority; its statistics."""
         start = time.perf_counter()
         cfg = self.cfg
-        beta = annealed_beta(cfg.replay_beta,
-                             self.samples_trained * self.frameskip / cfg.train_for_env_steps)
+        beta = self._beta()
         data, idx, weights = self.store.sample(cfg.batch_size, beta, cfg.nstep, cfg.gamma)
-        self.limiter.samples += cfg.batch_size
+        self.limiter.samples += self.samples_per_step
         dev = self.device
         taken, y = self._q_and_targets(data)
         td = taken - y
         w = torch.from_numpy(weights).to(dev)
         loss = (F.smooth_l1_loss(taken, y, reduction="none").mean(1) * w).mean()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
-        self.optimizer.step()
-        self.version += 1
+        grad_norm = self._step(loss)
         td_abs = td.detach().abs().mean(1).cpu().numpy()
         self.store.update_priorities(idx, td_abs)
-        if self.version % cfg.target_update_every == 0:
-            self.target.load_state_dict(self.model.state_dict())
+        self._sync_target()
         self.train_seconds += time.perf_counter() - start
         return {"q_loss": float(loss.detach()), "grad_norm": float(grad_norm),
                 "q_mean": float(taken.detach().mean()), "td_error": float(td_abs.mean()),
                 "priority_mean": self.store.priority_mean(), "replay_size": self.store.size,
                 "samples_per_insert": self.limiter.ratio(), "beta": beta,
                 "learning_rate": self.optimizer.param_groups[0]["lr"]}
+
+    def _step(self, loss: torch.Tensor) -> torch.Tensor:
+        """One optimizer step on ``loss`` (gradients clipped); returns the gradient norm."""
+        clip = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else float("inf")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        self.optimizer.step()
+        self.version += 1
+        return grad_norm
+
+    def _sync_target(self) -> None:
+        """The target network copies the online one every ``--target_update_every`` steps."""
+        if self.version % self.cfg.target_update_every == 0:
+            self.target.load_state_dict(self.model.state_dict())
 
     def _q_and_targets(self, data: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """``Q(s, a)`` of the online network (with gradient) and the double-Q targets, both

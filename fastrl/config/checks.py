@@ -12,7 +12,7 @@ import dataclasses
 import math
 import os
 
-from fastrl.config.settings import Config
+from fastrl.config.settings import REPLAY_ALGOS, Config
 
 POSITIVE = ("num_workers", "num_envs_per_worker", "worker_num_splits", "num_policy_workers",
             "num_learners", "num_policies", "rollout", "batch_size", "policy_threads",
@@ -100,8 +100,8 @@ def _batches(cfg: Config) -> list[str]:
             and cfg.num_envs_per_worker % cfg.worker_num_splits):
         errors.append(f"--num_envs_per_worker={cfg.num_envs_per_worker}: must be a multiple of "
                       f"--worker_num_splits={cfg.worker_num_splits}")
-    if cfg.rollout <= 0 or cfg.batch_size <= 0 or cfg.algo == "apex":
-        return errors  # already refused as a value; apex samples transitions, not rollouts
+    if cfg.rollout <= 0 or cfg.batch_size <= 0 or cfg.algo in REPLAY_ALGOS:
+        return errors  # already refused as a value; replay samples from its store
     if not steps_minibatches(cfg) and cfg.batch_size % cfg.rollout:
         errors.append(f"--batch_size={cfg.batch_size}: "
                       f"must be a multiple of --rollout={cfg.rollout}")
@@ -121,8 +121,8 @@ def _batches(cfg: Config) -> list[str]:
 def _learners(cfg: Config) -> list[str]:
     """Several learners: every rank must take the same whole units of every minibatch."""
     n = cfg.num_learners
-    if n <= 1 or cfg.algo == "apex":
-        return []  # apex: refused in _replay
+    if n <= 1 or cfg.algo in REPLAY_ALGOS:
+        return []  # refused in _replay
     if cfg.serial_mode:
         return [f"--num_learners={n}: needs parallel mode (without --serial_mode)"]
     if cfg.rollout <= 0:
@@ -164,20 +164,25 @@ def _placement(cfg: Config) -> list[str]:
 
 
 def _replay(cfg: Config) -> list[str]:
-    """``--algo apex``: the replay settings, and the modes it does not run in yet."""
-    if cfg.algo != "apex":
+    """``--algo apex`` and ``r2d2``: the replay settings, and the modes they do not run in
+    yet."""
+    if cfg.algo not in REPLAY_ALGOS:
         return []
     errors = []
+    algo = f"--algo {cfg.algo}"
+    rnn = ((cfg.use_rnn, f"{algo} needs --use_rnn False (a recurrent Q-network is --algo r2d2)")
+           if cfg.algo == "apex" else
+           (not cfg.use_rnn, f"{algo} needs --use_rnn True (its Q-network is recurrent; "
+            "--algo apex is the feed-forward one)"))
     why = {
-        "use_rnn": (cfg.use_rnn, "--algo apex needs --use_rnn False (a recurrent Q-network is "
-                    "R2D2, not built yet)"),
-        "normalize_returns": (cfg.normalize_returns, "--algo apex needs --normalize_returns "
+        "use_rnn": rnn,
+        "normalize_returns": (cfg.normalize_returns, f"{algo} needs --normalize_returns "
                               "False (Q-values are learned in reward units)"),
-        "async_rl": (not cfg.async_rl, "--algo apex needs --async_rl True (the replay ratio, "
+        "async_rl": (not cfg.async_rl, f"{algo} needs --async_rl True (the replay ratio, "
                      "not rounds, paces the learner)"),
-        "num_learners": (cfg.num_learners > 1, "--algo apex runs one learner (the replay store "
+        "num_learners": (cfg.num_learners > 1, f"{algo} runs one learner (the replay store "
                          "lives in its process); --num_learners > 1 is APPO only"),
-        "num_sampler_nodes": (cfg.num_sampler_nodes > 0, "--algo apex does not run with sampler "
+        "num_sampler_nodes": (cfg.num_sampler_nodes > 0, f"{algo} does not run with sampler "
                               "nodes yet (their epsilons would need every node's env count); "
                               "use --num_sampler_nodes 0"),
     }
@@ -192,6 +197,8 @@ def _replay(cfg: Config) -> list[str]:
     if cfg.replay_min_size < cfg.batch_size:
         errors.append(f"--replay_min_size={cfg.replay_min_size}: must be at least --batch_size="
                       f"{cfg.batch_size}")
+    if cfg.algo == "r2d2" and not 0.0 <= cfg.r2d2_eta <= 1.0:
+        errors.append(f"--r2d2_eta={cfg.r2d2_eta}: must be in [0, 1]")
     if cfg.replay_min_size > cfg.replay_capacity:
         errors.append(f"--replay_min_size={cfg.replay_min_size}: must be at most "
                       f"--replay_capacity={cfg.replay_capacity}")

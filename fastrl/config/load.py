@@ -109,7 +109,7 @@ def apply_recommended(cfg: Config, keep: set[str]) -> list[str]:
     fields in ``keep`` (given as flags, or saved by an earlier run); ``cfg.recipe`` names the
     recipe chosen; then resolve ``reward_scale`` None to 1.0. Returns errors for unknown
     settings."""
-    from fastrl.config.recipes import APEX_RECIPES, APEX_SETTINGS, RECIPES, choose_recipe, fit_round
+    from fastrl.config.recipes import RECIPES, choose_recipe, fit_round, replay_layer
     from fastrl.env_registry import recommended_settings
 
     known = {f.name for f in _fields()}
@@ -120,8 +120,7 @@ def apply_recommended(cfg: Config, keep: set[str]) -> list[str]:
         cfg.recipe, agents = choose_recipe(cfg.env, cfg.recipe, entry, cfg.env_packages)
     layers = {**RECIPES.get(cfg.recipe, {}), **entry}
     layers.pop("recipe", None)
-    if cfg.algo == "apex":
-        layers.update({**APEX_SETTINGS, **APEX_RECIPES.get(cfg.recipe, {})})
+    layers.update(replay_layer(cfg.algo, cfg.recipe))
     for key, value in layers.items():
         if key not in known:
             errors.append(f"env {cfg.env!r} recommends unknown setting {key!r}")

@@ -70,6 +70,32 @@ APEX_RECIPES: dict[str, dict[str, Any]] = {
 }
 
 
+# ``--algo r2d2``: the same, with the recurrent core. The classic row was measured on
+# CartPole with its velocities hidden (perf/RESULTS.md, "R2D2 (issue 26)"); the other
+# recipes take Ape-X's layer with R2D2's sequence shape (rollout 40: sequences of 80 with
+# the predecessor's 40 as burn-in), not measured yet.
+R2D2_SETTINGS: dict[str, Any] = {**APEX_SETTINGS, "use_rnn": True, "rollout": 40,
+                                 "batch_size": 32}
+R2D2_RECIPES: dict[str, dict[str, Any]] = {
+    "classic": {
+        "num_workers": 2, "num_envs_per_worker": 4, "rollout": 16, "batch_size": 32,
+        "replay_min_size": 2_000, "target_update_every": 100, "rnn_size": 64,
+        "encoder_mlp_layers": [64], "nonlinearity": "relu", "learning_rate": 1e-3,
+        "adam_eps": 1e-8, "max_grad_norm": 10.0, "precision": "fp32",
+        "replay_samples_per_insert": 4.0,
+    },
+}
+
+
+def replay_layer(algo: str, recipe: str) -> dict[str, Any]:
+    """The settings ``--algo apex`` or ``r2d2`` puts over the recipe (empty for appo)."""
+    if algo == "apex":
+        return {**APEX_SETTINGS, **APEX_RECIPES.get(recipe, {})}
+    if algo == "r2d2":
+        return {**R2D2_SETTINGS, **R2D2_RECIPES.get(recipe, {})}
+    return {}
+
+
 def _leaves(space: gym.Space) -> list[gym.Space]:
     if isinstance(space, gym.spaces.Dict):
         return [leaf for sub in space.spaces.values() for leaf in _leaves(sub)]
@@ -167,9 +193,10 @@ def recipe_line(env_name: str, recipe: str, obs_space: gym.Space, action_space: 
 def describe(recipe: str, cfg: Any = None) -> str:
     """The recipe's settings in one line (with ``cfg``: the values the run has for them)."""
     settings = RECIPES[recipe]
-    if getattr(cfg, "algo", "appo") == "apex":  # the settings the apex layer gives instead
-        settings = {**APEX_SETTINGS, **APEX_RECIPES.get(recipe, {})}
-        return "--algo apex: " + ", ".join(f"{k}={getattr(cfg, k)}" for k in settings)
+    algo = getattr(cfg, "algo", "appo")
+    if algo != "appo":  # the settings the replay layer gives instead
+        settings = replay_layer(algo, recipe)
+        return f"--algo {algo}: " + ", ".join(f"{k}={getattr(cfg, k)}" for k in settings)
     if not settings:
         return "fastrl's defaults (conv encoder, GRU, one pass over batches of 1024)"
     return ", ".join(f"{k}={getattr(cfg, k) if cfg is not None else v}"

@@ -18,6 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
+ALGOS = ("appo", "apex", "r2d2")
+REPLAY_ALGOS = ("apex", "r2d2")  # trained from a replay store (fastrl/algo/apex.py, r2d2.py)
+
 
 def _f(default: Any, help: str, group: str = "training", choices: tuple | None = None) -> Any:
     meta = {"help": help, "group": group}
@@ -184,11 +187,13 @@ class Config:
                             choices=("clip", "tanh"))
 
     # --- algorithm --------------------------------------------------------------------
-    algo: str = _f("appo", "The algorithm: appo (on-policy, V-trace) or apex (Ape-X: "
+    algo: str = _f("appo", "The algorithm: appo (on-policy, V-trace), apex (Ape-X: "
                    "prioritized replay, n-step double Q-learning, per-env epsilons; the --replay_* "
-                   "flags)", choices=("appo", "apex"))
+                   "flags) or r2d2 (apex with the recurrent core, on stored sequences with "
+                   "burn-in; the --r2d2_* flags too)", choices=ALGOS)
     batch_size: int = _f(1024, "Samples per SGD step (a multiple of --rollout; --algo apex: "
-                         "transitions sampled per step, any size)")
+                         "transitions sampled per step, any size; --algo r2d2: sequences of "
+                         "--rollout steps)")
     num_batches_per_epoch: int = _f(1, "SGD steps per pass over the collected data")
     num_epochs: int = _f(1, "Passes (PPO epochs) over each collected batch")
     learning_rate: float = _f(5e-4, "Adam learning rate (on doom_basic, before --normalize_input "
@@ -274,6 +279,14 @@ class Config:
     apex_epsilon: float = _f(0.4, "Env i of N explores with epsilon apex_epsilon ** (1 + "
                              "apex_epsilon_alpha * i / (N - 1)) (Ape-X)", "replay")
     apex_epsilon_alpha: float = _f(7.0, "See --apex_epsilon", "replay")
+    r2d2_burn_in: bool = _f(True, "--algo r2d2: unroll each sequence's predecessor (the same "
+                            "env's previous --rollout steps) from its stored state, without "
+                            "gradient, to refresh the state the sequence starts from (False: "
+                            "start from the sequence's own stored state)", "replay")
+    r2d2_eta: float = _f(0.9, "--algo r2d2: a sequence's priority is eta x max + (1 - eta) x "
+                         "mean of its steps' |TD error|", "replay")
+    r2d2_value_rescaling: bool = _f(True, "--algo r2d2: learn h(Q) with R2D2's invertible "
+                                    "h(x) = sign(x)(sqrt(|x| + 1) - 1) + 0.001 x", "replay")
 
     # --- logging and checkpoints ------------------------------------------------------
     save_every_sec: float = _f(120.0, "Seconds between checkpoints (one is also written at exit)",

@@ -78,7 +78,7 @@ def _advice(stage: str, cfg: Any, cores: int, device_type: str) -> str:
         tips = ["the learner limits the run"]
         if device_type == "cpu":
             tips.append("a GPU (--device cuda) trains far faster")
-        if getattr(cfg, "algo", "appo") == "apex":
+        if getattr(cfg, "algo", "appo") in ("apex", "r2d2"):
             tips.append(f"a lower --replay_samples_per_insert (now "
                         f"{cfg.replay_samples_per_insert}) takes fewer learner steps per env "
                         "step (the rate limiter holds the envs back to keep it)")

@@ -230,6 +230,19 @@ class ActorCritic(nn.Module):
         logits, values = self._heads(out, mask)
         return logits, values, new_state
 
+    def final_state(self, obs: Mapping[str, Tensor] | Tensor, rnn_state0: Tensor,
+                    resets: Tensor, cuts: Cuts | None = None) -> Tensor:
+        """The recurrent state ``[B, S]`` after the last of ``obs`` (dict of ``[B, T, ...]``)
+        from ``rnn_state0``, zeroed before step t where ``resets[:, t]`` is 1 (R2D2's burn-in:
+        no head runs); ``cuts`` as in :meth:`forward_sequence` (with the capture at T - 1)."""
+        obs = obs_to_dict(obs)
+        b, t = resets.shape
+        flat = {key: obs[key].reshape(b * t, *obs[key].shape[2:]) for key in self._obs_keys}
+        last = torch.full((b,), t - 1, dtype=torch.int64, device=resets.device)
+        _, state = rnn_unroll(self.rnn, self._encode(flat).view(b, t, -1), rnn_state0, resets,
+                              last, cuts)
+        return state
+
     def forward_sequence(
         self, obs: Mapping[str, Tensor] | Tensor, rnn_state0: Tensor, resets: Tensor,
         final_obs: Mapping[str, Tensor] | Tensor | None = None, final_step: Tensor | None = None,

@@ -12,7 +12,7 @@ import torch
 from fastrl.algo.apex import build_store, q_learning_problem
 from fastrl.algo.learner import exploration_problem
 from fastrl.config.recipes import recipe_line
-from fastrl.config.settings import Config
+from fastrl.config.settings import REPLAY_ALGOS, Config
 from fastrl.errors import EnvSettingsError
 from fastrl.log import log
 from fastrl.policy.actions import ActionSpec
@@ -33,8 +33,8 @@ def check_env_settings(cfg: Config, info: EnvInfo) -> None:
         raise EnvSettingsError(f"env {cfg.env!r} ({info.action_space}): {problem}")
     if info.multi_agent:
         check_agents_settings(cfg, info)
-    if cfg.algo == "apex":
-        problem = q_learning_problem(info.action_space, info.obs_space)
+    if cfg.algo in REPLAY_ALGOS:
+        problem = q_learning_problem(info.action_space, info.obs_space, cfg.algo)
         if problem:
             raise EnvSettingsError(f"env {cfg.env!r}: {problem}")
         try:

@@ -1,4 +1,5 @@
-"""The learner station of ``--algo apex``: the same messages as APPO's, another use of them.
+"""The learner station of ``--algo apex`` and ``r2d2``: the same messages as APPO's, another
+use of them.
 
 Trajectory slots that arrive go into the replay store as soon as the rate limiter lets them
 (copied out, then freed to their worker at once); the slots it does not yet let in stay
@@ -43,6 +44,7 @@ class ReplayLearnerStation(LearnerStation):
         if k:
             slots = self.pending.take(k)
             batch = w.buffers.gather(slots)
+            batch["traj_ids"] = w.buffers.traj_ids[slots].numpy()  # r2d2's sequence links
             self._free(slots)
             self._samples += learner.insert(batch)
             work += 1

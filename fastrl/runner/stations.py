@@ -17,6 +17,8 @@ import torch
 from fastrl.algo.apex import ApexLearner
 from fastrl.algo.learner import Learner
 from fastrl.algo.learner_group import LearnerGroup
+from fastrl.algo.r2d2 import R2D2Learner
+from fastrl.config.settings import REPLAY_ALGOS
 from fastrl.errors import EnvOutputError
 from fastrl.experiment.checkpoint import checkpoint_state, restore_learner, save_checkpoint
 from fastrl.runner.common import build_model
@@ -391,12 +393,12 @@ class LearnerRankStation:
 
 def make_policy_worker(wiring: Wiring, model: torch.nn.Module, device: torch.device,
                        precision: str, others: list[torch.nn.Module] = ()) -> PolicyWorker:
-    """The policy worker core; with ``--algo apex``, epsilon-greedy with every env slot's
-    Ape-X epsilon (over all the run's slots). ``others``: the models of policies 1, 2, ...
-    (``--num_policies``), each fed by its own weights."""
+    """The policy worker core; with ``--algo apex`` or ``r2d2``, epsilon-greedy with every env
+    slot's Ape-X epsilon (over all the run's slots). ``others``: the models of policies 1,
+    2, ... (``--num_policies``), each fed by its own weights."""
     cfg = wiring.cfg
     epsilons = None
-    if cfg.algo == "apex":
+    if cfg.algo in REPLAY_ALGOS:
         epsilons = ape_x_epsilons(wiring.num_envs, cfg.apex_epsilon, cfg.apex_epsilon_alpha)
     return PolicyWorker(model, wiring.info.action_space, wiring.buffers, wiring.rnn_state,
                         device, weights=wiring.weights, precision=precision, epsilons=epsilons,
@@ -409,9 +411,10 @@ def make_learner(cfg, info: EnvInfo, device: torch.device, group: LearnerGroup |
     that checkpoint's run counters and path (None, None without one). In a ``group`` every
     rank restores the same checkpoint and then takes rank 0's weights and statistics, so that
     a fresh start (unseeded) begins alike too."""
-    if cfg.algo == "apex":
-        learner = ApexLearner(cfg, build_model(cfg, info, device), info.obs_space,
-                              info.action_space, device, frameskip=info.frameskip)
+    if cfg.algo in REPLAY_ALGOS:
+        kind = R2D2Learner if cfg.algo == "r2d2" else ApexLearner
+        learner = kind(cfg, build_model(cfg, info, device), info.obs_space,
+                        info.action_space, device, frameskip=info.frameskip)
     else:
         learner = Learner(cfg, build_model(cfg, info, device), info.action_space, device,
                           frameskip=info.frameskip, group=group)

@@ -72,7 +72,7 @@ class BufferLayout:
             total += n * (t + 2) * int(np.prod(shape)) * size  # T + 1 steps and a final obs
         action_size = torch.empty((), dtype=self.action_dtype).element_size()
         total += n * t * (action_size * self.action_dims + 4 + 4 + 4 + 1 + 8)
-        total += n * (self.rnn_size * 4 + 8)
+        total += n * (self.rnn_size * 4 + 8 + 8)
         return total
 
 
@@ -105,6 +105,10 @@ class TrajectoryBuffers:
         self.final_obs = {key: torch.full_like(obs[:, 0], _fill_value(obs.dtype))
                           for key, obs in self.obs.items()}
         self.final_step = torch.full((n,), -1, dtype=torch.int64)
+        # Each trajectory's id (fastrl.sampling.trajectories.traj_id): its env slot and its
+        # number in that slot's run, for --algo r2d2 to find a trajectory's predecessor.
+        # Read by the replay station itself, not gathered.
+        self.traj_ids = torch.full((n,), -1, dtype=torch.int64)
         if shared:
             for tensor in self.tensors():
                 tensor.share_memory_()
@@ -112,7 +116,7 @@ class TrajectoryBuffers:
     def tensors(self) -> list[torch.Tensor]:
         return [*self.obs.values(), self.actions, self.log_probs, self.values, self.rewards,
                 self.dones, self.policy_versions, self.rnn_states, *self.final_obs.values(),
-                self.final_step]
+                self.final_step, self.traj_ids]
 
     def gather(self, indices: list[int] | torch.Tensor, staging: Staging | None = None) -> dict:
         """Copy the trajectories at ``indices`` out of the buffers (one indexed read per key).

@@ -274,13 +274,7 @@ class ReplayStore:
         keep = slice(max(0, k - self.num_rows), k)  # more rows than the store: the newest
         k = keep.stop - keep.start
         rows = torch.remainder(torch.arange(self.next_row, self.next_row + k), self.num_rows)
-        for key, store in self.obs.items():
-            store[rows] = batch["obs"][key][keep]
-            self.final_obs[key][rows] = batch["final_obs"][key][keep]
-        self.final_step[rows] = batch["final_step"][keep]
-        self.actions[rows] = batch["actions"][keep].to(self.actions.dtype)
-        self.rewards[rows] = batch["rewards"][keep].float()
-        self.dones[rows] = batch["dones"][keep]
+        self._write_rows(rows, batch, keep)
         valid = (batch["policy_versions"][keep] >= 0).numpy()
         if priorities is None:
             prio = np.full(valid.shape, self.max_priority ** self.alpha)
@@ -293,6 +287,16 @@ class ReplayStore:
         self.next_row = (self.next_row + k) % self.num_rows
         self.rows_filled = min(self.num_rows, self.rows_filled + k)
         return k * self.rollout
+
+    def _write_rows(self, rows: torch.Tensor, batch: dict, keep: slice) -> None:
+        """Rows ``rows`` take the trajectories ``keep`` of ``batch`` (see :meth:`insert`)."""
+        for key, store in self.obs.items():
+            store[rows] = batch["obs"][key][keep]
+            self.final_obs[key][rows] = batch["final_obs"][key][keep]
+        self.final_step[rows] = batch["final_step"][keep]
+        self.actions[rows] = batch["actions"][keep].to(self.actions.dtype)
+        self.rewards[rows] = batch["rewards"][keep].float()
+        self.dones[rows] = batch["dones"][keep]
 
     def sample(self, batch: int, beta: float, nstep: int, gamma: float
                ) -> tuple[dict, np.ndarray, np.ndarray]:

@@ -30,7 +30,13 @@ from fastrl.sampling.env_faults import (
     describe,
     fault_kind,
 )
-from fastrl.sampling.trajectories import PolicyAssignment, Split, StepOutput, by_policy
+from fastrl.sampling.trajectories import (
+    PolicyAssignment,
+    Split,
+    StepOutput,
+    TrajectoryTags,
+    by_policy,
+)
 from fastrl.transport.messages import (
     ActionsReady,
     EpisodeStats,
@@ -41,10 +47,9 @@ from fastrl.transport.messages import (
 # An env that fails this many times in a row while being recreated is beyond repair: the
 # worker stops with the cause (and the runner decides whether to restart the worker).
 ENV_RESTART_ATTEMPTS = 3
-# An env that faults this many times in a row without finishing one episode in between would
-# be recreated forever and train on nothing: the worker stops with the last fault. (An env
-# that faults in half of its episodes gets there once in 2,046 episodes on average, and the
-# runner then restarts the worker.)
+# An env that faults this many times in a row without finishing an episode would be recreated
+# forever and train on nothing: the worker stops with the last fault. (One that faults in half
+# of its episodes gets there once in 2,046 episodes on average; the runner restarts it.)
 ENV_FAULTS_IN_A_ROW = 10
 ENV_CHECKS = ("warn", "strict")  # --env_check
 
@@ -72,13 +77,11 @@ class RolloutWorker:
             leaves them out), the episode is not reported, and the fault is counted by kind.
             Without it, the fault propagates. An env that faults ``ENV_FAULTS_IN_A_ROW``
             times without finishing an episode stops the worker (:class:`EnvBroken`).
-        env_timeout: seconds one env call may take (0 = no limit). Enforced with SIGALRM,
-            so only in the main thread, and only for envs that return to Python (a call
-            stuck in C code is caught by the runner's heartbeat check instead).
+        env_timeout: seconds one env call may take (0 = no limit). SIGALRM: main thread and
+            envs that return to Python only (the runner's heartbeat check catches the rest).
         generation, epoch: stamped on every request (see ``InferenceRequest``).
         decorrelate: at :meth:`start`, env ``e`` (global id) first takes ``e * rollout``
-            random actions (episodes that end meanwhile are reset and not reported), so that
-            envs with fixed-length episodes do not end and reset in lock-step.
+            random actions (episodes ended meanwhile are not reported): no lock-step resets.
         action_bounds: how continuous actions are bounded for the env
             (``fastrl.policy.actions.ActionSpec``).
         env_check: ``"warn"``: bad env output is a fault like any other; ``"strict"``: it
@@ -134,6 +137,7 @@ class RolloutWorker:
         self._policy_rnn_np = rnn_state.numpy()
         self._final_obs_np = {k: v.numpy() for k, v in buffers.final_obs.items()}
         self._final_step_np = buffers.final_step.numpy()
+        self._tags = TrajectoryTags(buffers.traj_ids.numpy(), generation)
         self._check_obs = ObsCheck(self._obs_np)
         self._has_rnn = buffers.layout.rnn_size > 0
         first = worker_id * len(envs)
@@ -436,6 +440,7 @@ class RolloutWorker:
         split.t = 0
         self._ep_start[split.local] = 0
         self._final_step_np[split.buffers] = -1
+        self._tags.tag(split.buffers, split.env_ids)
         self._write_obs(split.buffers, 0, split.pending_obs)
         if self.num_policies > 1:  # the policies drawn at episode ends take over here
             split.policies = self.assign.begin(split.local, split.env_ids, self._policy_rnn_np)

@@ -98,3 +98,35 @@ def by_policy(buffers: list[int], policies: tuple[int, ...]) -> dict[int, tuple[
     for b, k in zip(buffers, policies, strict=True):
         groups.setdefault(k, []).append(b)
     return {k: tuple(bufs) for k, bufs in sorted(groups.items())}
+
+
+# A trajectory id: env slot, the rollout worker's generation and the trajectory's number in
+# that env slot's run, packed in one int64 (``traj_id``); -1 in a slot never tagged.
+_COUNT_BITS = 32
+_GEN_BITS = 10
+
+
+def traj_id(env: np.ndarray, generation: int, count: np.ndarray) -> np.ndarray:
+    """The ids of trajectories number ``count`` of env slots ``env`` (a rollout worker of
+    ``generation``): consecutive trajectories of one env slot in one worker's life have
+    consecutive ids, so that a replay store finds a trajectory's predecessor (the id one
+    less: ``fastrl.sampling.sequences``)."""
+    env = np.asarray(env, dtype=np.int64)
+    head = (env << _GEN_BITS) | (int(generation) & ((1 << _GEN_BITS) - 1))
+    return (head << _COUNT_BITS) | (np.asarray(count, dtype=np.int64) & ((1 << _COUNT_BITS) - 1))
+
+
+class TrajectoryTags:
+    """Writes each new trajectory's :func:`traj_id` into its slot (``TrajectoryBuffers
+    .traj_ids``, a numpy view): what ``--algo r2d2`` links sequences by."""
+
+    def __init__(self, traj_ids: np.ndarray, generation: int):
+        self.traj_ids = traj_ids
+        self.generation = generation
+        self.counts: dict[int, int] = {}  # global env id -> trajectories begun
+
+    def tag(self, buffers: list[int], env_ids: list[int]) -> None:
+        counts = [self.counts.get(e, 0) for e in env_ids]
+        self.traj_ids[buffers] = traj_id(np.asarray(env_ids), self.generation, np.asarray(counts))
+        for e, c in zip(env_ids, counts, strict=True):
+            self.counts[e] = c + 1

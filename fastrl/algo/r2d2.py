@@ -1,0 +1,177 @@
+"""R2D2's learner (``--algo r2d2``): Ape-X's n-step double Q-learning with a dueling head, on
+sequences, with the recurrent core (``fastrl.sampling.sequences`` holds them).
+
+One learner step: sample ``--batch_size`` sequences by priority; unroll the online and the
+target network over each sequence's predecessor from the predecessor's stored state, with
+no gradient (the burn-in), then over the sequence itself (``T + 1`` observations) from the
+state reached (or from the sequence's own stored state where it has no predecessor in the
+store); for every step ``t`` of the sequence, the target
+``y_t = h(R_t + D_t * h^-1(Q^target(s_{t+m}, argmax_a Q^online(s_{t+m}, a))))`` (``R``,
+``D``, ``m``: the n-step return, discount and steps, as Ape-X's, stopping at a done and at
+the sequence's end; ``h``: R2D2's invertible value rescaling,
+:func:`~fastrl.sampling.sequences.value_rescale`, off with ``--r2d2_value_rescaling False``);
+Huber loss of ``Q(s_t, a_t) - y_t`` averaged over each sequence's steps, weighted by the
+sequence's importance weight; new priorities ``eta * max + (1 - eta) * mean`` of the steps'
+``|TD error|``. Steps no policy acted, and steps whose target would need the observation a
+time limit cut away (the sequence does not hold its recurrent state's successor), are left
+out of the loss and of the priorities.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from gymnasium import spaces
+
+from fastrl.algo.apex import ApexLearner, chosen_q, dueling_heads
+from fastrl.config.settings import Config
+from fastrl.device import autocast
+from fastrl.policy.model import ActorCritic
+from fastrl.policy.recurrent import find_cuts
+from fastrl.sampling.replay import nstep_returns
+from fastrl.sampling.sequences import (
+    sequence_priorities,
+    value_rescale,
+    value_rescale_inv,
+)
+
+
+def sequence_targets(rewards: torch.Tensor, dones: torch.Tensor, final_step: torch.Tensor,
+                     nstep: int, gamma: float) -> tuple[torch.Tensor, ...]:
+    """The n-step part of every step's target in sequences of ``rewards``, ``dones``
+    ``[B, T]`` (``final_step`` ``[B]``): ``(returns, discounts, next_t, from_final)``, each
+    ``[B, T]``, as :func:`~fastrl.sampling.replay.nstep_returns` gives them per step."""
+    b, t = rewards.shape
+    steps = torch.arange(t, device=rewards.device).repeat(b)
+    out = nstep_returns(rewards.repeat_interleave(t, 0), dones.repeat_interleave(t, 0),
+                        final_step.repeat_interleave(t, 0), steps, nstep, gamma)
+    return tuple(x.view(b, t) for x in out)
+
+
+class R2D2Learner(ApexLearner):
+    """:class:`ApexLearner` on sequences: the store is a
+    :class:`~fastrl.sampling.sequences.SequenceStore`, ``--batch_size`` counts sequences, and
+    the rate limiter counts the trained steps of each (``batch_size * rollout``)."""
+
+    algo = "r2d2"
+
+    def __init__(self, cfg: Config, model: ActorCritic, obs_space: spaces.Dict,
+                 action_space: spaces.Space, device: torch.device, frameskip: int = 1):
+        if model.rnn is None:
+            raise ValueError("--algo r2d2 needs the recurrent core (--use_rnn True)")
+        super().__init__(cfg, model, obs_space, action_space, device, frameskip)
+
+    def insert(self, batch: dict) -> int:
+        """Store gathered trajectories (with ``rnn_states`` and ``traj_ids``) as sequences;
+        returns the transitions they hold."""
+        cfg = self.cfg
+        self._update_normalizers(batch)
+        n = self.store.insert(batch)
+        if cfg.replay_initial_priority == "td":
+            rows = self.store.newest_rows(n // cfg.rollout)
+            if rows.size:
+                with torch.no_grad():
+                    taken, y, mask = self._q_and_targets(self.store.sequences(
+                        rows, cfg.r2d2_burn_in))
+                self.store.update_priorities(rows, self._priorities(taken, y, mask))
+        self.limiter.inserts += n
+        self.samples_trained += n
+        return n
+
+    def train(self) -> dict[str, float]:
+        """One learner step on ``--batch_size`` sequences sampled by priority."""
+        start = time.perf_counter()
+        cfg = self.cfg
+        beta = self._beta()
+        data, rows, weights = self.store.sample_sequences(cfg.batch_size, beta)
+        self.limiter.samples += self.samples_per_step
+        taken, y, mask = self._q_and_targets(data)
+        m = mask.to(taken.dtype)
+        per_step = F.smooth_l1_loss(taken, y, reduction="none").mean(2)  # [B, T]
+        per_seq = (per_step * m).sum(1) / m.sum(1).clamp(min=1.0)
+        loss = (per_seq * torch.from_numpy(weights).to(self.device)).mean()
+        grad_norm = self._step(loss)
+        self.store.update_priorities(rows, self._priorities(taken, y, mask))
+        self._sync_target()
+        self.train_seconds += time.perf_counter() - start
+        td_abs = ((taken - y).detach().abs().mean(2) * m).sum() / m.sum().clamp(min=1.0)
+        q_mean = (taken.detach().mean(2) * m).sum() / m.sum().clamp(min=1.0)
+        stats = torch.stack([loss.detach(), grad_norm.float(), q_mean, td_abs]).tolist()
+        return {"q_loss": stats[0], "grad_norm": stats[1], "q_mean": stats[2],
+                "td_error": stats[3], "priority_mean": self.store.priority_mean(),
+                "replay_size": self.store.size, "samples_per_insert": self.limiter.ratio(),
+                "beta": beta, "burn_in_fraction": float(data["has_prev"].float().mean()),
+                "learning_rate": self.optimizer.param_groups[0]["lr"]}
+
+    def _priorities(self, taken: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
+        td_abs = (taken - y).detach().abs().mean(2)
+        return sequence_priorities(td_abs, mask, self.cfg.r2d2_eta).cpu().numpy()
+
+    def _start_states(self, net: ActorCritic, data: dict, on_dev: dict) -> torch.Tensor:
+        """The state each sequence starts from: after the burn-in over its predecessor where
+        it has one (zeroed when the predecessor's last step ended its episode), else its own
+        stored state."""
+        own = on_dev["rnn_states"]
+        if "prev_obs" not in data:
+            return own
+        with torch.no_grad():
+            burned = net.final_state(on_dev["prev_obs"], on_dev["prev_rnn_states"],
+                                     on_dev["prev_resets"], on_dev["prev_cuts"])
+            burned = burned * (1.0 - on_dev["prev_last_done"])
+        return torch.where(on_dev["has_prev"].unsqueeze(1), burned, own)
+
+    def _q_and_targets(self, data: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``Q(s_t, a_t)`` of the online network (with gradient) and the targets, both
+        ``[B, T, D]`` (in the rescaled space with value rescaling), and the steps trained
+        ``[B, T]`` bool, for sequences as ``SequenceStore.sequences`` gives them."""
+        cfg, dev = self.cfg, self.device
+        dones = data["dones"]
+        b, t = dones.shape
+        resets = torch.cat([torch.zeros((b, 1), dtype=torch.bool), dones], 1)  # [B, T + 1]
+        on_dev = {"obs": {k: v.to(dev) for k, v in data["obs"].items()},
+                  "rnn_states": data["rnn_states"].to(dev),
+                  "has_prev": data["has_prev"].to(dev)}
+        if "prev_obs" in data:
+            prev_resets = torch.cat([torch.zeros((b, 1), dtype=torch.bool),
+                                     data["prev_dones"][:, :-1]], 1)
+            on_dev.update(
+                prev_obs={k: v.to(dev) for k, v in data["prev_obs"].items()},
+                prev_rnn_states=data["prev_rnn_states"].to(dev),
+                prev_resets=prev_resets.float().to(dev),
+                prev_cuts=find_cuts(prev_resets.numpy(), np.full(b, t - 1)),
+                prev_last_done=data["prev_dones"][:, -1:].float().to(dev))
+        cuts = find_cuts(resets.numpy())
+        online0 = self._start_states(self.model, data, on_dev)
+        with autocast(self.precision, dev):
+            logits, values = self.model.forward_sequence(
+                on_dev["obs"], online0, resets.float().to(dev), cuts=cuts)
+        q = [h.view(b, t + 1, -1) for h in dueling_heads(logits.reshape(b * (t + 1), -1),
+                                                           values.reshape(-1), self.nvec)]
+        with torch.no_grad():
+            target0 = self._start_states(self.target, data, on_dev)
+            with autocast(self.precision, dev):
+                t_logits, t_values = self.target.forward_sequence(
+                    on_dev["obs"], target0, resets.float().to(dev), cuts=cuts)
+            q_target = [h.view(b, t + 1, -1) for h in dueling_heads(
+                t_logits.reshape(b * (t + 1), -1), t_values.reshape(-1), self.nvec)]
+            returns, discounts, next_t, from_final = (x.to(dev) for x in sequence_targets(
+                data["rewards"], dones, data["final_step"], cfg.nstep, cfg.gamma))
+            picked = []
+            for online_j, target_j in zip(q, q_target, strict=True):
+                index = next_t.unsqueeze(2).expand(-1, -1, online_j.shape[2])
+                best = online_j.detach().gather(1, index).argmax(2, keepdim=True)
+                picked.append(target_j.gather(1, index).gather(2, best).squeeze(2))
+            boot = torch.stack(picked, 2)  # [B, T, D]
+            if cfg.r2d2_value_rescaling:
+                boot = value_rescale_inv(boot)
+            y = returns.unsqueeze(2) + discounts.unsqueeze(2) * boot
+            if cfg.r2d2_value_rescaling:
+                y = value_rescale(y)
+        actions = data["actions"].to(dev)
+        taken = chosen_q([h[:, :t].reshape(b * t, -1) for h in q],
+                         actions.reshape(b * t, -1)).view(b, t, -1)
+        mask = data["valid"].to(dev) & ~from_final
+        return taken.float(), y.float(), mask

@@ -1,0 +1,212 @@
+"""The replay store of ``--algo r2d2``: whole trajectories kept as sequences for a recurrent
+Q-network, sampled by priority.
+
+**A sequence** is one row of :class:`~fastrl.sampling.replay.ReplayStore` (one trajectory
+slot as it came: ``T = --rollout`` steps, ``T + 1`` observations) with one more column, the
+actor's recurrent state at the row's first step (what the rollout worker wrote into the
+slot: R2D2's *stored state*). Each frame is stored once.
+
+**Overlap and burn-in.** The rollout worker tags every trajectory with its env slot and its
+number in that env's run of trajectories (``TrajectoryBuffers.traj_ids``,
+:func:`fastrl.sampling.trajectories.traj_id`), so the store knows, for each row, the row that
+holds the same env's trajectory just before it (``prev_row``, -1 when that one is not, or no
+longer, in the store).
+The learner unrolls a sampled row's predecessor first, from the predecessor's stored state,
+with no gradient (the *burn-in*: it refreshes a state that the actor computed with older
+weights), then the row itself from the state the burn-in reached. A sequence is therefore
+``2 T`` steps of which the last ``T`` are trained, and consecutive sequences of an env
+overlap by ``T`` steps; ``--rollout 40`` gives R2D2's 80 steps with an overlap of 40 and a
+burn-in of 40, without storing any frame twice. A row whose predecessor is missing (an env's
+first trajectory, or one evicted) starts from its own stored state.
+
+**Priorities** are per sequence: ``eta * max_t |delta_t| + (1 - eta) * mean_t |delta_t|``
+over its trained steps (:func:`sequence_priorities`), raised to ``alpha`` in a sum tree over
+rows; new rows come in at the highest priority seen so far.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fastrl.sampling.replay import (
+    PRIORITY_EPS,
+    ReplayStore,
+    SumTree,
+    importance_weights,
+    stratified_prefixes,
+)
+
+
+def sequence_priorities(td_abs: torch.Tensor, mask: torch.Tensor, eta: float) -> torch.Tensor:
+    """R2D2's priority of each sequence ``[B]`` from ``|TD error|`` ``[B, T]`` over the steps
+    ``mask`` ``[B, T]`` holds: ``eta * max + (1 - eta) * mean`` (0 for a sequence without one
+    masked-in step)."""
+    m = mask.to(td_abs.dtype)
+    count = m.sum(1)
+    mean = (td_abs * m).sum(1) / count.clamp(min=1)
+    top = (td_abs * m).amax(1)
+    return torch.where(count > 0, eta * top + (1.0 - eta) * mean, torch.zeros_like(mean))
+
+
+def value_rescale(x: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
+    """R2D2's ``h(x) = sign(x) (sqrt(|x| + 1) - 1) + eps x``."""
+    return torch.sign(x) * (torch.sqrt(x.abs() + 1.0) - 1.0) + eps * x
+
+
+def value_rescale_inv(y: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
+    """The inverse of :func:`value_rescale`."""
+    root = (torch.sqrt(1.0 + 4.0 * eps * (y.abs() + 1.0 + eps)) - 1.0) / (2.0 * eps)
+    return torch.sign(y) * (root * root - 1.0)
+
+
+class SequenceStore(ReplayStore):
+    """Rows of trajectories with their stored recurrent states and predecessor links, one
+    priority per row (see the module docstring). Arguments as :class:`ReplayStore`'s, and
+    ``rnn_size``: the recurrent state's size."""
+
+    def __init__(self, obs_shapes, obs_dtypes, rollout: int, action_dims: int,
+                 action_dtype: torch.dtype, capacity: int, alpha: float, rnn_size: int,
+                 seed: int | None = None):
+        super().__init__(obs_shapes, obs_dtypes, rollout, action_dims, action_dtype, capacity,
+                         alpha, seed)
+        rows = self.num_rows
+        self.tree = SumTree(rows)  # one priority per sequence, not per transition
+        self.rnn_states = torch.zeros((rows, rnn_size), dtype=torch.float32)
+        self.valid = torch.zeros((rows, self.rollout), dtype=torch.bool)
+        self.traj_ids = np.full(rows, -1, dtype=np.int64)
+        self.prev_row = np.full(rows, -1, dtype=np.int64)
+        self._row_of: dict[int, int] = {}  # trajectory id -> the row that holds it
+
+    @staticmethod
+    def nbytes_for(obs_shapes, obs_dtypes, rollout: int, action_dims: int,
+                   action_dtype: torch.dtype, capacity: int, rnn_size: int = 0) -> int:
+        rows = capacity // rollout
+        return (ReplayStore.nbytes_for(obs_shapes, obs_dtypes, rollout, action_dims,
+                                       action_dtype, capacity)
+                + rows * (4 * rnn_size + rollout + 16))
+
+    @property
+    def num_sequences(self) -> int:
+        return self.rows_filled
+
+    def insert(self, batch: dict, priorities: np.ndarray | None = None) -> int:
+        """Store trajectories as :meth:`ReplayStore.insert` does, with ``rnn_states``
+        ``[K, S]`` and ``traj_ids`` ``[K]`` (numpy) from the batch; ``priorities`` ``[K]``
+        per sequence. Returns the transitions stored."""
+        k_all = batch["rewards"].shape[0]
+        keep = slice(max(0, k_all - self.num_rows), k_all)
+        start = self.next_row
+        rows = np.remainder(np.arange(start, start + keep.stop - keep.start), self.num_rows)
+        for row, old in zip(rows.tolist(), self.traj_ids[rows].tolist(), strict=True):
+            if self._row_of.get(old) == row:  # an overwritten row leaves the id table
+                del self._row_of[old]
+        t_rows = torch.from_numpy(rows)
+        self._write_rows(t_rows, batch, keep)
+        self.rnn_states[t_rows] = batch["rnn_states"][keep].float()
+        valid = batch["policy_versions"][keep] >= 0
+        self.valid[t_rows] = valid
+        ids = np.asarray(batch["traj_ids"], dtype=np.int64)[keep]
+        self.traj_ids[rows] = ids
+        for row, tid in zip(rows.tolist(), ids.tolist(), strict=True):
+            if tid < 0:
+                self.prev_row[row] = -1
+                continue
+            self.prev_row[row] = self._row_of.get(tid - 1, -1)
+            self._row_of[tid] = row
+        # (a link to a row overwritten later is caught when sampled: see _links)
+        if priorities is None:
+            prio = np.full(len(rows), self.max_priority ** self.alpha)
+        else:
+            raw = np.asarray(priorities, dtype=np.float64)[keep] + PRIORITY_EPS
+            self.max_priority = max(self.max_priority, float(raw.max()))
+            prio = raw ** self.alpha
+        self.tree.update(rows, np.where(valid.any(1).numpy(), prio, 0.0))
+        self.next_row = (start + len(rows)) % self.num_rows
+        self.rows_filled = min(self.num_rows, self.rows_filled + len(rows))
+        return len(rows) * self.rollout
+
+    def _links(self, rows: np.ndarray) -> np.ndarray:
+        """``prev_row`` of ``rows``, -1 where the predecessor has been overwritten since."""
+        prev = self.prev_row[rows]
+        ok = (prev >= 0) & (self.traj_ids[np.maximum(prev, 0)] == self.traj_ids[rows] - 1)
+        return np.where(ok, prev, -1)
+
+    def sample_sequences(self, batch: int, beta: float) -> tuple[dict, np.ndarray, np.ndarray]:
+        """``batch`` sequences drawn by priority: (data, rows ``[B]``, importance weights
+        ``[B]``); ``data`` as :meth:`sequences` gives it."""
+        total = self.tree.total
+        if total <= 0:
+            raise RuntimeError("sampling an empty replay store")
+        rows = self.tree.find(stratified_prefixes(total, batch, self.rng))
+        probs = self.tree.leaves()[rows] / total
+        weights = importance_weights(probs, max(1, self.num_sequences), beta)
+        return self.sequences(rows), rows, weights
+
+    def sequences(self, rows: np.ndarray, burn_in: bool = True) -> dict:
+        """The sequences of ``rows`` ``[B]``: the row's ``obs`` (dicts of ``[B, T + 1, ...]``),
+        ``actions`` ``[B, T, D]``, ``rewards``, ``dones``, ``valid`` ``[B, T]``,
+        ``final_step`` ``[B]``, ``rnn_states`` ``[B, S]`` (the row's stored state); and for
+        the burn-in, ``has_prev`` ``[B]`` bool, with ``prev_obs`` (dicts of ``[B, T, ...]``),
+        ``prev_dones`` ``[B, T]`` and ``prev_rnn_states`` ``[B, S]`` of the predecessor
+        (rows without one repeat their own row there: ignored)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        t_rows = torch.from_numpy(rows)
+        out = {"obs": {k: v[t_rows] for k, v in self.obs.items()},
+               "actions": self.actions[t_rows], "rewards": self.rewards[t_rows],
+               "dones": self.dones[t_rows], "valid": self.valid[t_rows],
+               "final_step": self.final_step[t_rows], "rnn_states": self.rnn_states[t_rows]}
+        prev = self._links(rows) if burn_in else np.full(len(rows), -1)
+        has_prev = torch.from_numpy(prev >= 0)
+        out["has_prev"] = has_prev
+        if bool(has_prev.any()):
+            src = torch.from_numpy(np.where(prev >= 0, prev, rows))
+            t = self.rollout
+            out["prev_obs"] = {k: v[src, :t] for k, v in self.obs.items()}
+            out["prev_dones"] = self.dones[src]
+            out["prev_rnn_states"] = self.rnn_states[src]
+        return out
+
+    def newest_rows(self, k: int) -> np.ndarray:
+        """The ``k`` rows written last that hold an acted step (priority > 0)."""
+        rows = np.remainder(np.arange(self.next_row - k, self.next_row), self.num_rows)
+        return rows[self.tree.leaves()[rows] > 0]
+
+    def priority_mean(self) -> float:
+        return self.tree.total / max(1, self.num_sequences)
+
+    def state_dict(self, contents: bool) -> dict:
+        state = super().state_dict(contents)
+        state["traj_ids"] = self.traj_ids.copy()
+        state["prev_row"] = self.prev_row.copy()
+        if contents:
+            state.update(rnn_states=self.rnn_states, valid=self.valid)
+        return state
+
+    def load_state_dict(self, state: dict) -> bool:
+        """Restore; returns whether the contents came back (see ReplayStore's)."""
+        self.max_priority = float(state["max_priority"])
+        self.rng.bit_generator.state = state["rng"]
+        self._row_of.clear()
+        if not state["contents"] or len(state["priorities"]) != self.num_rows:
+            self.tree.rebuild(np.zeros(self.num_rows))
+            self.next_row = self.rows_filled = 0
+            self.traj_ids[:] = -1
+            self.prev_row[:] = -1
+            return False
+        for key in self.obs:
+            self.obs[key].copy_(state["obs"][key])
+            self.final_obs[key].copy_(state["final_obs"][key])
+        for name in ("final_step", "actions", "rewards", "dones", "rnn_states", "valid"):
+            getattr(self, name).copy_(state[name])
+        self.tree.rebuild(np.asarray(state["priorities"], dtype=np.float64))
+        self.next_row = int(state["next_row"])
+        self.rows_filled = int(state["rows_filled"])
+        self.traj_ids[:] = state["traj_ids"]
+        self.prev_row[:] = state["prev_row"]
+        filled = np.remainder(np.arange(self.next_row - self.rows_filled, self.next_row),
+                              self.num_rows)
+        for row in filled.tolist():  # oldest first: a repeated id maps to its newest row
+            if self.traj_ids[row] >= 0:
+                self._row_of[int(self.traj_ids[row])] = row
+        return True
