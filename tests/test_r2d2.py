@@ -26,6 +26,7 @@ from fastrl.sampling.sequences import (
     value_rescale_inv,
 )
 from fastrl.sampling.trajectories import traj_id
+from tests.test_parallel import run_train
 from tests.test_replay import _trajectories
 
 R2D2 = ["--env", "cartpole_masked", "--algo", "r2d2", "--device", "cpu", "--log_every_sec", "10"]
@@ -252,3 +253,34 @@ def test_serial_r2d2_trains_evaluates_and_resumes(tmp_path):
     events = EventAccumulator(str(tmp_path / "r" / "tb"))
     events.Reload()
     assert events.Scalars("replay/burn_in_fraction")[-1].value > 0.5
+
+
+@pytest.mark.multiprocess
+def test_parallel_r2d2_links_sequences_written_by_other_processes(tmp_path):
+    """The trajectory ids cross from the rollout workers to the learner through the shared
+    buffers: the stored rows are linked to their predecessors."""
+    proc = run_train([*R2D2, "--train_dir", str(tmp_path), "--experiment", "p", "--seed", "5",
+                      "--replay_min_size", "500", "--train_for_env_steps", "3000"])
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    state = load_checkpoint(list_checkpoints(str(tmp_path / "p"))[-1])["learner"]
+    replay = state["replay"]
+    filled = replay["rows_filled"]
+    assert state["version"] > 0 and filled * 16 >= 3000
+    linked = (replay["prev_row"][:filled] >= 0).mean()
+    assert linked > 0.8, linked  # all but each env slot's first trajectory
+
+
+@pytest.mark.learning
+def test_serial_r2d2_learns_cartpole_with_the_velocities_hidden(tmp_path):
+    """The bare command's recipe in serial mode (deterministic), seed 1: a greedy evaluation
+    of 10 episodes averages 450 or more within 120K steps (measured: 473 at 110K, 498 at
+    120K). Ape-X on the same env, 3 seeds, never passed 47 (perf/RESULTS.md, "R2D2")."""
+    cfg = parse_config([*R2D2, "--serial_mode", "--train_dir", str(tmp_path), "--seed", "1",
+                        "--train_for_env_steps", "120000", "--eval_every_env_frames", "10000",
+                        "--eval_episodes", "10"])
+    summary = run_serial(cfg)
+    assert summary["env_frames"] >= 120_000
+    events = EventAccumulator(str(tmp_path / cfg.experiment / "tb"))
+    events.Reload()
+    returns = [e.value for e in events.Scalars("eval/mean_return")]
+    assert len(returns) >= 10 and max(returns) >= 450, returns

@@ -79,8 +79,8 @@ R2D2_SETTINGS: dict[str, Any] = {**APEX_SETTINGS, "use_rnn": True, "rollout": 40
 R2D2_RECIPES: dict[str, dict[str, Any]] = {
     "classic": {
         "num_workers": 2, "num_envs_per_worker": 4, "rollout": 16, "batch_size": 32,
-        "replay_min_size": 2_000, "target_update_every": 100, "rnn_size": 64,
-        "encoder_mlp_layers": [64], "nonlinearity": "relu", "learning_rate": 1e-3,
+        "replay_min_size": 2_000, "target_update_every": 100, "rnn_size": 128,
+        "encoder_mlp_layers": [128], "nonlinearity": "relu", "learning_rate": 3e-4,
         "adam_eps": 1e-8, "max_grad_norm": 10.0, "precision": "fp32",
         "replay_samples_per_insert": 4.0,
     },
