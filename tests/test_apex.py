@@ -227,3 +227,14 @@ def test_serial_resume_keeps_the_store_and_the_ratio(tmp_path):
     rows = first["replay"]["rows_filled"]
     torch.testing.assert_close(second["replay"]["obs"]["obs"][:rows],
                                first["replay"]["obs"]["obs"][:rows])
+
+
+def test_a_linear_learning_rate_schedule_is_followed(tmp_path):
+    """--lr_schedule linear_decay was silently ignored by the replay learners."""
+    learner = _learner(tmp_path, "--lr_schedule", "linear_decay", "--train_for_env_steps", "128",
+                       "--learning_rate", "0.01")
+    learner.insert(_trajectories(16, 4, 0))  # 64 of 128 steps
+    assert learner.train()["learning_rate"] == pytest.approx(0.005)
+    constant = _learner(tmp_path, "--learning_rate", "0.01", "--train_for_env_steps", "128")
+    constant.insert(_trajectories(16, 4, 0))
+    assert constant.train()["learning_rate"] == pytest.approx(0.01)

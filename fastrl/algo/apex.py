@@ -188,7 +188,12 @@ class ApexLearner:
 
     def _step(self, loss: torch.Tensor) -> torch.Tensor:
         """One optimizer step on ``loss`` (gradients clipped); returns the gradient norm."""
-        clip = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else float("inf")
+        cfg = self.cfg
+        clip = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+        if cfg.lr_schedule == "linear_decay":  # from --learning_rate to 0 at the run's end
+            done = self.samples_trained * self.frameskip / cfg.train_for_env_steps
+            for group in self.optimizer.param_groups:
+                group["lr"] = cfg.learning_rate * max(0.0, 1.0 - done)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
