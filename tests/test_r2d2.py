@@ -17,7 +17,9 @@ from fastrl.config.load import parse_config
 from fastrl.config.settings import ConfigError
 from fastrl.experiment.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.policy.model import ActorCritic
+from fastrl.runner.common import check_env_settings
 from fastrl.runner.serial import run_serial
+from fastrl.sampling.env_setup import EnvInfo
 from fastrl.sampling.replay import nstep_returns
 from fastrl.sampling.sequences import (
     SequenceStore,
@@ -284,3 +286,15 @@ def test_serial_r2d2_learns_cartpole_with_the_velocities_hidden(tmp_path):
     events.Reload()
     returns = [e.value for e in events.Scalars("eval/mean_return")]
     assert len(returns) >= 10 and max(returns) >= 450, returns
+
+
+def test_a_store_that_makes_checkpoints_big_is_said_at_start(tmp_path, capsys):
+    frames = spaces.Dict({"obs": spaces.Box(0, 255, (3, 72, 128), np.uint8)})
+    info = EnvInfo(frames, spaces.Discrete(3), 4)
+    cfg = parse_config([*R2D2, "--train_dir", str(tmp_path), "--replay_capacity", "100000"])
+    check_env_settings(cfg, info)  # 100K Doom frames: 2.8 GB in every checkpoint
+    assert "--replay_save_contents False" in capsys.readouterr().out
+    cfg = parse_config([*R2D2, "--train_dir", str(tmp_path), "--replay_capacity", "100000",
+                        "--replay_save_contents", "False"])
+    check_env_settings(cfg, info)
+    assert "--replay_save_contents" not in capsys.readouterr().out

@@ -21,6 +21,9 @@ from fastrl.sampling.env_setup import EnvInfo
 from fastrl.sampling.replay import check_fits
 from fastrl.transport.startup import start_helpers, start_method
 
+# A replay store this large makes every checkpoint that large: said once at start.
+BIG_CHECKPOINT = 1 << 30
+
 
 def check_env_settings(cfg: Config, info: EnvInfo) -> None:
     """Refuse, before anything starts, settings the env's action space cannot take."""
@@ -37,11 +40,15 @@ def check_env_settings(cfg: Config, info: EnvInfo) -> None:
         problem = q_learning_problem(info.action_space, info.obs_space, cfg.algo)
         if problem:
             raise EnvSettingsError(f"env {cfg.env!r}: {problem}")
+        nbytes = build_store(cfg, info.obs_space, info.action_space, nbytes_only=True)
         try:
-            check_fits(build_store(cfg, info.obs_space, info.action_space, nbytes_only=True),
-                       cfg.replay_capacity)
+            check_fits(nbytes, cfg.replay_capacity)
         except MemoryError as exc:
             raise EnvSettingsError(str(exc)) from None
+        if cfg.replay_save_contents and nbytes > BIG_CHECKPOINT:
+            log(f"the replay store holds {nbytes / 2**30:.1f} GiB and every checkpoint saves it "
+                f"({cfg.keep_checkpoints} kept): --replay_save_contents False saves "
+                "only its counters (a resumed run refills it)")
 
 
 def check_agents_settings(cfg: Config, info: EnvInfo) -> None:
