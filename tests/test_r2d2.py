@@ -210,6 +210,9 @@ def test_learner_trains_updates_sequence_priorities_and_round_trips(tmp_path):
     again = _learner(tmp_path)
     again.load_state_dict(learner.state_dict())
     assert (again.version, again.samples_trained) == (2, 32)
+    without = _learner(tmp_path, "--r2d2_burn_in", "False")
+    without.insert(_rows(8, env=0, first=0, s=8))
+    assert without.train()["burn_in_fraction"] == 0.0
     np.testing.assert_allclose(again.store.tree.nodes, learner.store.tree.nodes)
 
 

@@ -86,7 +86,7 @@ class R2D2Learner(ApexLearner):
         start = time.perf_counter()
         cfg = self.cfg
         beta = self._beta()
-        data, rows, weights = self.store.sample_sequences(cfg.batch_size, beta)
+        data, rows, weights = self.store.sample_sequences(cfg.batch_size, beta, cfg.r2d2_burn_in)
         self.limiter.samples += self.samples_per_step
         taken, y, mask = self._q_and_targets(data)
         m = mask.to(taken.dtype)

@@ -132,7 +132,8 @@ class SequenceStore(ReplayStore):
         ok = (prev >= 0) & (self.traj_ids[np.maximum(prev, 0)] == self.traj_ids[rows] - 1)
         return np.where(ok, prev, -1)
 
-    def sample_sequences(self, batch: int, beta: float) -> tuple[dict, np.ndarray, np.ndarray]:
+    def sample_sequences(self, batch: int, beta: float, burn_in: bool = True
+                         ) -> tuple[dict, np.ndarray, np.ndarray]:
         """``batch`` sequences drawn by priority: (data, rows ``[B]``, importance weights
         ``[B]``); ``data`` as :meth:`sequences` gives it."""
         total = self.tree.total
@@ -141,7 +142,7 @@ class SequenceStore(ReplayStore):
         rows = self.tree.find(stratified_prefixes(total, batch, self.rng))
         probs = self.tree.leaves()[rows] / total
         weights = importance_weights(probs, max(1, self.num_sequences), beta)
-        return self.sequences(rows), rows, weights
+        return self.sequences(rows, burn_in), rows, weights
 
     def sequences(self, rows: np.ndarray, burn_in: bool = True) -> dict:
         """The sequences of ``rows`` ``[B]``: the row's ``obs`` (dicts of ``[B, T + 1, ...]``),
