@@ -238,3 +238,19 @@ def test_a_linear_learning_rate_schedule_is_followed(tmp_path):
     constant = _learner(tmp_path, "--learning_rate", "0.01", "--train_for_env_steps", "128")
     constant.insert(_trajectories(16, 4, 0))
     assert constant.train()["learning_rate"] == pytest.approx(0.01)
+
+
+def test_the_policy_lag_of_inserted_steps_is_reported(tmp_path):
+    """How many learner steps old the acting weights are when their steps reach the store
+    (summary.json's policy_lag was null for the replay learners)."""
+    learner = _learner(tmp_path)
+    learner.insert(_trajectories(16, 4, 0))  # acted by version 0, inserted at version 0
+    assert learner.train()["policy_lag_mean"] == 0.0
+    learner.train()
+    late = _trajectories(16, 4, 1)
+    late["policy_versions"][:8] = 1
+    late["policy_versions"][0, 0] = -1  # a step nobody acted is left out
+    learner.insert(late)  # at version 2
+    stats = learner.train()
+    assert (stats["policy_lag_min"], stats["policy_lag_mean"], stats["policy_lag_max"]) == (
+        1.0, pytest.approx((31 * 1 + 32 * 2) / 63), 2.0)

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from gymnasium import spaces
 
+from fastrl.algo.learner import policy_lag
 from fastrl.config.settings import Config
 from fastrl.device import autocast, resolve_precision
 from fastrl.policy.actions import ActionSpec
@@ -121,6 +122,7 @@ class ApexLearner:
                                    self.samples_per_step, cfg.rollout)
         self.precision = resolve_precision(cfg.precision, device)
         self.group = None
+        self._lag: dict[str, float] = {}  # of the newest inserted steps, for the reports
         self.version = 0
         self.samples_trained = 0
         self.train_seconds = 0.0
@@ -137,10 +139,18 @@ class ApexLearner:
             self.model.update_normalizers({k: v[:, :t].reshape(-1, *v.shape[2:])
                                            for k, v in batch["obs"].items()})
 
+    def _note_lag(self, batch: dict) -> None:
+        """The policy lag of the steps going in: how many learner steps old the weights that
+        acted them are when they reach the store."""
+        acted, low, mean, high = policy_lag(batch["policy_versions"], self.version).tolist()
+        if acted:
+            self._lag = {"policy_lag_min": low, "policy_lag_mean": mean, "policy_lag_max": high}
+
     def insert(self, batch: dict) -> int:
         """Store gathered trajectories (CPU, ``TrajectoryBuffers.gather``); returns the
         transitions they hold."""
         self._update_normalizers(batch)
+        self._note_lag(batch)
         n = self.store.insert(batch)
         if self.cfg.replay_initial_priority == "td":
             idx = self.store.newest(n // self.cfg.rollout)
@@ -184,7 +194,7 @@ class ApexLearner:
                 "q_mean": float(taken.detach().mean()), "td_error": float(td_abs.mean()),
                 "priority_mean": self.store.priority_mean(), "replay_size": self.store.size,
                 "samples_per_insert": self.limiter.ratio(), "beta": beta,
-                "learning_rate": self.optimizer.param_groups[0]["lr"]}
+                "learning_rate": self.optimizer.param_groups[0]["lr"], **self._lag}
 
     def _step(self, loss: torch.Tensor) -> torch.Tensor:
         """One optimizer step on ``loss`` (gradients clipped); returns the gradient norm."""

@@ -107,7 +107,7 @@ class Learner:
         host = batch.pop("host", None) or _host_part(batch)
         # Read at the end with the other statistics: on a GPU, reading a value here would
         # make the host wait for the batch's copy before it queues any training work.
-        lag = _policy_lag(batch["policy_versions"], self.version)
+        lag = policy_lag(batch["policy_versions"], self.version)
         if cfg.normalize_input:
             frames = _normalizer_frames(batch["obs"], batch["log_probs"].shape[1])
             self.model.update_normalizers(frames, self._reduce)
@@ -364,7 +364,7 @@ class Learner:
         self.samples_trained = int(state["samples_trained"])
 
 
-def _policy_lag(versions: torch.Tensor, version: int) -> torch.Tensor:
+def policy_lag(versions: torch.Tensor, version: int) -> torch.Tensor:
     """``[steps acted, min, mean, max]`` of ``version - versions`` over the steps a policy
     acted (a negative version marks a step of an episode cut short by an env fault), as one
     tensor, without reading anything back from the device."""

@@ -69,6 +69,7 @@ class R2D2Learner(ApexLearner):
         returns the transitions they hold."""
         cfg = self.cfg
         self._update_normalizers(batch)
+        self._note_lag(batch)
         n = self.store.insert(batch)
         if cfg.replay_initial_priority == "td":
             rows = self.store.newest_rows(n // cfg.rollout)
@@ -104,7 +105,7 @@ class R2D2Learner(ApexLearner):
                 "td_error": stats[3], "priority_mean": self.store.priority_mean(),
                 "replay_size": self.store.size, "samples_per_insert": self.limiter.ratio(),
                 "beta": beta, "burn_in_fraction": float(data["has_prev"].float().mean()),
-                "learning_rate": self.optimizer.param_groups[0]["lr"]}
+                "learning_rate": self.optimizer.param_groups[0]["lr"], **self._lag}
 
     def _priorities(self, taken: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
         td_abs = (taken - y).detach().abs().mean(2)
