@@ -102,6 +102,11 @@ class ApexLearner:
 
     version_floor = 0  # no population-based training with --algo apex (config/checks.py)
 
+    @staticmethod
+    def samples_per_batch(cfg: Config) -> int:
+        """Transitions one learner step samples (what the rate limiter counts)."""
+        return cfg.batch_size
+
     def __init__(self, cfg: Config, model: ActorCritic, obs_space: spaces.Dict,
                  action_space: spaces.Space, device: torch.device, frameskip: int = 1):
         problem = q_learning_problem(action_space, obs_space, cfg.algo)
@@ -116,8 +121,7 @@ class ApexLearner:
         self.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate,
                                           betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps)
         self.store = build_store(cfg, obs_space, action_space)
-        # transitions sampled per learner step (r2d2: trained steps of its sequences)
-        self.samples_per_step = cfg.batch_size * (cfg.rollout if cfg.algo == "r2d2" else 1)
+        self.samples_per_step = self.samples_per_batch(cfg)
         self.limiter = RateLimiter(cfg.replay_samples_per_insert, cfg.replay_min_size,
                                    self.samples_per_step, cfg.rollout)
         self.precision = resolve_precision(cfg.precision, device)
@@ -133,12 +137,6 @@ class ApexLearner:
         """How many of ``trajectories`` waiting ones the rate limiter lets in now."""
         return self.limiter.insertable(self.cfg.rollout, trajectories)
 
-    def _update_normalizers(self, batch: dict) -> None:
-        if self.cfg.normalize_input:
-            t = batch["rewards"].shape[1]
-            self.model.update_normalizers({k: v[:, :t].reshape(-1, *v.shape[2:])
-                                           for k, v in batch["obs"].items()})
-
     def _note_lag(self, batch: dict) -> None:
         """The policy lag of the steps going in: how many learner steps old the weights that
         acted them are when they reach the store."""
@@ -149,19 +147,27 @@ class ApexLearner:
     def insert(self, batch: dict) -> int:
         """Store gathered trajectories (CPU, ``TrajectoryBuffers.gather``); returns the
         transitions they hold."""
-        self._update_normalizers(batch)
+        if self.cfg.normalize_input:
+            t = batch["rewards"].shape[1]
+            self.model.update_normalizers({k: v[:, :t].reshape(-1, *v.shape[2:])
+                                           for k, v in batch["obs"].items()})
         self._note_lag(batch)
         n = self.store.insert(batch)
         if self.cfg.replay_initial_priority == "td":
-            idx = self.store.newest(n // self.cfg.rollout)
-            if idx.size:
-                with torch.no_grad():
-                    taken, y = self._q_and_targets(
-                        self.store.transitions(idx, self.cfg.nstep, self.cfg.gamma))
-                self.store.update_priorities(idx, (taken - y).abs().mean(1).cpu().numpy())
+            with torch.no_grad():
+                self._td_priorities(n // self.cfg.rollout)
         self.limiter.inserts += n
         self.samples_trained += n
         return n
+
+    def _td_priorities(self, rows: int) -> None:
+        """The acted transitions of the ``rows`` newest rows take their |TD error| as
+        priority (``--replay_initial_priority td``)."""
+        idx = self.store.newest(rows)
+        if idx.size:
+            taken, y = self._q_and_targets(
+                self.store.transitions(idx, self.cfg.nstep, self.cfg.gamma))
+            self.store.update_priorities(idx, (taken - y).abs().mean(1).cpu().numpy())
 
     def can_train(self) -> bool:
         # (a store of only steps no policy acted, all at priority 0, has nothing to sample)

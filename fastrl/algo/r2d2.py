@@ -64,23 +64,18 @@ class R2D2Learner(ApexLearner):
             raise ValueError("--algo r2d2 needs the recurrent core (--use_rnn True)")
         super().__init__(cfg, model, obs_space, action_space, device, frameskip)
 
-    def insert(self, batch: dict) -> int:
-        """Store gathered trajectories (with ``rnn_states`` and ``traj_ids``) as sequences;
-        returns the transitions they hold."""
-        cfg = self.cfg
-        self._update_normalizers(batch)
-        self._note_lag(batch)
-        n = self.store.insert(batch)
-        if cfg.replay_initial_priority == "td":
-            rows = self.store.newest_rows(n // cfg.rollout)
-            if rows.size:
-                with torch.no_grad():
-                    taken, y, mask = self._q_and_targets(self.store.sequences(
-                        rows, cfg.r2d2_burn_in))
-                self.store.update_priorities(rows, self._priorities(taken, y, mask))
-        self.limiter.inserts += n
-        self.samples_trained += n
-        return n
+    @staticmethod
+    def samples_per_batch(cfg: Config) -> int:
+        """The trained steps of ``--batch_size`` sequences."""
+        return cfg.batch_size * cfg.rollout
+
+    def _td_priorities(self, rows: int) -> None:
+        """The ``rows`` newest sequences with an acted step take their mixed |TD error|."""
+        idx = self.store.newest_rows(rows)
+        if idx.size:
+            taken, y, mask = self._q_and_targets(self.store.sequences(idx,
+                                                                      self.cfg.r2d2_burn_in))
+            self.store.update_priorities(idx, self._priorities(taken, y, mask))
 
     def train(self) -> dict[str, float]:
         """One learner step on ``--batch_size`` sequences sampled by priority."""

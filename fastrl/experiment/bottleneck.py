@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
+from fastrl.config.settings import REPLAY_ALGOS
+
 STAGES = ("env", "inference", "learner", "transfer")
 LABELS = {"env": "env", "inference": "inf", "learner": "learn", "transfer": "xfer"}
 # A stage busy at least this much of the time limits the run (parallel mode).
@@ -78,7 +80,7 @@ def _advice(stage: str, cfg: Any, cores: int, device_type: str) -> str:
         tips = ["the learner limits the run"]
         if device_type == "cpu":
             tips.append("a GPU (--device cuda) trains far faster")
-        if getattr(cfg, "algo", "appo") in ("apex", "r2d2"):
+        if getattr(cfg, "algo", "appo") in REPLAY_ALGOS:
             tips.append(f"a lower --replay_samples_per_insert (now "
                         f"{cfg.replay_samples_per_insert}) takes fewer learner steps per env "
                         "step (the rate limiter holds the envs back to keep it)")

@@ -277,13 +277,12 @@ class ReplayStore:
         self._write_rows(rows, batch, keep)
         valid = (batch["policy_versions"][keep] >= 0).numpy()
         if priorities is None:
-            prio = np.full(valid.shape, self.max_priority ** self.alpha)
+            prio = self.max_priority ** self.alpha
         else:
             raw = np.asarray(priorities, dtype=np.float64)[keep] + PRIORITY_EPS
             self.max_priority = max(self.max_priority, float(raw.max()))
             prio = raw ** self.alpha
-        idx = rows.numpy()[:, None] * self.rollout + np.arange(self.rollout)[None]
-        self.tree.update(idx.reshape(-1), np.where(valid, prio, 0.0).reshape(-1))
+        self._set_new_priorities(rows.numpy(), valid, prio)
         self.next_row = (self.next_row + k) % self.num_rows
         self.rows_filled = min(self.num_rows, self.rows_filled + k)
         return k * self.rollout
@@ -298,19 +297,34 @@ class ReplayStore:
         self.rewards[rows] = batch["rewards"][keep].float()
         self.dones[rows] = batch["dones"][keep]
 
+    def _set_new_priorities(self, rows: np.ndarray, valid: np.ndarray, prio) -> None:
+        """The tree's items of the new ``rows`` take ``prio`` (a number, or one per item);
+        the steps no policy acted (``valid`` ``[K, T]`` False) take 0."""
+        idx = rows[:, None] * self.rollout + np.arange(self.rollout)[None]
+        self.tree.update(idx.reshape(-1), np.where(valid, prio, 0.0).reshape(-1))
+
     def sample(self, batch: int, beta: float, nstep: int, gamma: float
                ) -> tuple[dict, np.ndarray, np.ndarray]:
         """``batch`` transitions drawn by priority: (data, indices ``[B]``, importance weights
         ``[B]`` float32). ``data``: ``obs`` and ``next_obs`` (dicts of ``[B, ...]``),
         ``actions`` ``[B, D]``, ``returns`` and ``discounts`` ``[B]`` (:func:`nstep_returns`).
         """
+        idx, weights = self.draw(batch, beta)
+        return self.transitions(idx, nstep, gamma), idx, weights
+
+    def items_held(self) -> int:
+        """The tree's items that hold data: transitions (acted or not)."""
+        return self.size
+
+    def draw(self, batch: int, beta: float) -> tuple[np.ndarray, np.ndarray]:
+        """``batch`` of the tree's items drawn by priority (stratified) and their importance
+        weights ``[B]`` float32."""
         total = self.tree.total
         if total <= 0:
             raise RuntimeError("sampling an empty replay store")
         idx = self.tree.find(stratified_prefixes(total, batch, self.rng))
         probs = self.tree.leaves()[idx] / total
-        weights = importance_weights(probs, max(1, self.size), beta)
-        return self.transitions(idx, nstep, gamma), idx, weights
+        return idx, importance_weights(probs, max(1, self.items_held()), beta)
 
     def transitions(self, idx: np.ndarray, nstep: int, gamma: float) -> dict:
         """The transitions ``idx`` ``[B]`` as :meth:`sample` gives them."""
@@ -341,16 +355,19 @@ class ReplayStore:
         self.tree.update(idx, raw ** self.alpha)
 
     def priority_mean(self) -> float:
-        """The mean of the stored priorities (after the exponent) over the transitions held."""
-        return self.tree.total / max(1, self.size)
+        """The mean of the stored priorities (after the exponent) over the items held."""
+        return self.tree.total / max(1, self.items_held())
+
+    # The per-row tensors besides the observations, as checkpoints hold them.
+    COLUMNS = ("final_step", "actions", "rewards", "dones")
 
     def state_dict(self, contents: bool) -> dict:
         state = {"priorities": self.tree.leaves().copy(), "next_row": self.next_row,
                  "rows_filled": self.rows_filled, "max_priority": self.max_priority,
                  "rng": self.rng.bit_generator.state, "contents": contents}
         if contents:
-            state.update(obs=self.obs, final_obs=self.final_obs, final_step=self.final_step,
-                         actions=self.actions, rewards=self.rewards, dones=self.dones)
+            state.update(obs=self.obs, final_obs=self.final_obs,
+                         **{name: getattr(self, name) for name in self.COLUMNS})
         return state
 
     def load_state_dict(self, state: dict) -> bool:
@@ -358,14 +375,14 @@ class ReplayStore:
         empty: priorities without their data mean nothing)."""
         self.max_priority = float(state["max_priority"])
         self.rng.bit_generator.state = state["rng"]
-        if not state["contents"] or len(state["priorities"]) != self.capacity:
-            self.tree.rebuild(np.zeros(self.capacity))
+        if not state["contents"] or len(state["priorities"]) != self.tree.capacity:
+            self.tree.rebuild(np.zeros(self.tree.capacity))
             self.next_row = self.rows_filled = 0
             return False
         for key in self.obs:
             self.obs[key].copy_(state["obs"][key])
             self.final_obs[key].copy_(state["final_obs"][key])
-        for name in ("final_step", "actions", "rewards", "dones"):
+        for name in self.COLUMNS:
             getattr(self, name).copy_(state[name])
         self.tree.rebuild(np.asarray(state["priorities"], dtype=np.float64))
         self.next_row = int(state["next_row"])

@@ -29,13 +29,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fastrl.sampling.replay import (
-    PRIORITY_EPS,
-    ReplayStore,
-    SumTree,
-    importance_weights,
-    stratified_prefixes,
-)
+from fastrl.sampling.replay import ReplayStore, SumTree
 
 
 def sequence_priorities(td_abs: torch.Tensor, mask: torch.Tensor, eta: float) -> torch.Tensor:
@@ -63,7 +57,9 @@ def value_rescale_inv(y: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
 class SequenceStore(ReplayStore):
     """Rows of trajectories with their stored recurrent states and predecessor links, one
     priority per row (see the module docstring). Arguments as :class:`ReplayStore`'s, and
-    ``rnn_size``: the recurrent state's size."""
+    ``rnn_size``: the recurrent state's size. :meth:`insert` also takes ``rnn_states``
+    ``[K, S]`` and ``traj_ids`` ``[K]`` (numpy) from the batch, and ``priorities`` ``[K]``,
+    one per sequence."""
 
     def __init__(self, obs_shapes, obs_dtypes, rollout: int, action_dims: int,
                  action_dtype: torch.dtype, capacity: int, alpha: float, rnn_size: int,
@@ -86,45 +82,32 @@ class SequenceStore(ReplayStore):
                                        action_dtype, capacity)
                 + rows * (4 * rnn_size + rollout + 16))
 
-    @property
-    def num_sequences(self) -> int:
+    def items_held(self) -> int:
+        """Sequences held: one tree item per row."""
         return self.rows_filled
 
-    def insert(self, batch: dict, priorities: np.ndarray | None = None) -> int:
-        """Store trajectories as :meth:`ReplayStore.insert` does, with ``rnn_states``
-        ``[K, S]`` and ``traj_ids`` ``[K]`` (numpy) from the batch; ``priorities`` ``[K]``
-        per sequence. Returns the transitions stored."""
-        k_all = batch["rewards"].shape[0]
-        keep = slice(max(0, k_all - self.num_rows), k_all)
-        start = self.next_row
-        rows = np.remainder(np.arange(start, start + keep.stop - keep.start), self.num_rows)
-        for row, old in zip(rows.tolist(), self.traj_ids[rows].tolist(), strict=True):
+    COLUMNS = (*ReplayStore.COLUMNS, "rnn_states", "valid")
+
+    def _write_rows(self, rows: torch.Tensor, batch: dict, keep: slice) -> None:
+        """Also the stored states, the acted steps, and each row's link to its predecessor
+        (a link to a row overwritten later is caught when sampled: see :meth:`_links`)."""
+        super()._write_rows(rows, batch, keep)
+        self.rnn_states[rows] = batch["rnn_states"][keep].float()
+        self.valid[rows] = batch["policy_versions"][keep] >= 0
+        rows_np = rows.numpy()
+        for row, old in zip(rows_np.tolist(), self.traj_ids[rows_np].tolist(), strict=True):
             if self._row_of.get(old) == row:  # an overwritten row leaves the id table
                 del self._row_of[old]
-        t_rows = torch.from_numpy(rows)
-        self._write_rows(t_rows, batch, keep)
-        self.rnn_states[t_rows] = batch["rnn_states"][keep].float()
-        valid = batch["policy_versions"][keep] >= 0
-        self.valid[t_rows] = valid
         ids = np.asarray(batch["traj_ids"], dtype=np.int64)[keep]
-        self.traj_ids[rows] = ids
-        for row, tid in zip(rows.tolist(), ids.tolist(), strict=True):
-            if tid < 0:
-                self.prev_row[row] = -1
-                continue
-            self.prev_row[row] = self._row_of.get(tid - 1, -1)
-            self._row_of[tid] = row
-        # (a link to a row overwritten later is caught when sampled: see _links)
-        if priorities is None:
-            prio = np.full(len(rows), self.max_priority ** self.alpha)
-        else:
-            raw = np.asarray(priorities, dtype=np.float64)[keep] + PRIORITY_EPS
-            self.max_priority = max(self.max_priority, float(raw.max()))
-            prio = raw ** self.alpha
-        self.tree.update(rows, np.where(valid.any(1).numpy(), prio, 0.0))
-        self.next_row = (start + len(rows)) % self.num_rows
-        self.rows_filled = min(self.num_rows, self.rows_filled + len(rows))
-        return len(rows) * self.rollout
+        self.traj_ids[rows_np] = ids
+        for row, tid in zip(rows_np.tolist(), ids.tolist(), strict=True):
+            self.prev_row[row] = self._row_of.get(tid - 1, -1) if tid >= 0 else -1
+            if tid >= 0:
+                self._row_of[tid] = row
+
+    def _set_new_priorities(self, rows: np.ndarray, valid: np.ndarray, prio) -> None:
+        """One item per row: 0 for a row without one acted step."""
+        self.tree.update(rows, np.where(valid.any(1), prio, 0.0))
 
     def _links(self, rows: np.ndarray) -> np.ndarray:
         """``prev_row`` of ``rows``, -1 where the predecessor has been overwritten since."""
@@ -136,12 +119,7 @@ class SequenceStore(ReplayStore):
                          ) -> tuple[dict, np.ndarray, np.ndarray]:
         """``batch`` sequences drawn by priority: (data, rows ``[B]``, importance weights
         ``[B]``); ``data`` as :meth:`sequences` gives it."""
-        total = self.tree.total
-        if total <= 0:
-            raise RuntimeError("sampling an empty replay store")
-        rows = self.tree.find(stratified_prefixes(total, batch, self.rng))
-        probs = self.tree.leaves()[rows] / total
-        weights = importance_weights(probs, max(1, self.num_sequences), beta)
+        rows, weights = self.draw(batch, beta)
         return self.sequences(rows, burn_in), rows, weights
 
     def sequences(self, rows: np.ndarray, burn_in: bool = True) -> dict:
@@ -173,36 +151,19 @@ class SequenceStore(ReplayStore):
         rows = np.remainder(np.arange(self.next_row - k, self.next_row), self.num_rows)
         return rows[self.tree.leaves()[rows] > 0]
 
-    def priority_mean(self) -> float:
-        return self.tree.total / max(1, self.num_sequences)
-
     def state_dict(self, contents: bool) -> dict:
         state = super().state_dict(contents)
         state["traj_ids"] = self.traj_ids.copy()
         state["prev_row"] = self.prev_row.copy()
-        if contents:
-            state.update(rnn_states=self.rnn_states, valid=self.valid)
         return state
 
     def load_state_dict(self, state: dict) -> bool:
-        """Restore; returns whether the contents came back (see ReplayStore's)."""
-        self.max_priority = float(state["max_priority"])
-        self.rng.bit_generator.state = state["rng"]
+        """Restore (see ReplayStore's); the id table is rebuilt from the rows held."""
         self._row_of.clear()
-        if not state["contents"] or len(state["priorities"]) != self.num_rows:
-            self.tree.rebuild(np.zeros(self.num_rows))
-            self.next_row = self.rows_filled = 0
+        if not super().load_state_dict(state):
             self.traj_ids[:] = -1
             self.prev_row[:] = -1
             return False
-        for key in self.obs:
-            self.obs[key].copy_(state["obs"][key])
-            self.final_obs[key].copy_(state["final_obs"][key])
-        for name in ("final_step", "actions", "rewards", "dones", "rnn_states", "valid"):
-            getattr(self, name).copy_(state[name])
-        self.tree.rebuild(np.asarray(state["priorities"], dtype=np.float64))
-        self.next_row = int(state["next_row"])
-        self.rows_filled = int(state["rows_filled"])
         self.traj_ids[:] = state["traj_ids"]
         self.prev_row[:] = state["prev_row"]
         filled = np.remainder(np.arange(self.next_row - self.rows_filled, self.next_row),
