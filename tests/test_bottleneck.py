@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 
 import pytest
 import torch
 
 from fastrl.config.settings import Config
 from fastrl.experiment import stats as stats_module
-from fastrl.experiment.bottleneck import busy_fractions, diagnose, progress_text
+from fastrl.experiment.bottleneck import busy_fractions, cpu_seconds, diagnose, progress_text
 from fastrl.experiment.stats import TrainingStats
 from tests.test_parallel import base_args, run_train
 
@@ -93,7 +95,70 @@ def test_an_env_bound_run_names_the_envs(tmp_path):
     summary = json.loads((tmp_path / "x" / "summary.json").read_text())
     bottleneck = summary["bottleneck"]
     assert bottleneck["stage"] == "env", bottleneck
-    assert set(bottleneck["busy_fraction"]) == {"env", "inference", "learner"}
+    assert set(bottleneck["busy_fraction"]) == {"env", "inference", "learner", "cpu"}
     assert bottleneck["busy_fraction"]["env"] >= 0.8
     assert "bottleneck      rollout workers busy" in proc.stdout
     assert "| busy env " in proc.stdout
+
+
+def test_cpu_seconds_sums_the_busy_columns_of_the_allowed_cores(tmp_path):
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  40 0 20 500 9 2 2 0 7 0\n"
+                    "cpu0 10 0 5 100 3 1 1 0 7 0\n"
+                    "cpu1 30 0 15 400 6 1 1 2 0 0\n"
+                    "intr 12345 0 0\n"
+                    "cpu9 1000 0 0 0 0 0 0 0 0 0\n")  # past the per-core lines: not read
+    ticks = os.sysconf("SC_CLK_TCK")
+    assert cpu_seconds({0}, str(stat)) == pytest.approx((10 + 5 + 1 + 1) / ticks)
+    assert cpu_seconds({0, 1}, str(stat)) == pytest.approx((17 + 30 + 15 + 1 + 1 + 2) / ticks)
+    assert cpu_seconds({0}, str(tmp_path / "missing")) is None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="needs /proc/stat")
+def test_cpu_seconds_on_this_machine_counts_a_busy_loop():
+    before = cpu_seconds()
+    end = time.process_time() + 0.3
+    while time.process_time() < end:
+        pass
+    assert cpu_seconds() - before >= 0.2
+
+
+def test_busy_cores_name_the_cpu_instead_of_more_policy_workers():
+    """Measured on a 16-core GPU machine: the policy workers 94% busy, and twice as many of
+    them each served half as much: their busy time was time waiting for a core."""
+    cfg = Config(num_workers=14, num_policy_workers=2)
+    d = diagnose({"env": 0.8, "inference": 0.94, "learner": 0.6, "cpu": 0.97}, cfg, 16, "cuda")
+    assert d.stage == "cpu"
+    assert "the 16 CPU cores are 97% busy" in d.advice and "more cores" in d.advice
+    assert "--num_policy_workers" not in d.advice
+    # Idle cores: the policy workers are the limit, and more of them help.
+    d = diagnose({"env": 0.8, "inference": 0.94, "learner": 0.6, "cpu": 0.5}, cfg, 16, "cuda")
+    assert d.stage == "inference" and "--num_policy_workers (now 2)" in d.advice
+    # No saturated stage, busy cores: the cores.
+    d = diagnose({"env": 0.6, "inference": 0.5, "cpu": 0.95}, cfg, 16, "cpu")
+    assert d.stage == "cpu"
+    # Saturated envs on busy cores ask for cores, not workers; a CPU learner on busy cores
+    # is not told to take more threads.
+    d = diagnose({"env": 0.95, "inference": 0.2, "cpu": 0.95}, cfg, 32, "cpu")
+    assert d.stage == "env" and "more cores: the 32 cores are busy" in d.advice
+    assert "--num_workers" not in d.advice
+    d = diagnose({"learner": 0.95, "cpu": 0.99}, cfg, 2, "cpu")
+    assert d.stage == "learner" and "--learner_threads" not in d.advice
+    # Serial mode keeps its own report.
+    d = diagnose({"env": 0.2, "learner": 0.7, "cpu": 0.99}, Config(serial_mode=True), 2, "cpu")
+    assert d.stage == "learner" and "serial mode" in d.advice
+    assert progress_text({"env": 0.2, "learner": 0.7, "cpu": 0.99}, "cpu") == (
+        "busy env 20% learn 70% cpu 99% (cpu)")
+
+
+def test_the_busy_fractions_of_a_run_include_the_cores(monkeypatch):
+    readings = iter([100.0, 100.0, 115.0, 130.0])  # busy core seconds at each reading
+    monkeypatch.setattr(stats_module, "cpu_seconds", lambda: next(readings))
+    monkeypatch.setattr(stats_module, "available_cores", lambda: 2)
+    stats = TrainingStats(Config(device="cpu"), 1)  # reading 1: the origin
+    busy = stats.busy_now()  # reading 2
+    assert busy == {"cpu": 0.0}
+    busy = stats.busy_now()  # reading 3
+    d = stats.diagnose({"env": 4.0, "cpu": busy["cpu"]}, 10.0)
+    assert d.fractions["cpu"] == pytest.approx(15.0 / 20.0)

@@ -7,6 +7,12 @@ the learner node (one per node). A stage's *busy fraction* is its busy time over
 time, averaged over its processes. In parallel mode the stages run side by side, so the
 one that is busy nearly all the time holds the others back; in serial mode one process
 runs them in turn, and the fractions are the shares of its time.
+
+A stage's busy time is wall time, so it includes time spent waiting for a core. The machine's
+*CPU busy fraction* (``cpu``: the cores this process may use, from /proc/stat, whoever uses
+them) tells the two apart: when nearly every core is busy, the cores limit the run, and more
+rollout or policy workers would only share them (measured on a 16-core GPU machine, where
+doubling the policy workers halved each one's throughput: perf/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -20,10 +26,13 @@ STAGES = ("env", "inference", "learner", "transfer")
 LABELS = {"env": "env", "inference": "inf", "learner": "learn", "transfer": "xfer"}
 # A stage busy at least this much of the time limits the run (parallel mode).
 SATURATED = 0.8
+# The cores are the limit when at least this share of their time is busy.
+CPU_SATURATED = 0.9
+CPU = "cpu"  # the key of the CPU busy fraction beside the stages'
 
 
 class Diagnosis(NamedTuple):
-    stage: str | None  # the limiting stage, or None when none is saturated
+    stage: str | None  # the limiting stage, "cpu" for the cores, or None when none is saturated
     fractions: dict[str, float]
     advice: str  # one sentence: what limits the run and what to change
 
@@ -36,15 +45,41 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+try:
+    _TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
+except (AttributeError, ValueError):
+    _TICKS_PER_SECOND = 100
+
+
+def cpu_seconds(cores: set[int] | None = None, stat: str = "/proc/stat") -> float | None:
+    """Busy seconds since boot of the CPU cores this process may run on, whoever ran on
+    them (``/proc/stat``: every column but idle and iowait); None without /proc/stat."""
+    try:
+        cores = os.sched_getaffinity(0) if cores is None else cores
+        busy = 0
+        with open(stat) as f:
+            for line in f:
+                fields = line.split()
+                if not fields or not fields[0].startswith("cpu"):
+                    break  # the per-core lines come first
+                if fields[0] != "cpu" and int(fields[0][3:]) in cores:
+                    ticks = [int(x) for x in fields[1:9]]  # guest time is inside user
+                    busy += sum(ticks) - ticks[3] - ticks[4]
+    except (AttributeError, OSError, ValueError):
+        return None
+    return busy / _TICKS_PER_SECOND
+
+
 def busy_fractions(busy_seconds: dict[str, float], seconds: float,
                    processes: dict[str, int]) -> dict[str, float]:
     """Busy fraction of each stage with reported time: ``busy / (seconds * processes)``,
-    capped at 1 (a report may land just after the interval it covers)."""
+    capped at 1 (a report may land just after the interval it covers); ``cpu`` (busy core
+    seconds, over ``processes["cpu"]`` cores) likewise."""
     out = {}
     if seconds <= 0:
         return out
-    for stage in STAGES:
-        if stage in busy_seconds:
+    for stage in (*STAGES, CPU):
+        if stage in busy_seconds and stage in processes:
             out[stage] = min(1.0, busy_seconds[stage] / (seconds * max(processes[stage], 1)))
     return out
 
@@ -52,22 +87,33 @@ def busy_fractions(busy_seconds: dict[str, float], seconds: float,
 def diagnose(fractions: dict[str, float], cfg: Any, cores: int, device_type: str) -> Diagnosis:
     """Name the stage that limits the run and what to change, from the busy fractions;
     ``device_type`` is what ``cfg.device`` resolved to ("cuda" or "cpu")."""
-    if not fractions:
+    stages = {s: f for s, f in fractions.items() if s != CPU}
+    if not stages:
         return Diagnosis(None, fractions, "no stage has reported yet")
-    stage = max(fractions, key=lambda s: fractions[s])
-    share = f"{fractions[stage]:.0%}"
+    stage = max(stages, key=lambda s: stages[s])
+    share = f"{stages[stage]:.0%}"
+    cpu = fractions.get(CPU)
+    cpu_bound = cpu is not None and cpu >= CPU_SATURATED
     if cfg.serial_mode:
         return Diagnosis(stage, fractions, (
             f"serial mode: the {_NAMES[stage]} take{'s' if stage == 'learner' else ''} {share} "
             f"of the one process's time; parallel mode (without --serial_mode) runs the stages "
             f"side by side"))
-    if fractions[stage] < SATURATED:
+    if cpu_bound and (stage == "inference" or stages[stage] < SATURATED):
+        return Diagnosis(CPU, fractions, (
+            f"the {cores} CPU cores are {cpu:.0%} busy: the cores limit the run (the busiest "
+            f"stage, the {_NAMES[stage]}, works {share} of the time, waiting for a core "
+            f"included); more rollout or policy workers would share the same cores: more "
+            f"cores, or fewer processes per core (each VizDoom env runs its engine in a "
+            f"process of its own)"))
+    if stages[stage] < SATURATED:
         return Diagnosis(None, fractions, (
             f"no stage is saturated (the busiest, the {_NAMES[stage]}, works {share} of the "
             f"time): the stages wait on each other or share the {cores} CPU cores"
             + ("; in sync mode (--async_rl False) sampling and learning take turns"
                if not cfg.async_rl else "")))
-    advice = f"{_NAMES[stage]} busy {share}: " + _advice(stage, cfg, cores, device_type)
+    advice = f"{_NAMES[stage]} busy {share}: " + _advice(stage, cfg, cores, device_type,
+                                                         cpu_bound)
     return Diagnosis(stage, fractions, advice)
 
 
@@ -75,7 +121,7 @@ _NAMES = {"env": "rollout workers", "inference": "policy workers", "learner": "l
           "transfer": "links to the sampler nodes"}
 
 
-def _advice(stage: str, cfg: Any, cores: int, device_type: str) -> str:
+def _advice(stage: str, cfg: Any, cores: int, device_type: str, cpu_bound: bool) -> str:
     if stage == "learner":
         tips = ["the learner limits the run"]
         if device_type == "cpu":
@@ -90,7 +136,7 @@ def _advice(stage: str, cfg: Any, cores: int, device_type: str) -> str:
         if device_type == "cuda":
             tips.append(f"a bigger --batch_size (now {cfg.batch_size}) uses the GPU better")
             tips.append(f"--num_learners (now {cfg.num_learners}) up to the number of GPUs")
-        else:
+        elif not cpu_bound:
             tips.append(f"more --learner_threads (now {cfg.learner_threads}) or "
                         f"--num_learners (now {cfg.num_learners}) if cores are idle")
         return "; ".join(tips)
@@ -102,16 +148,18 @@ def _advice(stage: str, cfg: Any, cores: int, device_type: str) -> str:
                 f"{cfg.num_policy_workers}) or --policy_threads (now {cfg.policy_threads}), or "
                 f"more envs per worker for bigger inference batches")
     processes = cfg.num_workers + cfg.num_policy_workers + 1
-    tip = (f"more --num_workers (now {cfg.num_workers})" if processes < cores
-           else f"more cores: {processes} processes already share {cores}")
+    tip = (f"more --num_workers (now {cfg.num_workers})" if processes < cores and not cpu_bound
+           else f"more cores: {processes} processes already share {cores}" if not cpu_bound
+           else f"more cores: the {cores} cores are busy")
     split = ("" if cfg.worker_num_splits >= 2
              else "; --worker_num_splits 2 overlaps stepping with inference")
     return f"the envs limit the run; {tip}{split}"
 
 
 def progress_text(fractions: dict[str, float], limit: str | None) -> str:
-    """The progress line's part, e.g. ``busy env 45% inf 12% learn 97% (learner)``."""
-    if not fractions:
+    """The progress line's part, e.g. ``busy env 45% inf 12% learn 97% cpu 99% (learner)``."""
+    if not any(s in fractions for s in STAGES):
         return ""
-    parts = " ".join(f"{LABELS[s]} {fractions[s]:.0%}" for s in STAGES if s in fractions)
+    parts = " ".join(f"{LABELS.get(s, s)} {fractions[s]:.0%}" for s in (*STAGES, CPU)
+                     if s in fractions)
     return f"busy {parts}" + (f" ({limit})" if limit else "")

@@ -99,8 +99,9 @@ class Reporter:
                    f"{lag['policy_lag_max']:.0f}"
                    if "policy_lag_mean" in lag else "n/a")
         now = time.time()
-        t0, busy0 = self._busy_history.push(now, dict(s.busy), BUSY_WINDOW)
-        d = s.diagnose({k: v - busy0.get(k, 0.0) for k, v in s.busy.items()}, now - t0)
+        busy = s.busy_now()
+        t0, busy0 = self._busy_history.push(now, busy, BUSY_WINDOW)
+        d = s.diagnose({k: v - busy0.get(k, 0.0) for k, v in busy.items()}, now - t0)
         busy_txt = progress_text(d.fractions, d.stage if not self.cfg.serial_mode else None)
         log(f"frames {s.env_frames:,} | fps {s.fps():,.0f} | return {ret_txt} | "
             f"lag min/mean/max {lag_txt} | learner steps {s.learner_steps:,}"

@@ -13,9 +13,11 @@ import numpy as np
 from fastrl.config.settings import Config
 from fastrl.device import resolved_device_type
 from fastrl.experiment.bottleneck import (
+    CPU,
     Diagnosis,
     available_cores,
     busy_fractions,
+    cpu_seconds,
     diagnose,
 )
 from fastrl.transport.messages import ENV_FAULT_KINDS
@@ -142,6 +144,10 @@ class TrainingStats:
         # the first report on (start-up is no stage's work) to the latest.
         self.busy: dict[str, float] = {}
         self._busy_span: list[float] = []
+        # Busy seconds of the machine's cores (bottleneck.cpu_seconds) when these stats began
+        # and when the busy clock started; None where /proc/stat cannot be read.
+        self._cpu_origin = cpu_seconds()
+        self._cpu_at_span_start = 0.0
         # Sampler nodes (--num_sampler_nodes): what each link reports.
         self.nodes = [NodeStats() for _ in range(cfg.num_sampler_nodes)]
         # --num_policies > 1: each policy's figures (none with one policy: the run's are its).
@@ -191,15 +197,23 @@ class TrainingStats:
         now = time.time()
         if not self._busy_span:  # starts the clock; what it covers came before
             self._busy_span = [now, now]
+            self._cpu_at_span_start = self.busy_now().get(CPU, 0.0)
             return
         self._busy_span[1] = now
         self.busy[stage] = self.busy.get(stage, 0.0) + seconds
+
+    def busy_now(self) -> dict[str, float]:
+        """The stages' busy seconds, and under ``cpu`` the busy seconds of this machine's
+        cores since these stats began (absent where they cannot be read)."""
+        now = cpu_seconds() if self._cpu_origin is not None else None
+        return {**self.busy, **({CPU: now - self._cpu_origin} if now is not None else {})}
 
     def stage_processes(self) -> dict[str, int]:
         cfg = self.cfg
         nodes = max(cfg.num_sampler_nodes, 1)  # every node runs the workers the flags say
         return {"env": cfg.num_workers * nodes, "inference": cfg.num_policy_workers * nodes,
-                "learner": cfg.num_policies, "transfer": cfg.num_sampler_nodes}
+                "learner": cfg.num_policies, "transfer": cfg.num_sampler_nodes,
+                CPU: available_cores()}
 
     def diagnose(self, busy: dict[str, float], seconds: float) -> Diagnosis:
         fractions = busy_fractions(busy, seconds, self.stage_processes())
@@ -307,7 +321,13 @@ class TrainingStats:
 
     def _bottleneck(self) -> dict:
         span = self._busy_span[1] - self._busy_span[0] if self._busy_span else 0.0
-        d = self.diagnose(self.busy, span)
+        busy = self.busy_now()
+        if CPU in busy and span > 0:
+            # The cores' busy seconds from the clock's start to now, scaled to the span the
+            # stages' figures cover (it ends at the last report, a moment ago).
+            busy[CPU] = ((busy[CPU] - self._cpu_at_span_start)
+                         * span / max(time.time() - self._busy_span[0], span))
+        d = self.diagnose(busy, span)
         return {"stage": d.stage, "busy_fraction": {k: round(v, 3) for k, v in d.fractions.items()},
                 "advice": d.advice}
 
