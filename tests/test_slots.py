@@ -158,6 +158,34 @@ def test_learner_station_answers_a_fence_between_the_batches_of_a_backlog(tmp_pa
     assert station.pending.waiting == list(range(batch, per))
 
 
+def test_the_final_checkpoint_comes_after_the_report_of_every_step_trained(tmp_path):
+    """The run's summary is written once the final checkpoint is confirmed: the steps trained
+    since the learner's last report must reach the runner before that confirmation (a GPU
+    resume run's summary said 259 learner steps beside checkpoint 260)."""
+    from fastrl.transport.messages import CheckpointSaved, LearnerReport, SaveCheckpoint
+
+    wiring, station = _learner_station(tmp_path)
+    station.report_every = 3600.0  # no periodic report within the test
+    per = wiring.per_worker_buffers
+    for t in wiring.buffers.tensors():
+        t.zero_()
+    wiring.learner_queue.put_many([TrajectoriesReady(0, tuple(range(per)), 0)])
+    station.poll(0.0)
+    assert station.learner.version == 1
+    assert wiring.runner_queue.get_many(0.0) == []
+    counters = {"env_frames": 0, "episodes": 0, "wall_seconds": 1.0}
+    wiring.learner_queue.put(SaveCheckpoint(counters, final=False))
+    station.poll(0.0)  # a periodic checkpoint leaves the reports to their period
+    assert [type(m) for m in wiring.runner_queue.get_many(0.0)] == [CheckpointSaved]
+    wiring.learner_queue.put(SaveCheckpoint(counters, final=True))
+    station.poll(0.0)
+    report, saved = wiring.runner_queue.get_many(0.0)
+    assert isinstance(report, LearnerReport) and report.version == 1
+    assert report.samples == station.learner.trajectories_per_batch * 8
+    assert isinstance(saved, CheckpointSaved) and saved.final
+    assert "checkpoint_000000001_" in saved.path
+
+
 def test_slots_per_env_hold_two_batches_and_no_more():
     """One slot being filled per env, plus the fewest that hold two learner batches."""
     from types import SimpleNamespace

@@ -177,10 +177,10 @@ class RunLoop:
                 if isinstance(msg, CheckpointSaved) and msg.final:
                     log(f"saved {msg.path}")
                     waiting.discard(msg.policy)
-                    if not waiting:
-                        return
-                    continue
-                self.handle(msg)
+                else:
+                    self.handle(msg)
+            if not waiting:
+                return
         who = ("the learner" if self.wiring.num_policies == 1 else
                "the learners of policies " + ", ".join(map(str, sorted(waiting))))
         log(f"warning: {who} did not confirm the final checkpoint within "

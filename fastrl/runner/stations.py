@@ -280,13 +280,18 @@ class LearnerStation:
             else:
                 raise TypeError(f"learner: unexpected message {msg!r}")
         work = len(msgs) + self._work()
-        if ((self._samples or self._stale)
-                and time.monotonic() - self._last_report >= self.report_every):
-            w.runner_queue.put(LearnerReport(self._stats, self.learner.version, self._samples,
-                                             self._busy, self.policy, self._stale))
+        if time.monotonic() - self._last_report >= self.report_every:
+            self._report()
+        return work
+
+    def _report(self) -> None:
+        """What was trained since the last report, if anything, to the runner."""
+        if self._samples or self._stale:
+            self.wiring.runner_queue.put(LearnerReport(
+                self._stats, self.learner.version, self._samples, self._busy, self.policy,
+                self._stale))
             self._samples, self._busy, self._stats, self._stale = 0, 0.0, {}, 0
             self._last_report = time.monotonic()
-        return work
 
     def _replace(self, msg: PbtReplace) -> None:
         """Population-based training replaces this policy (fastrl/runner/pbt.py): the donor's
@@ -362,6 +367,10 @@ class LearnerStation:
 
     def _save(self, msg: SaveCheckpoint) -> None:
         w = self.wiring
+        if msg.final:
+            # The run's summary is written once this checkpoint is confirmed: the steps
+            # trained since the last report reach the runner first (one queue, in order).
+            self._report()
         if w.cfg.sampling_only:
             w.runner_queue.put(CheckpointSaved("", msg.final, self.policy))
             return
