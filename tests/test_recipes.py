@@ -143,3 +143,59 @@ def test_sync_recipes_train_each_round_as_one_batch(tmp_path):
     assert err.value.errors == [
         "--batch_size=256: with --async_rl=False, batch_size x num_batches_per_epoch must be "
         "a multiple of rollout x num_workers x num_envs_per_worker = 1536"]
+
+
+class _PublishesMask(gym.Env):
+    """Gives its legal actions in info["action_mask"], as gymnasium's Taxi does."""
+
+    observation_space = Discrete(5)
+
+    def __init__(self, action_space=None, mask=(1, 0, 1)):
+        self.action_space = Discrete(3) if action_space is None else action_space
+        self._mask = mask
+
+    def reset(self, *, seed=None, options=None):
+        return 0, {"action_mask": self._mask}
+
+    def step(self, action):
+        return 0, 0.0, True, False, {"action_mask": self._mask}
+
+
+def test_an_env_that_publishes_its_legal_actions_is_masked_by_default(tmp_path):
+    """Taxi-v4 with the bare command learns only with its mask (perf/RESULTS.md): an env
+    whose reset gives info["action_mask"] shaped for its actions gets
+    --env_action_mask_from_info on, under any recipe, unless a flag says otherwise."""
+    register_env("publishes_mask", lambda: _PublishesMask(), overwrite=True)
+    cfg = parse(tmp_path, "--env", "publishes_mask")
+    assert cfg.recipe == "classic" and cfg.env_action_mask_from_info is True
+    # Made once more when --recipe is given (the recipe needs no probe), with the same answer.
+    cfg = parse(tmp_path, "--env", "publishes_mask", "--recipe", "pixels", "--experiment", "p")
+    assert cfg.env_action_mask_from_info is True
+    off = parse(tmp_path, "--env", "publishes_mask", "--env_action_mask_from_info", "False",
+                "--experiment", "o")
+    assert off.env_action_mask_from_info is False
+    # Ape-X and R2D2 take no masks: the run is not refused for one it did not ask for.
+    apex = parse(tmp_path, "--env", "publishes_mask", "--algo", "apex", "--experiment", "a")
+    assert apex.env_action_mask_from_info is False
+    # A resumed experiment keeps what it was trained with (the mask is an observation key).
+    exp = tmp_path / "old"
+    exp.mkdir()
+    (exp / "config.json").write_text(json.dumps({"env": "publishes_mask",
+                                                 "env_action_mask_from_info": False}))
+    assert parse(tmp_path, "--experiment", "old").env_action_mask_from_info is False
+
+
+@pytest.mark.parametrize(("action_space", "mask", "expected"), [
+    (Discrete(3), (1, 0, 1), True),
+    (Discrete(4), (1, 0, 1), False),  # the wrong size: not a mask for these actions
+    (gym.spaces.MultiDiscrete([2, 3]), ((1, 1), (0, 1, 1)), True),  # one array per dimension
+    (Box(-1.0, 1.0, (3,), np.float32), (1, 0, 1), False),  # continuous actions take no mask
+])
+def test_which_published_masks_are_used(action_space, mask, expected):
+    assert recipes.publishes_action_mask(_PublishesMask(action_space, mask)) is expected
+
+
+def test_an_env_without_a_mask_is_left_unmasked(tmp_path):
+    assert recipes.publishes_action_mask(gym.make("FrozenLake-v1")) is False
+    assert recipes.publishes_action_mask(gym.make("Taxi-v4")) is True
+    assert parse(tmp_path, "--env", "Acrobot-v1").env_action_mask_from_info is False

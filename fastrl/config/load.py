@@ -115,9 +115,10 @@ def apply_recommended(cfg: Config, keep: set[str]) -> list[str]:
     known = {f.name for f in _fields()}
     errors = []
     entry = recommended_settings(cfg.env)
-    agents = 1
+    probe, probed = None, cfg.recipe == "auto" and "recipe" not in entry
     if cfg.recipe == "auto":
-        cfg.recipe, agents = choose_recipe(cfg.env, cfg.recipe, entry, cfg.env_packages)
+        cfg.recipe, probe = choose_recipe(cfg.env, cfg.recipe, entry, cfg.env_packages)
+    agents = probe.agents if probe is not None else 1
     layers = {**RECIPES.get(cfg.recipe, {}), **entry}
     layers.pop("recipe", None)
     layers.update(replay_layer(cfg.algo, cfg.recipe))
@@ -126,11 +127,32 @@ def apply_recommended(cfg: Config, keep: set[str]) -> list[str]:
             errors.append(f"env {cfg.env!r} recommends unknown setting {key!r}")
         elif key not in keep:
             setattr(cfg, key, value)
+    _use_published_mask(cfg, keep, entry, probe, probed)
     if not errors:
         fit_round(cfg, keep, agents)
     if cfg.reward_scale is None:
         cfg.reward_scale = 1.0
     return errors
+
+
+def _use_published_mask(cfg: Config, keep: set[str], entry: dict[str, Any], probe,
+                        probed: bool) -> None:
+    """Turn ``--env_action_mask_from_info`` on for an env whose reset gives its legal actions
+    in ``info["action_mask"]`` (gymnasium's Taxi; measured: perf/RESULTS.md), unless the flag
+    was given or saved, the env's registry entry says, or the algorithm takes no masks."""
+    from fastrl.config.recipes import probe_spaces
+    from fastrl.config.settings import REPLAY_ALGOS
+
+    name = "env_action_mask_from_info"
+    if name in keep or name in entry or "recipe" in entry or cfg.algo in REPLAY_ALGOS:
+        return
+    if not probed:  # --recipe given: the env was not made yet
+        try:
+            probe = probe_spaces(cfg.env, cfg.env_packages)
+        except Exception:  # noqa: BLE001 - the run itself reports a bad env, in one line
+            return
+    if probe is not None and probe.info_action_mask:
+        cfg.env_action_mask_from_info = True
 
 
 def parse_config(argv: list[str] | None = None, prog: str | None = None) -> Config:

@@ -26,10 +26,13 @@ recipe was measured: perf/RESULTS.md, "Default recipes".
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
+import numpy as np
 
+from fastrl.policy.actions import ActionSpec
+from fastrl.policy.obs import ACTION_MASK_KEY
 from fastrl.policy.spaces import is_image
 
 # Settings of each recipe (``Config`` field names). ``pixels`` is ``Config``'s defaults.
@@ -126,36 +129,70 @@ def _describe(space: gym.Space) -> str:
     return str(space)
 
 
-def probe_spaces(env_name: str, packages: str = "") -> tuple[gym.Space, gym.Space, int]:
+class EnvProbe(NamedTuple):
+    """What the launcher learns by making the env once with its default options."""
+    obs_space: gym.Space
+    action_space: gym.Space
+    agents: int  # how many agents it controls
+    info_action_mask: bool  # its first reset gave legal actions in info["action_mask"]
+
+
+def probe_spaces(env_name: str, packages: str = "") -> EnvProbe:
     """Make env ``env_name`` with its default options (after importing ``packages``, the
-    run's ``--env_packages``), read its spaces and how many agents it controls, close it."""
+    run's ``--env_packages``), read its spaces and how many agents it controls, reset it once
+    to see whether it publishes its legal actions, close it."""
     from fastrl.env_registry import import_env_packages, make_env
 
     import_env_packages(packages)
     env = make_env(env_name)
     try:
         agents = getattr(env, "num_agents", 1)
-        agents = agents if isinstance(agents, int) and not isinstance(agents, bool) else 1
-        return env.observation_space, env.action_space, max(agents, 1)
+        agents = max(agents if isinstance(agents, int) and not isinstance(agents, bool) else 1,
+                     1)
+        mask = agents == 1 and publishes_action_mask(env)
+        return EnvProbe(env.observation_space, env.action_space, agents, mask)
     finally:
         env.close()
 
 
+def publishes_action_mask(env: gym.Env) -> bool:
+    """Whether ``env`` (single-agent, just made) returns at reset a legal-action mask in
+    ``info["action_mask"]`` that fits its action space, as gymnasium's Taxi does, and has no
+    ``action_mask`` observation key already: what ``--env_action_mask_from_info`` reads."""
+    try:
+        spec = ActionSpec(env.action_space)
+    except ValueError:  # an action space fastrl refuses: the run says so
+        return False
+    space = env.observation_space
+    if not spec.maskable or (isinstance(space, gym.spaces.Dict)
+                             and ACTION_MASK_KEY in space.spaces):
+        return False
+    _, info = env.reset()
+    mask = info.get(ACTION_MASK_KEY) if isinstance(info, dict) else None
+    if mask is None:
+        return False
+    if isinstance(mask, (tuple, list)):
+        size = sum(np.asarray(m).size for m in mask)
+    else:
+        size = np.asarray(mask).size
+    return size == spec.num_logits
+
+
 def choose_recipe(env_name: str, asked: str, entry: dict[str, Any],
-                  packages: str = "") -> tuple[str, int]:
-    """(recipe, agents) for env ``env_name``: ``asked`` unless it is ``auto``, then the one
-    the env's registry ``entry`` names, then the one its spaces call for; ``agents``: how many
-    agents the env controls, where it was made to find out (else 1). An env that cannot be
+                  packages: str = "") -> tuple[str, EnvProbe | None]:
+    """(recipe, probe) for env ``env_name``: ``asked`` unless it is ``auto``, then the one
+    the env's registry ``entry`` names, then the one its spaces call for; ``probe``: what
+    making the env found, where it was made to find out (else None). An env that cannot be
     made here keeps ``pixels`` (the defaults); making it for the run reports why."""
     if asked != "auto":
-        return asked, 1
+        return asked, None
     if "recipe" in entry:
-        return entry["recipe"], 1
+        return entry["recipe"], None
     try:
-        obs_space, action_space, agents = probe_spaces(env_name, packages)
+        probe = probe_spaces(env_name, packages)
     except Exception:  # noqa: BLE001 - the run itself reports a bad env, in one line
-        return "pixels", 1
-    return recipe_for_spaces(obs_space, action_space)[0], agents
+        return "pixels", None
+    return recipe_for_spaces(probe.obs_space, probe.action_space)[0], probe
 
 
 def fit_round(cfg, keep: set[str], agents: int) -> None:

@@ -141,7 +141,8 @@ class Config:
     env_action_mask_from_info: bool = _f(
         False, "Gymnasium envs: the env returns its legal-action mask in info['action_mask']; "
         "move it into the observation so that illegal actions are never taken (an env with an "
-        "'action_mask' observation key needs nothing)", "environment")
+        "'action_mask' observation key needs nothing). Turned on by itself for a new run when "
+        "the env's first reset gives such a mask, except with --algo apex|r2d2", "environment")
     env_atari_rgb: bool = _f(False, "Atari envs (ALE/<Game>-v5...): observe the screen in colour, "
                              "uint8 [3, 84, 84], instead of grayscale [1, 84, 84]", "environment")
     reward_clip: float = _f(1000.0, "Clip scaled training rewards to [-x, x]", "environment")

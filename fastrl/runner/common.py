@@ -68,6 +68,9 @@ def check_agents_settings(cfg: Config, info: EnvInfo) -> None:
 def announce_recipe(cfg: Config, info: EnvInfo) -> None:
     """The run's first line about its settings: the recipe for the env's kind, and why."""
     log(recipe_line(cfg.env, cfg.recipe, info.obs_space, info.action_space, cfg))
+    if cfg.env_action_mask_from_info:
+        log("legal actions: the env's info['action_mask'] at every step, so illegal actions are "
+            "never taken (--env_action_mask_from_info False ignores it)")
 
 
 def build_model(cfg: Config, info: EnvInfo, device: torch.device) -> ActorCritic:
