@@ -104,6 +104,20 @@ def test_apex_settings_over_the_classic_recipe(tmp_path):
     assert appo.algo == "appo" and not appo.async_rl  # APPO's classic recipe is unchanged
 
 
+def test_apex_settings_over_the_pixel_recipe(tmp_path):
+    """doom_basic's measured Ape-X layer: small batches, few samples per insert."""
+    cfg = parse_config(["--env", "doom_basic", "--algo", "apex", "--train_dir", str(tmp_path)])
+    assert (cfg.recipe, cfg.batch_size, cfg.replay_samples_per_insert, cfg.replay_min_size) == (
+        "pixels", 128, 2.0, 5_000)
+    assert cfg.reward_scale == 0.01  # the env's entry stays under the algorithm's layer
+    flag = parse_config(["--env", "doom_basic", "--algo", "apex", "--batch_size", "256",
+                         "--train_dir", str(tmp_path), "--experiment", "f"])
+    assert flag.batch_size == 256
+    appo = parse_config(["--env", "doom_basic", "--train_dir", str(tmp_path),
+                         "--experiment", "a"])
+    assert (appo.batch_size, appo.algo) == (1024, "appo")
+
+
 def _learner(tmp_path, *flags):
     cfg = parse_config([*APEX, "--train_dir", str(tmp_path), "--rollout", "4",
                         "--replay_capacity", "400", "--replay_min_size", "64",
