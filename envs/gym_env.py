@@ -9,9 +9,8 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.wrappers import DtypeObservation, RecordEpisodeStatistics
 
-from fastrl.policy.actions import ActionSpec
 from fastrl.policy.obs import ACTION_MASK_KEY, obs_to_dict
-from fastrl.sampling.agents import is_multi_agent
+from fastrl.sampling.agent_count import is_multi_agent
 from fastrl.sampling.env_faults import check_reward
 
 
@@ -54,6 +53,8 @@ class InfoActionMask(gym.Wrapper, gym.utils.RecordConstructorArgs):
     def __init__(self, env: gym.Env):
         gym.utils.RecordConstructorArgs.__init__(self)
         gym.Wrapper.__init__(self, env)
+        from fastrl.policy.actions import ActionSpec  # torch: not on the launcher's probe path
+
         spec = ActionSpec(env.action_space)
         if not spec.maskable:
             raise ValueError(f"an action mask needs a Discrete or MultiDiscrete action space, "

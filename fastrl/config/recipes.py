@@ -31,8 +31,6 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 
-from fastrl.policy.actions import ActionSpec
-from fastrl.policy.obs import ACTION_MASK_KEY
 from fastrl.policy.spaces import is_image
 
 # Settings of each recipe (``Config`` field names). ``pixels`` is ``Config``'s defaults.
@@ -163,23 +161,28 @@ def publishes_action_mask(env: gym.Env) -> bool:
     """Whether ``env`` (single-agent, just made) returns at reset a legal-action mask in
     ``info["action_mask"]`` that fits its action space, as gymnasium's Taxi does, and has no
     ``action_mask`` observation key already: what ``--env_action_mask_from_info`` reads."""
-    try:
-        spec = ActionSpec(env.action_space)
-    except ValueError:  # an action space fastrl refuses: the run says so
+    # ActionSpec's count of logits for the spaces a mask fits, without importing torch here:
+    # this runs in train.py's launcher before it imports torch.
+    from fastrl.policy.obs import ACTION_MASK_KEY
+
+    space, actions = env.observation_space, env.action_space
+    if isinstance(actions, gym.spaces.Discrete):
+        size = int(actions.n)
+    elif isinstance(actions, gym.spaces.MultiDiscrete) and actions.nvec.ndim == 1:
+        size = int(actions.nvec.sum())
+    else:
         return False
-    space = env.observation_space
-    if not spec.maskable or (isinstance(space, gym.spaces.Dict)
-                             and ACTION_MASK_KEY in space.spaces):
+    if isinstance(space, gym.spaces.Dict) and ACTION_MASK_KEY in space.spaces:
         return False
     _, info = env.reset()
     mask = info.get(ACTION_MASK_KEY) if isinstance(info, dict) else None
     if mask is None:
         return False
     if isinstance(mask, (tuple, list)):
-        size = sum(np.asarray(m).size for m in mask)
+        given = sum(np.asarray(m).size for m in mask)
     else:
-        size = np.asarray(mask).size
-    return size == spec.num_logits
+        given = np.asarray(mask).size
+    return given == size
 
 
 def choose_recipe(env_name: str, asked: str, entry: dict[str, Any],

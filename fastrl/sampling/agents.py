@@ -36,12 +36,12 @@ episode, as a single-agent env loses its one, and is recreated.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import gymnasium as gym
 
 from fastrl.errors import EnvOutputError
 from fastrl.policy.obs import random_legal_action
+from fastrl.sampling.agent_count import is_multi_agent, num_agents  # noqa: F401 - the contract, here too
 from fastrl.sampling.buffers import INVALID_VERSION
 from fastrl.sampling.env_faults import check_reward
 from fastrl.sampling.rollout import ENV_FAULTS_IN_A_ROW, RolloutWorker
@@ -49,23 +49,6 @@ from fastrl.sampling.trajectories import PolicyAssignment, Split, StepOutput
 
 INACTIVE = "inactive"  # infos[a][INACTIVE] = True: agent a has no step this time
 FINAL_OBS = "final_obs"  # infos[a][FINAL_OBS]: agent a's last observation at a time limit
-
-
-def is_multi_agent(env: Any) -> bool:
-    """Whether ``env`` follows the multi-agent contract (an int ``num_agents``)."""
-    n = getattr(env, "num_agents", None)
-    return isinstance(n, int) and not isinstance(n, bool)
-
-
-def num_agents(env: Any) -> int:
-    """How many agents ``env`` controls: its ``num_agents``, 1 for a single-agent env;
-    ``ValueError`` naming the value when it is not a positive int."""
-    if not hasattr(env, "num_agents"):
-        return 1
-    n = env.num_agents
-    if not is_multi_agent(env) or n < 1:
-        raise ValueError(f"the env's num_agents={n!r}: must be an int of 1 or more")
-    return n
 
 
 class MultiAgentRolloutWorker(RolloutWorker):

@@ -14,7 +14,7 @@ from fastrl.env_registry import import_env_packages, make_env, recommended_setti
 from fastrl.errors import EnvSettingsError
 from fastrl.policy.obs import as_dict_space
 from fastrl.policy.spaces import ObsPlan
-from fastrl.sampling.agents import is_multi_agent, num_agents
+from fastrl.sampling.agent_count import is_multi_agent, num_agents
 from fastrl.transport.signals import held
 
 
