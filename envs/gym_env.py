@@ -9,7 +9,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.wrappers import DtypeObservation, RecordEpisodeStatistics
 
-from fastrl.policy.obs import ACTION_MASK_KEY, obs_to_dict
+from fastrl.policy.obs import ACTION_MASK_KEY, flat_action_mask, obs_to_dict
 from fastrl.sampling.agent_count import is_multi_agent
 from fastrl.sampling.env_faults import check_reward
 
@@ -72,10 +72,7 @@ class InfoActionMask(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if self.KEY not in info:
             raise KeyError(f"the env returned no info[{self.KEY!r}] (needed because of "
                            "action_mask_from_info)")
-        mask = info[self.KEY]
-        if isinstance(mask, (tuple, list)):
-            mask = np.concatenate([np.asarray(m).reshape(-1) for m in mask])
-        mask = (np.asarray(mask).reshape(-1) != 0).astype(np.uint8)
+        mask = (flat_action_mask(info[self.KEY]) != 0).astype(np.uint8)
         if mask.shape != (self._size,):
             raise ValueError(f"info[{self.KEY!r}] has {mask.size} entries; the action space "
                              f"{self.env.action_space} needs {self._size}")

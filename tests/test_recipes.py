@@ -111,7 +111,7 @@ def test_a_bad_recipe_is_one_line(tmp_path, capsys):
 
 
 def test_an_env_that_cannot_be_made_keeps_the_defaults(tmp_path):
-    assert recipes.choose_recipe("NoSuchEnv-v0", "auto", {})[0] == "pixels"
+    assert recipes.choose_recipe({}, recipes.try_probe("NoSuchEnv-v0")) == "pixels"
 
 
 def test_the_run_says_which_recipe_and_why():

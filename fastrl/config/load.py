@@ -109,15 +109,24 @@ def apply_recommended(cfg: Config, keep: set[str]) -> list[str]:
     fields in ``keep`` (given as flags, or saved by an earlier run); ``cfg.recipe`` names the
     recipe chosen; then resolve ``reward_scale`` None to 1.0. Returns errors for unknown
     settings."""
-    from fastrl.config.recipes import RECIPES, choose_recipe, fit_round, replay_layer
+    from fastrl.config.recipes import (
+        RECIPES,
+        choose_recipe,
+        fit_round,
+        replay_layer,
+        try_probe,
+    )
     from fastrl.env_registry import recommended_settings
 
     known = {f.name for f in _fields()}
     errors = []
     entry = recommended_settings(cfg.env)
-    probe, probed = None, cfg.recipe == "auto" and "recipe" not in entry
+    # The env is made once (recipes.probe_spaces) when the recipe or the mask needs it.
+    mask_open = _mask_undecided(cfg, keep, entry)
+    probe = (try_probe(cfg.env, cfg.env_packages)
+             if "recipe" not in entry and (cfg.recipe == "auto" or mask_open) else None)
     if cfg.recipe == "auto":
-        cfg.recipe, probe = choose_recipe(cfg.env, cfg.recipe, entry, cfg.env_packages)
+        cfg.recipe = choose_recipe(entry, probe)
     agents = probe.agents if probe is not None else 1
     layers = {**RECIPES.get(cfg.recipe, {}), **entry}
     layers.pop("recipe", None)
@@ -127,7 +136,10 @@ def apply_recommended(cfg: Config, keep: set[str]) -> list[str]:
             errors.append(f"env {cfg.env!r} recommends unknown setting {key!r}")
         elif key not in keep:
             setattr(cfg, key, value)
-    _use_published_mask(cfg, keep, entry, probe, probed)
+    if mask_open and probe is not None and probe.info_action_mask:
+        # An env whose reset gives its legal actions in info["action_mask"] (gymnasium's
+        # Taxi; measured: perf/RESULTS.md) is masked by them.
+        cfg.env_action_mask_from_info = True
     if not errors:
         fit_round(cfg, keep, agents)
     if cfg.reward_scale is None:
@@ -135,24 +147,14 @@ def apply_recommended(cfg: Config, keep: set[str]) -> list[str]:
     return errors
 
 
-def _use_published_mask(cfg: Config, keep: set[str], entry: dict[str, Any], probe,
-                        probed: bool) -> None:
-    """Turn ``--env_action_mask_from_info`` on for an env whose reset gives its legal actions
-    in ``info["action_mask"]`` (gymnasium's Taxi; measured: perf/RESULTS.md), unless the flag
-    was given or saved, the env's registry entry says, or the algorithm takes no masks."""
-    from fastrl.config.recipes import probe_spaces
+def _mask_undecided(cfg: Config, keep: set[str], entry: dict[str, Any]) -> bool:
+    """Whether ``--env_action_mask_from_info`` is left to what the env publishes: not given
+    or saved, not in the env's registry entry (an entry that names a recipe is a built-in
+    family with no such mask), and an algorithm that takes masks."""
     from fastrl.config.settings import REPLAY_ALGOS
 
     name = "env_action_mask_from_info"
-    if name in keep or name in entry or "recipe" in entry or cfg.algo in REPLAY_ALGOS:
-        return
-    if not probed:  # --recipe given: the env was not made yet
-        try:
-            probe = probe_spaces(cfg.env, cfg.env_packages)
-        except Exception:  # noqa: BLE001 - the run itself reports a bad env, in one line
-            return
-    if probe is not None and probe.info_action_mask:
-        cfg.env_action_mask_from_info = True
+    return not (name in keep or name in entry or "recipe" in entry or cfg.algo in REPLAY_ALGOS)
 
 
 def parse_config(argv: list[str] | None = None, prog: str | None = None) -> Config:

@@ -29,7 +29,6 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import gymnasium as gym
-import numpy as np
 
 from fastrl.policy.spaces import is_image
 
@@ -144,62 +143,50 @@ def probe_spaces(env_name: str, packages: str = "") -> EnvProbe:
     run's ``--env_packages``), read its spaces and how many agents it controls, reset it once
     to see whether it publishes its legal actions, close it."""
     from fastrl.env_registry import import_env_packages, make_env
+    from fastrl.sampling.agent_count import is_multi_agent
 
     import_env_packages(packages)
     env = make_env(env_name)
     try:
-        agents = getattr(env, "num_agents", 1)
-        agents = max(agents if isinstance(agents, int) and not isinstance(agents, bool) else 1,
-                     1)
+        agents = max(env.num_agents, 1) if is_multi_agent(env) else 1
         mask = agents == 1 and publishes_action_mask(env)
         return EnvProbe(env.observation_space, env.action_space, agents, mask)
     finally:
         env.close()
 
 
+def try_probe(env_name: str, packages: str = "") -> EnvProbe | None:
+    """``probe_spaces``, or None for an env that cannot be made here (making it for the run
+    reports why, in one line)."""
+    try:
+        return probe_spaces(env_name, packages)
+    except Exception:  # noqa: BLE001 - the run itself reports a bad env, in one line
+        return None
+
+
 def publishes_action_mask(env: gym.Env) -> bool:
     """Whether ``env`` (single-agent, just made) returns at reset a legal-action mask in
     ``info["action_mask"]`` that fits its action space, as gymnasium's Taxi does, and has no
     ``action_mask`` observation key already: what ``--env_action_mask_from_info`` reads."""
-    # ActionSpec's count of logits for the spaces a mask fits, without importing torch here:
-    # this runs in train.py's launcher before it imports torch.
-    from fastrl.policy.obs import ACTION_MASK_KEY
+    from fastrl.policy.obs import ACTION_MASK_KEY, flat_action_mask, mask_logits
 
-    space, actions = env.observation_space, env.action_space
-    if isinstance(actions, gym.spaces.Discrete):
-        size = int(actions.n)
-    elif isinstance(actions, gym.spaces.MultiDiscrete) and actions.nvec.ndim == 1:
-        size = int(actions.nvec.sum())
-    else:
-        return False
-    if isinstance(space, gym.spaces.Dict) and ACTION_MASK_KEY in space.spaces:
+    size, space = mask_logits(env.action_space), env.observation_space
+    if size is None or (isinstance(space, gym.spaces.Dict) and ACTION_MASK_KEY in space.spaces):
         return False
     _, info = env.reset()
     mask = info.get(ACTION_MASK_KEY) if isinstance(info, dict) else None
-    if mask is None:
-        return False
-    if isinstance(mask, (tuple, list)):
-        given = sum(np.asarray(m).size for m in mask)
-    else:
-        given = np.asarray(mask).size
-    return given == size
+    return mask is not None and flat_action_mask(mask).size == size
 
 
-def choose_recipe(env_name: str, asked: str, entry: dict[str, Any],
-                  packages: str = "") -> tuple[str, EnvProbe | None]:
-    """(recipe, probe) for env ``env_name``: ``asked`` unless it is ``auto``, then the one
-    the env's registry ``entry`` names, then the one its spaces call for; ``probe``: what
-    making the env found, where it was made to find out (else None). An env that cannot be
-    made here keeps ``pixels`` (the defaults); making it for the run reports why."""
-    if asked != "auto":
-        return asked, None
+def choose_recipe(entry: dict[str, Any], probe: EnvProbe | None) -> str:
+    """The recipe of an env whose ``--recipe`` is ``auto``: the one its registry ``entry``
+    names, else the one the spaces of its ``probe`` call for; an env that could not be made
+    here (no probe) keeps ``pixels`` (the defaults)."""
     if "recipe" in entry:
-        return entry["recipe"], None
-    try:
-        probe = probe_spaces(env_name, packages)
-    except Exception:  # noqa: BLE001 - the run itself reports a bad env, in one line
-        return "pixels", None
-    return recipe_for_spaces(probe.obs_space, probe.action_space)[0], probe
+        return entry["recipe"]
+    if probe is None:
+        return "pixels"
+    return recipe_for_spaces(probe.obs_space, probe.action_space)[0]
 
 
 def fit_round(cfg, keep: set[str], agents: int) -> None:

@@ -23,12 +23,12 @@ from typing import Any, NamedTuple
 from fastrl.config.settings import REPLAY_ALGOS
 
 STAGES = ("env", "inference", "learner", "transfer")
-LABELS = {"env": "env", "inference": "inf", "learner": "learn", "transfer": "xfer"}
+CPU = "cpu"  # the key of the CPU busy fraction beside the stages'
+LABELS = {"env": "env", "inference": "inf", "learner": "learn", "transfer": "xfer", CPU: "cpu"}
 # A stage busy at least this much of the time limits the run (parallel mode).
 SATURATED = 0.8
 # The cores are the limit when at least this share of their time is busy.
 CPU_SATURATED = 0.9
-CPU = "cpu"  # the key of the CPU busy fraction beside the stages'
 
 
 class Diagnosis(NamedTuple):
@@ -160,6 +160,6 @@ def progress_text(fractions: dict[str, float], limit: str | None) -> str:
     """The progress line's part, e.g. ``busy env 45% inf 12% learn 97% cpu 99% (learner)``."""
     if not any(s in fractions for s in STAGES):
         return ""
-    parts = " ".join(f"{LABELS.get(s, s)} {fractions[s]:.0%}" for s in (*STAGES, CPU)
+    parts = " ".join(f"{LABELS[s]} {fractions[s]:.0%}" for s in (*STAGES, CPU)
                      if s in fractions)
     return f"busy {parts}" + (f" ({limit})" if limit else "")

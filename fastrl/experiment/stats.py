@@ -197,16 +197,22 @@ class TrainingStats:
         now = time.time()
         if not self._busy_span:  # starts the clock; what it covers came before
             self._busy_span = [now, now]
-            self._cpu_at_span_start = self.busy_now().get(CPU, 0.0)
+            self._cpu_at_span_start = self._cpu_busy() or 0.0
             return
         self._busy_span[1] = now
         self.busy[stage] = self.busy.get(stage, 0.0) + seconds
 
-    def busy_now(self) -> dict[str, float]:
-        """The stages' busy seconds, and under ``cpu`` the busy seconds of this machine's
-        cores since these stats began (absent where they cannot be read)."""
+    def _cpu_busy(self) -> float | None:
+        """Busy seconds of this machine's cores since these stats began; None where they
+        cannot be read."""
         now = cpu_seconds() if self._cpu_origin is not None else None
-        return {**self.busy, **({CPU: now - self._cpu_origin} if now is not None else {})}
+        return None if now is None else now - self._cpu_origin
+
+    def busy_now(self) -> dict[str, float]:
+        """The stages' busy seconds, and under ``cpu`` the cores' (``_cpu_busy``) where they
+        can be read."""
+        cpu = self._cpu_busy()
+        return {**self.busy, **({CPU: cpu} if cpu is not None else {})}
 
     def stage_processes(self) -> dict[str, int]:
         cfg = self.cfg

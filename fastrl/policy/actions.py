@@ -37,6 +37,8 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from fastrl.policy.obs import mask_logits
+
 __all__ = ["ACTION_BOUNDS", "ActionSpec"]
 
 ACTION_BOUNDS = ("clip", "tanh")
@@ -131,7 +133,7 @@ class ActionSpec:
     @property
     def maskable(self) -> bool:
         """A single Discrete or MultiDiscrete space (what an action mask may cover)."""
-        return self._simple is not None and self.is_discrete
+        return mask_logits(self.space) is not None
 
     def bound(self, u: np.ndarray) -> np.ndarray:
         """Continuous samples ``[..., num_continuous]`` -> the values within the bounds."""

@@ -12,7 +12,8 @@ import numpy as np
 from gymnasium import spaces
 
 __all__ = [
-    "ACTION_MASK_KEY", "as_dict_space", "has_action_mask", "obs_to_dict", "random_legal_action",
+    "ACTION_MASK_KEY", "as_dict_space", "flat_action_mask", "has_action_mask", "mask_logits",
+    "obs_to_dict", "random_legal_action",
 ]
 
 # An observation key under this name is not encoded: it is the env's legal-action mask, a Box
@@ -35,6 +36,24 @@ def obs_to_dict(obs: Any) -> dict[str, Any]:
     if isinstance(obs, Mapping):
         return dict(obs)
     return {"obs": obs}
+
+
+def mask_logits(action_space: spaces.Space) -> int | None:
+    """The logits an action mask covers: ``n`` for a Discrete space, ``sum(nvec)`` for a 1-D
+    MultiDiscrete one; None for any other space (a mask cannot cover it)."""
+    if isinstance(action_space, spaces.Discrete):
+        return int(action_space.n)
+    if isinstance(action_space, spaces.MultiDiscrete) and np.asarray(action_space.nvec).ndim == 1:
+        return int(np.asarray(action_space.nvec).sum())
+    return None
+
+
+def flat_action_mask(mask: Any) -> np.ndarray:
+    """An env's mask as one flat array: a tuple or list of one array per MultiDiscrete
+    dimension (gymnasium's ``MultiDiscrete.sample(mask=...)`` form) is concatenated."""
+    if isinstance(mask, (tuple, list)):
+        return np.concatenate([np.asarray(m).reshape(-1) for m in mask])
+    return np.asarray(mask).reshape(-1)
 
 
 def has_action_mask(space: spaces.Dict, num_logits: int) -> bool:
