@@ -33,7 +33,9 @@ class DoomEnv(gym.Env):
     cfg's game variables as `float32 [K]`, when `measurements=True`). Actions: `Discrete`
     or `MultiDiscrete` per the scenario table. Each step repeats the action for
     `frameskip` tics inside the engine. The reward is the scenario's own, plus the
-    scenario's shaping when `reward_shaping=True`; `info["episode"]` at the last step
+    scenario's shaping when `reward_shaping=True`, whose terms (one per shaped game
+    variable) are then named in `metadata["reward_terms"]` and each step's part of each in
+    `info["reward_terms"]` (fastrl/algo/shaping.py); `info["episode"]` at the last step
     holds the unshaped return and the length in agent steps. Episodes that hit the time
     limit end with `truncated=True`; death or the scenario's goal give `terminated=True`.
 
@@ -130,6 +132,9 @@ class DoomEnv(gym.Env):
             self._shaping = scenario.shaping if reward_shaping else ()
             self._shaping_vars = [getattr(vzd.GameVariable, s.variable) for s in self._shaping]
             self._shaping_prev = [0.0] * len(self._shaping)
+            self._terms = [0.0] * len(self._shaping)  # each term's part of the last step
+            if self._shaping:
+                self.metadata["reward_terms"] = tuple(s.variable for s in self._shaping)
         except BaseException:
             self.close()
             raise
@@ -182,14 +187,14 @@ class DoomEnv(gym.Env):
         return [game.get_game_variable(v) for v in self._shaping_vars]
 
     def _shaping_reward(self) -> float:
-        """The shaping terms of the step just taken (see `Shaping`)."""
+        """The shaping terms of the step just taken (see `Shaping`), in total; each apart
+        in `self._terms`."""
         values = self._read_shaping_vars()
-        reward = 0.0
-        for s, before, after in zip(self._shaping, self._shaping_prev, values, strict=True):
-            delta = after - before
-            reward += s.gain * delta if delta > 0 else s.loss * delta
+        self._terms = [s.gain * (after - before) if after > before else s.loss * (after - before)
+                       for s, before, after in zip(self._shaping, self._shaping_prev, values,
+                                                   strict=True)]
         self._shaping_prev = values
-        return reward
+        return sum(self._terms)
 
     # -- what a multiplayer env changes (envs.doom_multiplayer) ---------------------------
 
@@ -256,7 +261,7 @@ class DoomEnv(gym.Env):
             and self.max_episode_steps is not None
             and self._steps >= self.max_episode_steps
         )
-        info: dict[str, Any] = {}
+        info: dict[str, Any] = {"reward_terms": self._terms} if self._shaping else {}
         if terminated or truncated:
             info["episode"] = {"r": self._return, "l": self._steps}
             self._episode_end(info)

@@ -20,14 +20,17 @@ class AgentsEnv(gym.Env):
     match ends when the longest episode does; an agent whose episode is shorter sits out
     (``info["inactive"]``) until then, and all restart together. ``truncate``: episodes end
     by a time limit (``truncated``, with ``info["final_obs"]``) instead of terminating.
-    ``crash_at``: step raises once the env has taken that many steps.
+    ``crash_at``: step raises once the env has taken that many steps. ``shaping``: the
+    reward also holds two shaping terms (fastrl/algo/shaping.py), named in
+    ``metadata["reward_terms"]`` and reported in ``info["reward_terms"]``: ``alive`` (0.1 a
+    step) and ``zero`` (-0.05 for action 0).
     """
 
     metadata = {"frameskip": 1, "render_modes": []}
 
     def __init__(self, env_tag: int | None = None, num_agents: int = 2,
                  episode_lens: tuple[int, ...] = (5, 7), match: bool = False,
-                 truncate: bool = False, crash_at: int | None = None):
+                 truncate: bool = False, crash_at: int | None = None, shaping: bool = False):
         if env_tag is None:
             env_tag = int(np.random.default_rng().integers(1, 2**24))
         self.env_tag = env_tag
@@ -36,6 +39,9 @@ class AgentsEnv(gym.Env):
         self.match = match
         self.truncate = truncate
         self.crash_at = crash_at
+        self.shaping = shaping
+        if shaping:
+            self.metadata = {**AgentsEnv.metadata, "reward_terms": ("alive", "zero")}
         self.observation_space = spaces.Box(-1e9, 1e9, (5,), np.float32)
         self.action_space = spaces.Discrete(3)
         self.global_step = 0
@@ -67,6 +73,9 @@ class AgentsEnv(gym.Env):
                 infos[a]["inactive"] = True  # done, waiting for the match to end
                 continue
             rewards[a] = float(int(action) == self.cues[a])
+            if self.shaping:
+                infos[a]["reward_terms"] = terms = [0.1, -0.05 * (int(action) == 0)]
+                rewards[a] += sum(terms)
             self.episode_step[a] += 1
             ended[a] = self.episode_step[a] >= self.episode_lens[a]
         match_over = self.match and all(s >= length for s, length
@@ -87,3 +96,4 @@ class AgentsEnv(gym.Env):
 
 gym.register("AgentsEnv-v0", entry_point=AgentsEnv)
 gym.register("AgentsMatchEnv-v0", entry_point=AgentsEnv, kwargs={"match": True})
+gym.register("AgentsShapedEnv-v0", entry_point=AgentsEnv, kwargs={"shaping": True})

@@ -205,10 +205,15 @@ def test_reward_shaping_leaves_native_return_alone() -> None:
         shaped.reset(seed=3)
         plain.action_space.seed(3)
         sum_plain = sum_shaped = 0.0
+        # The terms (fastrl/algo/shaping.py): named, and each step's parts make up the shaping.
+        assert shaped.metadata["reward_terms"] == ("HEALTH", "KILLCOUNT")
+        assert "reward_terms" not in plain.metadata
         for _ in range(100):
             action = plain.action_space.sample()
             _, r_plain, term, trunc, info_plain = plain.step(action)
             _, r_shaped, _, _, info_shaped = shaped.step(action)
+            assert "reward_terms" not in info_plain
+            assert r_shaped == pytest.approx(r_plain + sum(info_shaped["reward_terms"]))
             sum_plain += r_plain
             sum_shaped += r_shaped
             if term or trunc:

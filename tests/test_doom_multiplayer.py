@@ -11,6 +11,7 @@ import signal
 import socket
 from pathlib import Path
 
+import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
@@ -146,15 +147,20 @@ def test_the_agent_respawns_and_shaping_changes_only_the_training_reward():
         env.action_space.seed(1)
         env.reset(seed=1)
         shaped = 0.0
+        terms = np.zeros(len(env.metadata["reward_terms"]))
         for _ in range(200):  # random play with rockets in the duel: several deaths
             _, reward, terminated, truncated, info = env.step(env.action_space.sample())
             shaped += reward
+            terms += info["reward_terms"]
             assert not terminated
         assert truncated
         metrics = info["episode_metrics"]
         assert metrics["deaths"] > 0
         assert info["episode"]["r"] == metrics["frags"]
         assert shaped != pytest.approx(metrics["frags"])  # -0.5 a death, damage, pickups
+        assert shaped == pytest.approx(metrics["frags"] + terms.sum())  # the terms in the reward
+        names = env.metadata["reward_terms"]
+        assert terms[names.index("DEATHCOUNT")] == -0.5 * metrics["deaths"]
     finally:
         env.close()
 

@@ -371,7 +371,9 @@ def test_serial_run_exchanges_policies_and_resumes_the_population(tmp_path):
     from fastrl.experiment.checkpoint import list_checkpoints, load_checkpoint
     from fastrl.runner.serial import run_serial
 
-    args = [*BASE, "--train_dir", str(tmp_path), "--serial_mode", "--seed", "1",
+    # The env's two shaping terms are weighed by each policy and perturbed with the rest.
+    args = [*BASE, "--env", "tests.agents_env:AgentsShapedEnv-v0", "--train_dir", str(tmp_path),
+            "--serial_mode", "--seed", "1",
             "--batch_size", "32", "--use_rnn", "False", "--encoder_mlp_layers", "16",
             "--log_every_sec", "100", "--summaries_every_sec", "100", "--save_every_sec",
             "1000", "--experiment", "x", "--num_policies", "4", "--pbt_period_env_steps",
@@ -386,8 +388,11 @@ def test_serial_run_exchanges_policies_and_resumes_the_population(tmp_path):
     replaced = {c["policy"] for h in exchanges for c in h["replaced"]}
     for k in range(4):
         saved = load_checkpoint(list_checkpoints(str(tmp_path / "x"), k)[-1])
-        assert saved["learner"]["hyperparams"] == pbt["hyperparams"][k]
-        assert (saved["learner"]["hyperparams"] != HP) == (k in replaced)
+        own = saved["learner"]["hyperparams"]
+        assert own == pbt["hyperparams"][k]
+        assert set(own) == {*HP, "reward/alive", "reward/zero"}
+        assert ({n: own[n] for n in HP} != HP) == (k in replaced)
+        assert (own["reward/alive"] != 1.0 and own["reward/zero"] != 1.0) == (k in replaced)
 
     second = run_serial(parse_config([*args, "--train_for_env_steps", "4000"]))
     assert second["pbt"]["exchanges"] >= pbt["exchanges"]

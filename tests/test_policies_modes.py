@@ -20,6 +20,7 @@ from tests.test_parallel import base_args, run_train
 
 pytestmark = pytest.mark.multiprocess
 
+SHAPED = "tests.agents_env:AgentsShapedEnv-v0"
 VERSIONS = (0, 1000)  # what each policy's first weights are published as
 
 
@@ -59,9 +60,12 @@ def test_every_agent_step_reaches_the_learner_of_the_policy_that_acted_it(tmp_pa
 
 
 def test_train_py_trains_two_policies_side_by_side(tmp_path):
+    """Under PBT, on an env with reward-shaping terms (tests/agents_env.py): the terms travel
+    through the shared buffers to each policy's learner, which weighs them itself."""
     before = shm_buffers()
-    proc = run_train(base_args(tmp_path, MATCH, "--train_for_seconds", "2", "--num_policies",
-                               "2"), timeout=120)
+    proc = run_train(base_args(tmp_path, SHAPED, "--train_for_seconds", "2", "--num_policies",
+                               "2", "--with_pbt", "True", "--pbt_period_env_steps", "1000",
+                               "--pbt_min_episodes", "5", "--pbt_min_gap", "0"), timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     summary = json.loads((tmp_path / "x" / "summary.json").read_text())
     policies = summary["policies"]
@@ -75,4 +79,7 @@ def test_train_py_trains_two_policies_side_by_side(tmp_path):
     for folder in ("checkpoints", "checkpoints_p1"):
         assert list((tmp_path / "x" / folder).glob("checkpoint_*.pt")), folder
     assert "saved" in proc.stdout + proc.stderr and "policy 1 " in proc.stdout + proc.stderr
+    start = json.loads((tmp_path / "x" / "pbt.jsonl").read_text().splitlines()[0])
+    assert all(set(h) >= {"reward/alive", "reward/zero"} for h in start["hyperparams"])
+    assert len(summary["pbt"]["hyperparams"]) == 2
     assert not (shm_buffers() - before)

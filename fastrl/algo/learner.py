@@ -19,14 +19,17 @@ import torch
 
 from fastrl.algo.appo import LossParams, appo_loss, clipped_loss, return_targets_and_advantages
 from fastrl.algo.learner_group import LearnerGroup
+from fastrl.algo.shaping import RewardWeights
 from fastrl.config.settings import Config
 from fastrl.device import autocast, resolve_precision
-from fastrl.policy.actions import ActionSpec
+from fastrl.policy.actions import ActionSpec, exploration_problem
 from fastrl.policy.distributions import ActionDistribution
 from fastrl.policy.model import NORMALIZER_FRAMES, ActorCritic
 from fastrl.policy.recurrent import Cuts, find_cuts
+from fastrl.sampling.env_setup import reward_scale
 
-# What population-based training (fastrl/runner/pbt.py) perturbs, per policy's learner.
+# What population-based training (fastrl/runner/pbt.py) perturbs, per policy's learner;
+# also the weights of the env's reward-shaping terms, if it names them (``reward/<term>``).
 PBT_HYPERPARAMS = ("learning_rate", "exploration_loss_coeff", "gamma")
 
 
@@ -46,7 +49,8 @@ class Learner:
     """
 
     def __init__(self, cfg: Config, model: ActorCritic, action_space, device: torch.device,
-                 frameskip: int = 1, group: LearnerGroup | None = None):
+                 frameskip: int = 1, group: LearnerGroup | None = None,
+                 reward_terms: tuple[str, ...] = ()):
         self.cfg = cfg
         self.model = model
         self.action_spec = ActionSpec(action_space)
@@ -67,6 +71,9 @@ class Learner:
         )
         self.precision = resolve_precision(cfg.precision, device)
         self.learning_rate = cfg.learning_rate  # this policy's own under --with_pbt
+        # The env's shaping terms, weighed by this learner (fastrl/algo/shaping.py).
+        self.shaping = (RewardWeights(reward_terms, reward_scale(cfg), cfg.reward_clip, device)
+                        if reward_terms else None)
         self.version = 0
         # Samples acted by a version below this are left out of the loss: after a PBT
         # replacement, the experience the old weights acted (see take_weights).
@@ -281,6 +288,8 @@ class Learner:
         normalizer = self.model.returns_normalizer
         value_norm = None if normalizer is None else normalizer.mean_std()
         rewards = batch["rewards"]
+        if self.shaping is not None:
+            rewards = self.shaping.apply(rewards, batch["reward_terms"])
         bootstrap = cfg.value_bootstrap and "final_step" in batch
         final_step = host["final_step"] if bootstrap else None
         cuts: Cuts | None = None
@@ -325,17 +334,21 @@ class Learner:
         """This learner's own values of ``PBT_HYPERPARAMS`` (the flags' unless PBT set them)."""
         return {"learning_rate": self.learning_rate,
                 "exploration_loss_coeff": self.params.exploration_loss_coeff,
-                "gamma": self.params.gamma}
+                "gamma": self.params.gamma,
+                **(self.shaping.hyperparams() if self.shaping is not None else {})}
 
     def set_hyperparams(self, values: dict) -> None:
         """Train from now on with these ``PBT_HYPERPARAMS``: the optimizer's learning rate
-        (the base of ``--lr_schedule``) and the loss's gamma and exploration coefficient."""
+        (the base of ``--lr_schedule``), the loss's gamma and exploration coefficient, and
+        the shaping terms' weights (``reward/<term>``)."""
         self.learning_rate = float(values["learning_rate"])
         self.params = dataclasses.replace(
             self.params, gamma=float(values["gamma"]),
             exploration_loss_coeff=float(values["exploration_loss_coeff"]))
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate
+        if self.shaping is not None:
+            self.shaping.set(values)
 
     def take_weights(self, source, hyperparams: dict) -> None:
         """A PBT replacement: the donor's current weights from ``source`` (its published
@@ -378,14 +391,6 @@ def policy_lag(versions: torch.Tensor, version: int) -> torch.Tensor:
         torch.where(acted, lag, 0.0).sum() / count.clamp(min=1.0),
         torch.where(acted, lag, -big).max(),
     ])
-
-
-def exploration_problem(exploration_loss: str, spec: ActionSpec) -> str | None:
-    """Why ``--exploration_loss`` cannot work with these actions (None when it can)."""
-    if exploration_loss == "symmetric_kl" and spec.num_continuous:
-        return ("--exploration_loss symmetric_kl needs categorical actions, and these have "
-                "continuous ones: use --exploration_loss entropy")
-    return None
 
 
 def _add_time_limit_bootstrap(rewards: torch.Tensor, final_step: torch.Tensor,

@@ -256,6 +256,9 @@ class Config:
     pbt_objective: str = _f("return", "What ranks the policies: return (the mean episode "
                             "return) or the name of an episode metric the env reports (doom "
                             "multiplayer envs recommend frags)", "pbt")
+    pbt_reward_shaping: bool = _f(True, "PBT also perturbs each policy's weights of the env's "
+                                  "reward-shaping terms, when the env names them (VizDoom "
+                                  "with --env_reward_shaping)", "pbt")
 
     # --- replay (--algo apex) ---------------------------------------------------------
     replay_capacity: int = _f(100_000, "Transitions the replay store holds (oldest out first)",

@@ -179,3 +179,11 @@ class ActionSpec:
     def __repr__(self) -> str:
         return (f"ActionSpec(nvec={self.nvec}, num_continuous={self.num_continuous}, "
                 f"bounds={self.bounds!r})")
+
+
+def exploration_problem(exploration_loss: str, spec: ActionSpec) -> str | None:
+    """Why ``--exploration_loss`` cannot work with these actions (None when it can)."""
+    if exploration_loss == "symmetric_kl" and spec.num_continuous:
+        return ("--exploration_loss symmetric_kl needs categorical actions, and these have "
+                "continuous ones: use --exploration_loss entropy")
+    return None

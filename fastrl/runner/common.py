@@ -10,12 +10,11 @@ import numpy as np
 import torch
 
 from fastrl.algo.apex import build_store, q_learning_problem
-from fastrl.algo.learner import exploration_problem
 from fastrl.config.recipes import recipe_line
 from fastrl.config.settings import REPLAY_ALGOS, Config
 from fastrl.errors import EnvSettingsError
 from fastrl.log import log
-from fastrl.policy.actions import ActionSpec
+from fastrl.policy.actions import ActionSpec, exploration_problem
 from fastrl.policy.model import ActorCritic
 from fastrl.sampling.env_setup import EnvInfo
 from fastrl.sampling.replay import check_fits

@@ -34,10 +34,12 @@ SEED_STREAM = 24  # the exchanges' random draws: [--seed, SEED_STREAM, ranking n
 
 def perturb(values: dict[str, float], rng: np.random.Generator, low: float,
             high: float) -> dict[str, float]:
-    """Each hyperparameter multiplied or divided (at random) by a factor drawn from
-    ``[low, high]``; gamma through its horizon ``1 - gamma``, so that it stays in [0, 1]."""
+    """Each hyperparameter (``PBT_HYPERPARAMS``, then the reward-shaping weights
+    ``reward/<term>`` of an env that names its terms: fastrl/algo/shaping.py) multiplied or
+    divided (at random) by a factor drawn from ``[low, high]``; gamma through its horizon
+    ``1 - gamma``, so that it stays in [0, 1]."""
     out = {}
-    for name in PBT_HYPERPARAMS:
+    for name in values:
         factor = float(rng.uniform(low, high))
         if rng.random() < 0.5:
             factor = 1.0 / factor
@@ -102,7 +104,8 @@ class Population:
         self._record({"event": "resume" if saved else "start", **self.counters(),
                       "objective": cfg.pbt_objective, "hyperparams": self.hyperparams})
         log(f"pbt: {p} policies ranked by {self._objective_text()}, an exchange every "
-            f"{cfg.pbt_period_env_steps:,} frames from {self.next_at:,} on"
+            f"{cfg.pbt_period_env_steps:,} frames from {self.next_at:,} on, perturbing "
+            + ", ".join(self.hyperparams[0] if self.hyperparams else PBT_HYPERPARAMS)
             + (f" (resumed after {self.exchanges} exchanges)" if saved else ""))
         self._write_scalars(0, [])
 
@@ -186,7 +189,7 @@ class Population:
             log(f"pbt exchange {self.exchanges} at {frames:,} frames: policy {worst} "
                 f"({objectives[worst]:.3f}) takes the weights of policy {donor} "
                 f"({objectives[donor]:.3f}); " + ", ".join(
-                    f"{name} {old[name]:.4g} -> {new[name]:.4g}" for name in PBT_HYPERPARAMS))
+                    f"{name} {old[name]:.4g} -> {new[name]:.4g}" for name in new))
         self.since = [0] * cfg.num_policies
         self._record({"event": "exchange", "exchange": self.exchanges, "frames": frames,
                       "objective": cfg.pbt_objective, "objectives": objectives,
@@ -216,8 +219,8 @@ class Population:
             return
         for k, values in enumerate(self.hyperparams):
             prefix = f"policy_{k}/pbt/"
-            for name in PBT_HYPERPARAMS:
-                w.add_scalar(prefix + name, values[name], frames)
+            for name, value in values.items():
+                w.add_scalar(prefix + name, value, frames)
             w.add_scalar(prefix + "replaced", float(k in replaced), frames)
             w.add_scalar(prefix + "stale_trajectories_dropped", self.stale[k], frames)
             if objectives and k in objectives:

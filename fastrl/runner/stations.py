@@ -26,7 +26,7 @@ from fastrl.runner.fault_log import FaultLog
 from fastrl.runner.slots import PendingSlots
 from fastrl.runner.wiring import Wiring
 from fastrl.sampling.agents import MultiAgentRolloutWorker
-from fastrl.sampling.env_setup import EnvInfo, create_env, reward_scale
+from fastrl.sampling.env_setup import EnvInfo, create_env, reward_scale, weighed_reward_terms
 from fastrl.sampling.inference import PolicyWorker, ape_x_epsilons
 from fastrl.sampling.rollout import RolloutWorker
 from fastrl.sampling.staging import Staging
@@ -426,7 +426,8 @@ def make_learner(cfg, info: EnvInfo, device: torch.device, group: LearnerGroup |
                         info.action_space, device, frameskip=info.frameskip)
     else:
         learner = Learner(cfg, build_model(cfg, info, device), info.action_space, device,
-                          frameskip=info.frameskip, group=group)
+                          frameskip=info.frameskip, group=group,
+                          reward_terms=weighed_reward_terms(cfg, info))
     counters, path = restore_learner(learner, cfg, info, policy)
     if group is not None:
         group.broadcast_module(learner.model)

@@ -46,7 +46,7 @@ from fastrl.config.settings import Config
 from fastrl.errors import ExperimentError
 from fastrl.runner.common import buffers_per_env
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
-from fastrl.sampling.env_setup import EnvInfo
+from fastrl.sampling.env_setup import EnvInfo, weighed_reward_terms
 from fastrl.sampling.weights import LocalWeights, SharedWeights, WeightsSource
 from fastrl.transport.mailbox import Mailbox
 from fastrl.transport.procs import Lifeline
@@ -165,7 +165,8 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
         slots_per_env = buffers_per_env(cfg, num_envs)
     layout = BufferLayout.from_spaces(info.obs_space, info.action_space,
                                       num_envs * slots_per_env, cfg.rollout,
-                                      model.rnn_state_size)
+                                      model.rnn_state_size,
+                                      len(weighed_reward_terms(cfg, info)))
     parallel = ctx is not None
     n_policy = cfg.num_policy_workers if parallel else 1
     models = models or [model] * cfg.num_policies

@@ -43,7 +43,7 @@ from fastrl.errors import EnvOutputError
 from fastrl.policy.obs import random_legal_action
 from fastrl.sampling.agent_count import is_multi_agent, num_agents  # noqa: F401 - the contract, here too
 from fastrl.sampling.buffers import INVALID_VERSION
-from fastrl.sampling.env_faults import check_reward
+from fastrl.sampling.env_faults import check_reward, write_reward_terms
 from fastrl.sampling.rollout import ENV_FAULTS_IN_A_ROW, RolloutWorker
 from fastrl.sampling.trajectories import PolicyAssignment, Split, StepOutput
 
@@ -110,6 +110,9 @@ class MultiAgentRolloutWorker(RolloutWorker):
             self._check_lengths(obs, rewards, terminated, truncated, infos)
             obs = [self._check_obs(o) for o in obs]
             rewards = [check_reward(r) for r in rewards]
+            if self._terms_np is not None:  # (fastrl/algo/shaping.py)
+                for b, info in zip(bufs, infos, strict=True):
+                    write_reward_terms(self._terms_np[b, t], info.get("reward_terms"))
         except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
             return self._cut_env_episode(i, bufs, t, exc, out)
         clip = self.reward_clip

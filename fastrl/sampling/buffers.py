@@ -48,10 +48,13 @@ class BufferLayout:
     # int64 choice indices, or float32 when the action space has continuous parts
     # (fastrl.policy.actions.ActionSpec).
     action_dtype: torch.dtype = torch.int64
+    # The env's reward-shaping terms kept per step apart from the reward, for a learner that
+    # weighs them itself (--with_pbt: fastrl/algo/shaping.py); 0 keeps none.
+    reward_terms: int = 0
 
     @classmethod
     def from_spaces(cls, obs_space: spaces.Dict, action_space: spaces.Space, num_buffers: int,
-                    rollout: int, rnn_size: int) -> BufferLayout:
+                    rollout: int, rnn_size: int, reward_terms: int = 0) -> BufferLayout:
         # Compact: integers stay integers (the one-hots are made by the encoders), in the
         # smallest dtype that holds their range (fastrl.policy.spaces.storage).
         shapes, dtypes = {}, {}
@@ -62,7 +65,8 @@ class BufferLayout:
                 raise ValueError(f"observation {key!r}: {exc}") from None
             dtypes[key] = _torch_dtype(np_dtype)
         spec = ActionSpec(action_space)
-        return cls(shapes, dtypes, num_buffers, rollout, spec.action_dims, rnn_size, spec.dtype)
+        return cls(shapes, dtypes, num_buffers, rollout, spec.action_dims, rnn_size, spec.dtype,
+                   reward_terms)
 
     def nbytes(self) -> int:
         n, t = self.num_buffers, self.rollout
@@ -71,7 +75,8 @@ class BufferLayout:
             size = torch.empty((), dtype=self.obs_dtypes[key]).element_size()
             total += n * (t + 2) * int(np.prod(shape)) * size  # T + 1 steps and a final obs
         action_size = torch.empty((), dtype=self.action_dtype).element_size()
-        total += n * t * (action_size * self.action_dims + 4 + 4 + 4 + 1 + 8)
+        total += n * t * (action_size * self.action_dims + 4 + 4 + 4 + 1 + 8
+                          + 4 * self.reward_terms)
         total += n * (self.rnn_size * 4 + 8 + 8)
         return total
 
@@ -95,6 +100,9 @@ class TrajectoryBuffers:
         self.log_probs = torch.full((n, t), FILL_FLOAT, dtype=torch.float32)
         self.values = torch.full((n, t), FILL_FLOAT, dtype=torch.float32)
         self.rewards = torch.full((n, t), FILL_FLOAT, dtype=torch.float32)
+        # Each step's reward-shaping terms, already in ``rewards`` (``BufferLayout``).
+        self.reward_terms = (torch.zeros((n, t, layout.reward_terms), dtype=torch.float32)
+                             if layout.reward_terms else None)
         self.dones = torch.ones((n, t), dtype=torch.bool)
         self.policy_versions = torch.full((n, t), FILL_INT, dtype=torch.int64)
         self.rnn_states = torch.full((n, layout.rnn_size), FILL_FLOAT, dtype=torch.float32)
@@ -114,9 +122,10 @@ class TrajectoryBuffers:
                 tensor.share_memory_()
 
     def tensors(self) -> list[torch.Tensor]:
+        terms = [] if self.reward_terms is None else [self.reward_terms]
         return [*self.obs.values(), self.actions, self.log_probs, self.values, self.rewards,
                 self.dones, self.policy_versions, self.rnn_states, *self.final_obs.values(),
-                self.final_step, self.traj_ids]
+                self.final_step, self.traj_ids, *terms]
 
     def gather(self, indices: list[int] | torch.Tensor, staging: Staging | None = None) -> dict:
         """Copy the trajectories at ``indices`` out of the buffers (one indexed read per key).
@@ -136,6 +145,8 @@ class TrajectoryBuffers:
                     policy_versions=self.policy_versions, rnn_states=self.rnn_states,
                     final_step=self.final_step)
         flat.update({f"final_obs/{k}": v for k, v in self.final_obs.items()})
+        if self.reward_terms is not None:
+            flat["reward_terms"] = self.reward_terms
         if staging is None:
             out = host = {key: v.index_select(0, idx) for key, v in flat.items()}
         else:

@@ -154,7 +154,8 @@ class ObsCheck:
 
 class CallTimer:
     """Runs a call with a SIGALRM deadline of ``seconds`` (0: no deadline, or not in the
-    main thread, where signals cannot be used)."""
+    main thread, where signals cannot be used). It stops only envs that return to Python
+    now and then; the runner's heartbeat check catches the rest."""
 
     def __init__(self, seconds: float):
         in_main = threading.current_thread() is threading.main_thread()
@@ -178,3 +179,23 @@ class CallTimer:
         finally:
             self._armed = False
             signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def write_reward_terms(out: np.ndarray, values: Any, what: str = "step") -> None:
+    """One step's ``info["reward_terms"]`` (fastrl/algo/shaping.py) into ``out``, its row of
+    the buffer: zeros when the env reported none at this step; :class:`EnvOutputError` when
+    it reported another number of terms than it names, or a value that is not finite."""
+    if values is None:
+        out[:] = 0.0
+        return
+    try:
+        if len(values) != len(out):
+            raise ValueError
+        out[:] = values
+    except (TypeError, ValueError):
+        raise EnvOutputError(f"{what} returned info['reward_terms'] = {_short.repr(values)}, "
+                             f"expected {len(out)} numbers (the env's "
+                             "metadata['reward_terms'])", "reward") from None
+    if not np.isfinite(out).all():
+        raise EnvOutputError(f"{what} returned info['reward_terms'] = {_short.repr(values)}, "
+                             "expected finite numbers", "reward")

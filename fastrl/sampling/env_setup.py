@@ -100,6 +100,8 @@ class EnvInfo:
     # one line per kind of key left out: for the first lines of a run, not for checkpoints.
     obs_sources: tuple[tuple[str, str], ...] = ()
     obs_left_out: tuple[str, ...] = ()
+    # The reward-shaping terms the env names (metadata["reward_terms"]: fastrl/algo/shaping.py).
+    reward_terms: tuple[str, ...] = ()
 
     def describe(self) -> dict:
         out = {"obs_space": repr(self.obs_space), "action_space": repr(self.action_space),
@@ -126,12 +128,31 @@ def env_info(env: gym.Env, layout: str = "auto") -> EnvInfo:
     except ValueError as exc:
         raise EnvSettingsError(str(exc)) from None
     try:
-        agents = num_agents(env)
+        agents, terms = num_agents(env), reward_term_names(env.metadata)
     except ValueError as exc:
         raise EnvSettingsError(str(exc)) from None
     return EnvInfo(as_dict_space(env.observation_space), env.action_space,
                    int(env.metadata.get("frameskip", 1)), agents, is_multi_agent(env),
-                   tuple(plan.sources().items()), tuple(plan.left_out()))
+                   tuple(plan.sources().items()), tuple(plan.left_out()), terms)
+
+
+def weighed_reward_terms(cfg: Config, info: EnvInfo) -> tuple[str, ...]:
+    """The env's shaping terms each policy's learner weighs itself: all it names under
+    ``--with_pbt`` with ``--pbt_reward_shaping`` (fastrl/algo/shaping.py), else none."""
+    return info.reward_terms if cfg.with_pbt and cfg.pbt_reward_shaping else ()
+
+
+def reward_term_names(metadata: dict) -> tuple[str, ...]:
+    """The shaping terms an env names in its ``metadata`` (none: ``()``); each a non-empty
+    string, no name twice."""
+    names = metadata.get("reward_terms") or ()
+    if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"metadata['reward_terms'] = {names!r}: must be a sequence of "
+                         "non-empty names")
+    names = tuple(names)
+    if len(set(names)) != len(names):
+        raise ValueError(f"metadata['reward_terms'] = {names!r}: a name appears twice")
+    return names
 
 
 def probe_env(cfg: Config) -> EnvInfo:

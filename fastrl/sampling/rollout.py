@@ -29,6 +29,7 @@ from fastrl.sampling.env_faults import (
     check_reward,
     describe,
     fault_kind,
+    write_reward_terms,
 )
 from fastrl.sampling.trajectories import (
     PolicyAssignment,
@@ -65,8 +66,8 @@ class RolloutWorker:
             writes it after each step, this worker zeroes it when an episode ends.
         free_buffers: slot indices this worker may fill at the start.
         num_splits: groups to split the envs into.
-        reward_scale, reward_clip: applied to the training reward (the returned episode
-            return stays native).
+        reward_scale, reward_clip: applied to the training reward (episode returns stay
+            native); with ``buffers.reward_terms`` the learner clips (fastrl/algo/shaping.py).
         trajectories_per_round: sync mode (``async_rl=False``): each split pauses after
             this many trajectories per env until :meth:`resume` is called; ``None`` = async.
         seed: base seed; env ``e`` is reset with ``seed + e`` on its first reset.
@@ -77,11 +78,10 @@ class RolloutWorker:
             leaves them out), the episode is not reported, and the fault is counted by kind.
             Without it, the fault propagates. An env that faults ``ENV_FAULTS_IN_A_ROW``
             times without finishing an episode stops the worker (:class:`EnvBroken`).
-        env_timeout: seconds one env call may take (0 = no limit). SIGALRM: main thread and
-            envs that return to Python only (the runner's heartbeat check catches the rest).
+        env_timeout: seconds one env call may take (0 = no limit; SIGALRM: see CallTimer).
         generation, epoch: stamped on every request (see ``InferenceRequest``).
         decorrelate: at :meth:`start`, env ``e`` (global id) first takes ``e * rollout``
-            random actions (episodes ended meanwhile are not reported): no lock-step resets.
+            random actions, unreported: no lock-step resets.
         action_bounds: how continuous actions are bounded for the env
             (``fastrl.policy.actions.ActionSpec``).
         env_check: ``"warn"``: bad env output is a fault like any other; ``"strict"``: it
@@ -116,7 +116,9 @@ class RolloutWorker:
         self.buffers = buffers
         self.rollout = buffers.layout.rollout
         self.reward_scale = reward_scale
-        self.reward_clip = reward_clip
+        # --with_pbt: the env's shaping terms kept apart; the learner weighs them and clips.
+        self._terms_np = None if buffers.reward_terms is None else buffers.reward_terms.numpy()
+        self.reward_clip = reward_clip if self._terms_np is None else float("inf")
         self.trajectories_per_round = trajectories_per_round
         self.seed = seed
         self.env_factory = env_factory
@@ -205,8 +207,7 @@ class RolloutWorker:
         split = self.splits[split_id]
         split.request_epoch = -1
         t, bufs = split.t, split.buffers
-        actions = self._actions_np[bufs, t]  # one indexed read: [n, D]
-        # The common case in one call: a Discrete action is its index.
+        actions = self._actions_np[bufs, t]  # one indexed read: [n, D]; Discrete: the index
         actions = actions[:, 0].tolist() if self._discrete else [self._to_env(a) for a in actions]
         return self._stepped(split_id, self._step_split(split, t, bufs, actions, out), out)
 
@@ -259,6 +260,8 @@ class RolloutWorker:
         try:
             obs, reward, terminated, truncated, info = self._timer.call(self.envs[i].step, action)
             obs, reward = self._check_obs(obs), check_reward(reward)
+            if self._terms_np is not None:
+                write_reward_terms(self._terms_np[b, t], info.get("reward_terms"))
         except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
             return self._cut_episode(i, e, b, t, exc, out)
         clip = self.reward_clip  # the training reward; the episode's return stays native
@@ -333,8 +336,7 @@ class RolloutWorker:
             return
         self._begin_trajectories(split_id, out)
 
-    def _write_obs(self, bufs: list[int], t: int, obs: list[dict]) -> None:
-        """Observation ``obs[j]`` (checked) into slot ``bufs[j]`` at step ``t``."""
+    def _write_obs(self, bufs: list[int], t: int, obs: list[dict]) -> None:  # obs[j] -> bufs[j]
         for key, arr in self._obs_np.items():
             for j, b in enumerate(bufs):
                 arr[b, t] = obs[j][key]
@@ -381,8 +383,7 @@ class RolloutWorker:
                 fault = exc
         return self._replace_env(i, fault, out)
 
-    def _reset(self, i: int, seed: int | None = None) -> dict:
-        """Reset env ``i``; return its first observation, checked."""
+    def _reset(self, i: int, seed: int | None = None) -> dict:  # env i's first obs, checked
         return self._check_obs(self._timer.call(self.envs[i].reset, seed=seed)[0], "reset")
 
     def _replace_env(self, i: int, cause: Exception, out: StepOutput) -> dict:
@@ -418,8 +419,7 @@ class RolloutWorker:
             raise EnvBroken(f"env {env_id} faulted {ENV_FAULTS_IN_A_ROW} times in a row without "
                             f"finishing an episode; the last fault: {fault.message}") from cause
 
-    def _faulted_too_often(self, i: int) -> bool:
-        """Count a fault of env ``i``; whether it has faulted too often to go on."""
+    def _faulted_too_often(self, i: int) -> bool:  # count a fault; whether it is too many
         self._faults_in_a_row[i] += 1
         return self._faults_in_a_row[i] >= ENV_FAULTS_IN_A_ROW
 
