@@ -61,9 +61,12 @@ APEX_SETTINGS: dict[str, Any] = {
     "async_rl": True, "use_rnn": False, "normalize_returns": False, "eval_deterministic": True,
 }
 APEX_RECIPES: dict[str, dict[str, Any]] = {
+    # Measured on CartPole, Acrobot and LunarLander, 3 seeds each: batches of 128 at 32
+    # samples per insert with the target copied every 50 steps met all three marks, where
+    # batches of 64 at 8 per insert (target every 100) missed Acrobot's on 2 seeds of 3.
     "classic": {
-        "num_workers": 2, "num_envs_per_worker": 4, "rollout": 32, "batch_size": 64,
-        "replay_min_size": 1_000, "target_update_every": 100,
+        "num_workers": 2, "num_envs_per_worker": 4, "rollout": 32, "batch_size": 128,
+        "replay_samples_per_insert": 32.0, "replay_min_size": 1_000, "target_update_every": 50,
         "encoder_mlp_layers": [256, 256], "nonlinearity": "relu", "learning_rate": 5e-4,
         "adam_eps": 1e-8, "max_grad_norm": 10.0, "precision": "fp32",
     },
