@@ -208,13 +208,16 @@ class ActorCritic(nn.Module):
             return params, self.critic(critic_in).squeeze(-1)
 
     def forward_step(
-        self, obs: Mapping[str, Tensor] | Tensor, rnn_state: Tensor
+        self, obs: Mapping[str, Tensor] | Tensor, rnn_state: Tensor,
+        encoders: nn.ModuleList | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """One step for a batch of envs.
 
         Args:
             obs: dict of ``[B, ...]`` (a bare tensor is taken as ``{"obs": tensor}``).
             rnn_state: ``[B, H]``, H = ``rnn_state_size`` (0 without an RNN).
+            encoders: a copy of ``self.encoders`` to encode with (the policy workers' copy
+                in bf16: :func:`fastrl.policy.lowp.lowp_encoders`); default: its own.
 
         Returns:
             logits ``[B, P]``, values ``[B]``, new_rnn_state ``[B, H]`` (without an RNN, the
@@ -222,7 +225,7 @@ class ActorCritic(nn.Module):
         """
         obs = obs_to_dict(obs)
         mask = obs.get(ACTION_MASK_KEY)
-        x = self._encode(obs)
+        x = self._encode(obs, encoders)
         if self.rnn is None:
             logits, values = self._heads(x, mask, self._critic_input(obs, x))
             return logits, values, rnn_state

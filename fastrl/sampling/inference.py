@@ -14,6 +14,7 @@ import torch
 from fastrl.device import autocast
 from fastrl.policy.actions import ActionSpec
 from fastrl.policy.distributions import ActionDistribution
+from fastrl.policy.lowp import lowp_encoders, refresh
 from fastrl.policy.model import ActorCritic
 from fastrl.sampling.buffers import TrajectoryBuffers
 from fastrl.sampling.staging import Staging
@@ -63,6 +64,10 @@ class PolicyWorker:
         self.versions = [-1] * len(self.models)  # of every policy, policy_version's included
         # Observations and memory reach the device through buffers kept from call to call.
         self.staging = Staging(device)
+        # Under bf16, each model's encoders with their weights already in bf16, refreshed at
+        # every load: autocast then casts nothing (fastrl/policy/lowp.py).
+        self._lowp = ([lowp_encoders(m.encoders) for m in self.models]
+                      if precision == "bf16" else None)
         self._flat_obs = {k: v.view(-1, *v.shape[2:]) for k, v in buffers.obs.items()}
         self._steps = buffers.layout.rollout + 1  # observation rows per slot
 
@@ -72,12 +77,19 @@ class PolicyWorker:
         published = self.weights.version()
         if published >= 0 and published != self.policy_version:
             self.policy_version = self.weights.load_into(self.model)
+            self._loaded(0)
         if len(self.models) > 1:
             self.versions[0] = self.policy_version
             for k in range(1, len(self.models)):
                 published = self.sources[k].version()
                 if published >= 0 and published != self.versions[k]:
                     self.versions[k] = self.sources[k].load_into(self.models[k])
+                    self._loaded(k)
+
+    def _loaded(self, k: int) -> None:
+        """Policy ``k``'s model took new weights."""
+        if self._lowp is not None:
+            refresh(self._lowp[k], self.models[k].encoders)
 
     @property
     def has_weights(self) -> bool:
@@ -112,7 +124,7 @@ class PolicyWorker:
         if policies:
             actions, log_probs, values, new_h, versions = self._act_per_policy(obs, h, policies)
         else:
-            actions, log_probs, values, new_h = self._act(self.model, obs, h, e_idx)
+            actions, log_probs, values, new_h = self._act(0, obs, h, e_idx)
             versions = self.policy_version
         actions, log_probs, values, new_h = to_host(
             [actions.to(self.buffers.actions.dtype), log_probs.float(), values.float(),
@@ -126,10 +138,11 @@ class PolicyWorker:
         return [ActionsReady(req.worker_id, req.split_id, req.t, req.generation, req.epoch)
                 for req in requests]
 
-    def _act(self, model: ActorCritic, obs: dict, h: torch.Tensor, e_idx: torch.Tensor):
-        """``model``'s actions, log-probs, values and new recurrent states for the rows."""
+    def _act(self, k: int, obs: dict, h: torch.Tensor, e_idx: torch.Tensor | None):
+        """Policy ``k``'s actions, log-probs, values and new recurrent states for the rows."""
+        encoders = None if self._lowp is None else self._lowp[k]
         with torch.inference_mode(), autocast(self.precision, self.device):
-            logits, values, new_h = model.forward_step(obs, h)
+            logits, values, new_h = self.models[k].forward_step(obs, h, encoders)
             dist = ActionDistribution(logits, self.action_spec)
             if self.epsilons is not None:
                 actions = epsilon_greedy(dist.mode(), self.epsilons[e_idx].to(self.device),
@@ -149,7 +162,7 @@ class PolicyWorker:
             rows = (pol == k).nonzero().squeeze(1)
             dev_rows = rows.to(self.device)
             sub = {key: value[dev_rows] for key, value in obs.items()}
-            parts.append((dev_rows, self._act(self.models[k], sub, h[dev_rows], None)))
+            parts.append((dev_rows, self._act(k, sub, h[dev_rows], None)))
         if len(parts) == 1:  # one policy acts for the whole batch
             return (*parts[0][1], versions)
         n = len(policies)
