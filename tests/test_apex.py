@@ -84,7 +84,6 @@ def test_a_run_refused_after_start_up_leaves_no_config_to_resume(tmp_path, monke
 @pytest.mark.parametrize("flags, flag", [
     (["--use_rnn", "True"], "--use_rnn"),
     (["--num_learners", "2"], "--num_learners"),
-    (["--num_sampler_nodes", "1"], "--num_sampler_nodes"),
     (["--async_rl", "False"], "--async_rl"),
     (["--replay_min_size", "10"], "--replay_min_size"),
     (["--replay_alpha", "2"], "--replay_alpha"),

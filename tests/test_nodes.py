@@ -5,6 +5,7 @@ settings that cannot work."""
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import signal
 import socket
@@ -319,3 +320,58 @@ def test_a_lost_node_is_reported_and_served_anew_while_its_sender_hangs(tmp_path
     finally:
         release.set()
         runner.shutdown()
+
+
+# --- the replay algorithms on sampler nodes ----------------------------------------------------
+
+
+def test_each_nodes_policy_worker_takes_its_share_of_the_ape_x_epsilons(tmp_path):
+    """Ape-X's eps_i = 0.4 ** (1 + 7 i / (N - 1)) runs over every env slot of every node."""
+    from fastrl.runner.common import build_model
+    from fastrl.runner.stations import make_policy_worker
+    from fastrl.runner.wiring import build_wiring
+    from fastrl.sampling.env_setup import probe_env
+    from fastrl.sampling.inference import ape_x_epsilons
+
+    cfg = parse_config(base_args(tmp_path, COUNTING, *NODE_ARGS, "--num_sampler_nodes", "3",
+                                 "--algo", "apex", "--replay_min_size", "128"))
+    info = probe_env(cfg)
+    model = build_model(cfg, info, torch.device("cpu"))
+    shares = []
+    for node in range(3):
+        wiring = build_wiring(cfg, info, model, cfg.num_workers, cfg.num_envs_per_worker)
+        wiring.node = node  # what a sampler node sets
+        shares.append(make_policy_worker(wiring, model, torch.device("cpu"), "fp32").epsilons)
+    assert [len(s) for s in shares] == [cfg.num_envs] * 3
+    torch.testing.assert_close(torch.cat(shares), ape_x_epsilons(3 * cfg.num_envs))
+
+
+def test_trajectory_ids_from_two_nodes_never_collide_and_keep_their_order():
+    """--algo r2d2 finds a sequence's predecessor by id (one less): node 0's env 3 and node
+    1's env 3 are two env slots."""
+    from fastrl.sampling.trajectories import from_node, traj_id
+
+    ids = traj_id(np.array([3, 3, 5]), 2, np.array([7, 8, 7]))
+    node0, node1 = from_node(ids, 0), from_node(ids, 1)
+    assert not set(node0.tolist()) & set(node1.tolist())
+    assert node0[1] - 1 == node0[0] and node1[1] - 1 == node1[0]  # the predecessor link
+    assert len({*node0.tolist(), *node1.tolist()}) == 6
+    assert from_node(np.array([-1]), 4).tolist() == [-1]  # never tagged stays so
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("algo", ["apex", "r2d2"])
+def test_the_replay_algorithms_train_on_two_nodes(tmp_path, algo):
+    """train.py with two sampler nodes: the learner node's store fills from both, the learner
+    trains, and nothing is left behind."""
+    before = shm_files()
+    rnn = ["--use_rnn", "True", "--rnn_size", "16"] if algo == "r2d2" else []
+    proc = run_train(base_args(tmp_path, COUNTING, *NODE_ARGS, "--algo", algo,
+                               "--replay_min_size", "256", "--batch_size", "32",
+                               "--replay_samples_per_insert", "1", *rnn,
+                               "--train_for_env_steps", "3000"), timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    summary = json.loads((tmp_path / "x" / "summary.json").read_text())
+    assert summary["env_frames"] >= 3000 and summary["learner_steps"] > 0
+    assert summary["trajectories_discarded"] == 0
+    assert not (shm_files() - before)

@@ -182,9 +182,6 @@ def _replay(cfg: Config) -> list[str]:
                      "not rounds, paces the learner)"),
         "num_learners": (cfg.num_learners > 1, f"{algo} runs one learner (the replay store "
                          "lives in its process); --num_learners > 1 is APPO only"),
-        "num_sampler_nodes": (cfg.num_sampler_nodes > 0, f"{algo} does not run with sampler "
-                              "nodes yet (their epsilons would need every node's env count); "
-                              "use --num_sampler_nodes 0"),
     }
     errors += [f"--{name}={getattr(cfg, name)}: {line}" for name, (bad, line) in why.items() if bad]
     for name in ("replay_capacity", "replay_min_size", "replay_samples_per_insert", "nstep",

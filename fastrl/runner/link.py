@@ -37,6 +37,7 @@ import torch.distributed as dist
 from fastrl.config.settings import Config
 from fastrl.log import log
 from fastrl.sampling.buffers import TrajectoryBuffers
+from fastrl.sampling.trajectories import from_node
 from fastrl.transport.messages import (
     BuffersFreed,
     Fence,
@@ -301,6 +302,8 @@ class NodeLink:
                 payload = self.codec.staging[:nbytes]
                 up.recv_into(payload)
                 self.codec.unpack(payload, slots)
+                ids = w.buffers.traj_ids.numpy()  # r2d2 links sequences by id, run-wide
+                ids[slots] = from_node(ids[slots], node)
                 self._busy += time.perf_counter() - start
                 in_flight[0] = 0
                 self._count(slots)

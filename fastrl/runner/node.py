@@ -131,6 +131,7 @@ class NodeRunner:
         self.wiring = wiring = build_wiring(cfg, info, model, cfg.num_workers,
                                             cfg.num_envs_per_worker, ctx=ctx,
                                             slots_per_env=NODE_SLOTS_PER_ENV)
+        wiring.node = self.node
         check_queue_layout(wiring.learner_queue.q)
         timeout = datetime.timedelta(seconds=cfg.worker_timeout)
         up, down = connect(self.store, self.node, self.generation, 1, timeout)

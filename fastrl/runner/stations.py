@@ -403,12 +403,15 @@ class LearnerRankStation:
 def make_policy_worker(wiring: Wiring, model: torch.nn.Module, device: torch.device,
                        precision: str, others: list[torch.nn.Module] = ()) -> PolicyWorker:
     """The policy worker core; with ``--algo apex`` or ``r2d2``, epsilon-greedy with every env
-    slot's Ape-X epsilon (over all the run's slots). ``others``: the models of policies 1,
-    2, ... (``--num_policies``), each fed by its own weights."""
+    slot's Ape-X epsilon (over all the run's slots: on sampler node k, its share after the
+    slots of nodes 0 to k-1). ``others``: the models of policies 1, 2, ...
+    (``--num_policies``), each fed by its own weights."""
     cfg = wiring.cfg
     epsilons = None
     if cfg.algo in REPLAY_ALGOS:
-        epsilons = ape_x_epsilons(wiring.num_envs, cfg.apex_epsilon, cfg.apex_epsilon_alpha)
+        n = wiring.num_envs
+        epsilons = ape_x_epsilons(n * max(1, cfg.num_sampler_nodes), cfg.apex_epsilon,
+                                  cfg.apex_epsilon_alpha)[wiring.node * n:(wiring.node + 1) * n]
     return PolicyWorker(model, wiring.info.action_space, wiring.buffers, wiring.rnn_state,
                         device, weights=wiring.weights, precision=precision, epsilons=epsilons,
                         others=list(zip(others, wiring.policy_weights[1:], strict=True)))

@@ -86,6 +86,9 @@ class Wiring:
     # Sampler nodes (--num_sampler_nodes): the port of the learner node's store, where they
     # connect. On the learner node "rollout worker" k stands for sampler node k.
     node_port: int = 0
+    # On a sampler node: its number (its env slots follow those of the nodes before it in
+    # the run's count, as --algo apex's epsilons do); 0 elsewhere.
+    node: int = 0
     # --num_policies: every policy's learner queue and weights (item 0: learner_queue and
     # weights themselves); filled in by __post_init__ for one policy.
     learner_queues: list[MessageQueue] = field(default_factory=list)

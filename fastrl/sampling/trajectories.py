@@ -101,9 +101,12 @@ def by_policy(buffers: list[int], policies: tuple[int, ...]) -> dict[int, tuple[
 
 
 # A trajectory id: env slot, the rollout worker's generation and the trajectory's number in
-# that env slot's run, packed in one int64 (``traj_id``); -1 in a slot never tagged.
+# that env slot's run, packed in one int64 (``traj_id``); -1 in a slot never tagged. On the
+# learner node of a run with sampler nodes, the node's number goes above them
+# (``from_node``): env slots below 2**13 per node, up to 126 nodes.
 _COUNT_BITS = 32
 _GEN_BITS = 10
+_NODE_SHIFT = 56
 
 
 def traj_id(env: np.ndarray, generation: int, count: np.ndarray) -> np.ndarray:
@@ -114,6 +117,13 @@ def traj_id(env: np.ndarray, generation: int, count: np.ndarray) -> np.ndarray:
     env = np.asarray(env, dtype=np.int64)
     head = (env << _GEN_BITS) | (int(generation) & ((1 << _GEN_BITS) - 1))
     return (head << _COUNT_BITS) | (np.asarray(count, dtype=np.int64) & ((1 << _COUNT_BITS) - 1))
+
+
+def from_node(ids: np.ndarray, node: int) -> np.ndarray:
+    """Trajectory ids that sampler node ``node`` tagged, told apart from every other node's
+    (the same env slot number on two nodes is two env slots); untagged ids (-1) stay."""
+    ids = np.asarray(ids, dtype=np.int64)
+    return np.where(ids >= 0, ids | (np.int64(node + 1) << _NODE_SHIFT), ids)
 
 
 class TrajectoryTags:
