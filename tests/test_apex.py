@@ -269,3 +269,18 @@ def test_the_policy_lag_of_inserted_steps_is_reported(tmp_path):
     stats = learner.train()
     assert (stats["policy_lag_min"], stats["policy_lag_mean"], stats["policy_lag_max"]) == (
         1.0, pytest.approx((31 * 1 + 32 * 2) / 63), 2.0)
+
+
+def test_the_replay_algorithms_give_each_env_two_slots(tmp_path):
+    """One filling and one handed in: the replay learner waits for no batch, and every slot
+    more held older trajectories back (the actors' weights were 310 learner steps old with
+    CartPole's 5 slots per env, 122 with 2)."""
+    from fastrl.runner.common import buffers_per_env
+
+    for algo in ("apex", "r2d2"):
+        cfg = parse_config(["--env", "CartPole-v1", "--algo", algo, "--train_dir",
+                            str(tmp_path), "--experiment", algo])
+        assert buffers_per_env(cfg, cfg.num_envs) == 2
+    appo = parse_config(["--env", "CartPole-v1", "--train_dir", str(tmp_path), "--experiment",
+                         "appo"])
+    assert buffers_per_env(appo, appo.num_envs) >= 2

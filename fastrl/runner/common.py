@@ -101,7 +101,15 @@ def buffers_per_env(cfg: Config, num_envs: int) -> int:
     With ``--num_policies P > 1`` each policy's learner waits for a whole batch of its own:
     room for ``P + 1`` batches, so that however the waiting slots fall among the learners,
     one of them always has a whole batch (``P`` learners each one trajectory short hold
-    fewer than ``P`` batches) while the envs go on filling theirs."""
+    fewer than ``P`` batches) while the envs go on filling theirs.
+
+    The replay learners (``--algo apex``, ``r2d2``) wait for no batch: each trajectory goes
+    into the store on its own, as the rate limiter lets it. Two slots per env (the one filling
+    and the one handed in) keep the actors' weights at most about a trajectory's worth of
+    learner steps old; CartPole's classic Ape-X row had 5 and acted with weights 310 learner
+    steps old (perf/RESULTS.md)."""
+    if cfg.algo in REPLAY_ALGOS:
+        return 2
     batches = 2 if cfg.num_policies <= 1 else cfg.num_policies + 1
     return math.ceil(batches * cfg.trajectories_per_batch / num_envs) + 1
 
