@@ -194,7 +194,8 @@ def test_slots_per_env_hold_two_batches_and_no_more():
 
     for per_batch in (1, 3, 8, 16, 32, 33, 64):
         for envs in (1, 2, 7, 16, 32, 64, 100):
-            cfg = SimpleNamespace(trajectories_per_batch=per_batch, num_policies=1)
+            cfg = SimpleNamespace(trajectories_per_batch=per_batch, num_policies=1,
+                                  algo="appo")
             slots = buffers_per_env(cfg, envs)
             waiting = (slots - 1) * envs  # trajectories that can wait for the learner
             assert waiting >= 2 * per_batch > waiting - envs, (per_batch, envs, slots)
@@ -204,5 +205,7 @@ def test_slots_per_env_hold_two_batches_and_no_more():
                 assert waiting > policies * (per_batch - 1) + per_batch, (policies, per_batch)
     # The classic recipe's 2 x 16 envs, 16 trajectories a batch: 2 slots (was 3); doom_basic's
     # defaults, 16 envs and 32 trajectories a batch: 5, as before.
-    assert buffers_per_env(SimpleNamespace(trajectories_per_batch=16, num_policies=1), 32) == 2
-    assert buffers_per_env(SimpleNamespace(trajectories_per_batch=32, num_policies=1), 16) == 5
+    assert buffers_per_env(SimpleNamespace(trajectories_per_batch=16, num_policies=1,
+                                          algo="appo"), 32) == 2
+    assert buffers_per_env(SimpleNamespace(trajectories_per_batch=32, num_policies=1,
+                                          algo="appo"), 16) == 5
