@@ -27,7 +27,8 @@ class RewardWeights:
     def __init__(self, names: Sequence[str], scale: float, clip: float, device: torch.device):
         self.names = tuple(names)
         self.scale, self.clip, self.device = float(scale), float(clip), device
-        self.set({PREFIX + n: 1.0 for n in self.names})
+        self.weights = [1.0] * len(self.names)
+        self.set({})
 
     def hyperparams(self) -> dict[str, float]:
         return {PREFIX + n: w for n, w in zip(self.names, self.weights, strict=True)}
@@ -35,9 +36,8 @@ class RewardWeights:
     def set(self, values: dict) -> None:
         """Take the ``reward/<term>`` entries of ``values``; a term it lacks keeps its weight
         (a checkpoint from before the term was weighed)."""
-        old = getattr(self, "weights", [1.0] * len(self.names))
-        self.weights = [float(values.get(PREFIX + n, w)) for n, w in zip(self.names, old,
-                                                                           strict=True)]
+        self.weights = [float(values.get(PREFIX + n, w))
+                        for n, w in zip(self.names, self.weights, strict=True)]
         self._extra = torch.tensor([w - 1.0 for w in self.weights], dtype=torch.float32,
                                    device=self.device) * self.scale
 

@@ -102,11 +102,12 @@ def by_policy(buffers: list[int], policies: tuple[int, ...]) -> dict[int, tuple[
 
 # A trajectory id: env slot, the rollout worker's generation and the trajectory's number in
 # that env slot's run, packed in one int64 (``traj_id``); -1 in a slot never tagged. On the
-# learner node of a run with sampler nodes, the node's number goes above them
-# (``from_node``): env slots below 2**13 per node, up to 126 nodes.
+# learner node of a run with sampler nodes, the node's number plus one goes above them
+# (``from_node``): env slots below 2**14 per node, nodes 0 to 126.
 _COUNT_BITS = 32
 _GEN_BITS = 10
-_NODE_SHIFT = 56
+_ENV_BITS = 14
+_NODE_SHIFT = _COUNT_BITS + _GEN_BITS + _ENV_BITS
 
 
 def traj_id(env: np.ndarray, generation: int, count: np.ndarray) -> np.ndarray:
