@@ -83,7 +83,7 @@ def test_a_run_refused_after_start_up_leaves_no_config_to_resume(tmp_path, monke
 
 @pytest.mark.parametrize("flags, flag", [
     (["--use_rnn", "True"], "--use_rnn"),
-    (["--num_learners", "2"], "--num_learners"),
+    (["--num_learners", "3"], "--num_learners"),  # a batch that cannot split in 3
     (["--async_rl", "False"], "--async_rl"),
     (["--replay_min_size", "10"], "--replay_min_size"),
     (["--replay_alpha", "2"], "--replay_alpha"),

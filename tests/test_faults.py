@@ -132,6 +132,21 @@ def assert_nothing_left(kids: set[int], shm_before: set[str]) -> None:
     assert not (shm_files() - shm_before), f"shared memory left behind: {shm_files() - shm_before}"
 
 
+def run_two_learners(args: list[str], shm_before: set[str], timeout: float = 180) -> Training:
+    """Run train.py with ``args`` (two learners) to its end: exit status 0, the two learners
+    said at start, nothing left behind."""
+    run = Training(args)
+    try:
+        code = run.wait(timeout)
+        run.pid("fastrl-learner-1")
+    finally:
+        run.kill()
+    assert code == 0, run.output[-3000:]
+    assert "2 learners" in run.output
+    assert_nothing_left(run.kids, shm_before)
+    return run
+
+
 # --- env faults -----------------------------------------------------------------------------
 
 

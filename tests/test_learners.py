@@ -16,7 +16,7 @@ from fastrl.algo.learner import Learner
 from fastrl.algo.learner_group import LearnerGroup, free_port
 from fastrl.config.settings import Config
 from fastrl.policy.model import ActorCritic
-from tests.test_faults import Training, assert_nothing_left, kill_learner_then_resume
+from tests.test_faults import kill_learner_then_resume, run_two_learners
 from tests.test_parallel import base_args, shm_files
 from tests.test_ppo_batch import _batch
 
@@ -60,6 +60,19 @@ def _rank_main(rank: int, world: int, port: int, jobs: list, out_dir: str) -> No
         group.close()
 
 
+def run_ranks(target, args_of, world: int = 2, ctx=None, timeout: float = 120) -> None:
+    """Run ``target(*args_of(rank, port))`` for every rank in processes of their own (spawned),
+    meeting on a free port; each must exit with status 0."""
+    ctx = ctx or multiprocessing.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=target, args=args_of(r, port)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=timeout)
+    assert [p.exitcode for p in procs] == [0] * world
+
+
 def _share(batch: dict, rank: int, world: int) -> dict:
     def cut(x):
         if isinstance(x, dict):
@@ -80,15 +93,7 @@ def test_two_ranks_on_halves_make_the_update_of_one_learner_on_the_whole(tmp_pat
         stats = Learner(cfg, model, space, torch.device("cpu")).train(batch)
         expected[name] = (model.state_dict(), stats)
         jobs.append((name, space, settings, state, batch))
-    ctx = multiprocessing.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, 2, port, jobs, str(tmp_path)))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    assert [p.exitcode for p in procs] == [0, 0]
+    run_ranks(_rank_main, lambda rank, port: (rank, 2, port, jobs, str(tmp_path)))
     for name, _, _ in CASES:
         got = torch.load(tmp_path / f"{name}.pt")
         want_state, want_stats = expected[name]
@@ -107,18 +112,10 @@ def test_two_learners_train_and_stop_cleanly(tmp_path):
     before = shm_files()
     args = base_args(tmp_path, "tests.counting_env:CountingEnv-v0", "--batch_size", "64",
                      "--num_learners", "2", "--train_for_env_steps", "3000")
-    run = Training(args)
-    try:
-        code = run.wait(180)
-        run.pid("fastrl-learner-1")
-    finally:
-        run.kill()
-    assert code == 0, run.output[-3000:]
-    assert "2 learners" in run.output
+    run_two_learners(args, before)
     summary = json.loads((tmp_path / "x" / "summary.json").read_text())
     assert summary["env_frames"] >= 3000 and summary["learner_steps"] > 0
     assert list((tmp_path / "x" / "checkpoints").glob("checkpoint_*.pt"))
-    assert_nothing_left(run.kids, before)
 
 
 @pytest.mark.multiprocess

@@ -360,15 +360,16 @@ def test_trajectory_ids_from_two_nodes_never_collide_and_keep_their_order():
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("algo", ["apex", "r2d2"])
-def test_the_replay_algorithms_train_on_two_nodes(tmp_path, algo):
+@pytest.mark.parametrize("algo, learners", [("apex", "1"), ("r2d2", "2")])
+def test_the_replay_algorithms_train_on_two_nodes(tmp_path, algo, learners):
     """train.py with two sampler nodes: the learner node's store fills from both, the learner
-    trains, and nothing is left behind."""
+    trains (R2D2 with two learner ranks on a shared store), and nothing is left behind."""
     before = shm_files()
     rnn = ["--use_rnn", "True", "--rnn_size", "16"] if algo == "r2d2" else []
     proc = run_train(base_args(tmp_path, COUNTING, *NODE_ARGS, "--algo", algo,
                                "--replay_min_size", "256", "--batch_size", "32",
                                "--replay_samples_per_insert", "1", *rnn,
+                               "--num_learners", learners,
                                "--train_for_env_steps", "3000"), timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     summary = json.loads((tmp_path / "x" / "summary.json").read_text())

@@ -228,7 +228,7 @@ def test_initial_priorities_from_td_errors(tmp_path):
 
 @pytest.mark.parametrize("flags, flag", [
     (["--use_rnn", "False"], "--use_rnn"),
-    (["--num_learners", "2"], "--num_learners"),
+    (["--num_learners", "3"], "--num_learners"),  # a batch that cannot split in 3
     (["--async_rl", "False"], "--async_rl"),
     (["--r2d2_eta", "1.5"], "--r2d2_eta"),
 ])

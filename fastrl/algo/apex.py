@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 from gymnasium import spaces
 
 from fastrl.algo.learner import policy_lag
+from fastrl.algo.learner_group import LearnerGroup
 from fastrl.config.settings import Config
 from fastrl.device import autocast, resolve_precision
 from fastrl.policy.actions import ActionSpec
@@ -36,6 +38,7 @@ from fastrl.policy.recurrent import state_size
 from fastrl.policy.spaces import storage
 from fastrl.sampling.replay import RateLimiter, ReplayStore, annealed_beta
 from fastrl.sampling.sequences import SequenceStore
+from fastrl.transport.messages import ReplayShare
 
 
 def q_learning_problem(action_space: spaces.Space, obs_space: spaces.Dict,
@@ -74,9 +77,10 @@ def chosen_q(q: list[torch.Tensor], actions: torch.Tensor) -> torch.Tensor:
 
 
 def build_store(cfg: Config, obs_space: spaces.Dict, action_space: spaces.Space,
-                nbytes_only: bool = False) -> ReplayStore | int:
+                nbytes_only: bool = False, shared: bool = False,
+                columns: dict[str, torch.Tensor] | None = None) -> ReplayStore | int:
     """The run's replay store (or only its size in bytes): transitions for ``--algo apex``,
-    sequences for ``r2d2``."""
+    sequences for ``r2d2``; ``shared``, ``columns``: see ``ReplayStore``."""
     shapes, dtypes = {}, {}
     for key, sub in obs_space.spaces.items():
         shape, np_dtype = storage(sub)
@@ -88,17 +92,26 @@ def build_store(cfg: Config, obs_space: spaces.Dict, action_space: spaces.Space,
         rnn = state_size(cfg.rnn_type, cfg.rnn_size)
         if nbytes_only:
             return SequenceStore.nbytes_for(*args, rnn_size=rnn)
-        return SequenceStore(*args, alpha=cfg.replay_alpha, rnn_size=rnn, seed=cfg.seed)
+        return SequenceStore(*args, alpha=cfg.replay_alpha, rnn_size=rnn, seed=cfg.seed,
+                             shared=shared, columns=columns)
     if nbytes_only:
         return ReplayStore.nbytes_for(*args)
-    return ReplayStore(*args, alpha=cfg.replay_alpha, seed=cfg.seed)
+    return ReplayStore(*args, alpha=cfg.replay_alpha, seed=cfg.seed, shared=shared,
+                       columns=columns)
 
 
 class ApexLearner:
     """The online and target Q-networks, the optimizer, the replay store and its rate limiter.
 
     ``samples_trained`` counts transitions inserted (env steps collected), as the run's
-    frame counter and checkpoints read it; ``version`` counts learner steps."""
+    frame counter and checkpoints read it; ``version`` counts learner steps.
+
+    In a ``group`` of learners (``--num_learners``) the store is bound to ``columns`` in
+    shared memory. Rank 0 inserts, draws each batch by priority, trains on its share
+    ``[0::N]`` and hands rank r the share ``[r::N]`` (:meth:`train`'s ``send``); every rank
+    computes its share's loss over the whole batch's count, the gradients are summed over the
+    group, every rank takes the same step, and rank 0 updates the priorities of the whole
+    batch from every share's TD errors. The other ranks only run :meth:`train_share`."""
 
     version_floor = 0  # no population-based training with --algo apex (config/checks.py)
 
@@ -108,7 +121,9 @@ class ApexLearner:
         return cfg.batch_size
 
     def __init__(self, cfg: Config, model: ActorCritic, obs_space: spaces.Dict,
-                 action_space: spaces.Space, device: torch.device, frameskip: int = 1):
+                 action_space: spaces.Space, device: torch.device, frameskip: int = 1,
+                 group: LearnerGroup | None = None,
+                 columns: dict[str, torch.Tensor] | None = None):
         problem = q_learning_problem(action_space, obs_space, cfg.algo)
         if problem:
             raise ValueError(problem)
@@ -120,12 +135,13 @@ class ApexLearner:
         self.target = copy.deepcopy(model).requires_grad_(False)
         self.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate,
                                           betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps)
-        self.store = build_store(cfg, obs_space, action_space)
+        self.store = build_store(cfg, obs_space, action_space, columns=columns)
         self.samples_per_step = self.samples_per_batch(cfg)
         self.limiter = RateLimiter(cfg.replay_samples_per_insert, cfg.replay_min_size,
                                    self.samples_per_step, cfg.rollout)
         self.precision = resolve_precision(cfg.precision, device)
-        self.group = None
+        self.group = group
+        self.world_size = 1 if group is None else group.world_size
         self._lag: dict[str, float] = {}  # of the newest inserted steps, for the reports
         self.version = 0
         self.samples_trained = 0
@@ -179,39 +195,79 @@ class ApexLearner:
         done = self.samples_trained * self.frameskip / self.cfg.train_for_env_steps
         return annealed_beta(self.cfg.replay_beta, done)
 
-    def train(self) -> dict[str, float]:
-        """One learner step on a batch sampled by priority; its statistics."""
-        start = time.perf_counter()
+    def _lr(self) -> float:
+        """The learning rate of the next step (``--lr_schedule``)."""
         cfg = self.cfg
-        beta = self._beta()
-        data, idx, weights = self.store.sample(cfg.batch_size, beta, cfg.nstep, cfg.gamma)
-        self.limiter.samples += self.samples_per_step
-        dev = self.device
-        taken, y = self._q_and_targets(data)
-        td = taken - y
-        w = torch.from_numpy(weights).to(dev)
-        loss = (F.smooth_l1_loss(taken, y, reduction="none").mean(1) * w).mean()
-        grad_norm = self._step(loss)
-        td_abs = td.detach().abs().mean(1).cpu().numpy()
-        self.store.update_priorities(idx, td_abs)
-        self._sync_target()
-        self.train_seconds += time.perf_counter() - start
-        return {"q_loss": float(loss.detach()), "grad_norm": float(grad_norm),
-                "q_mean": float(taken.detach().mean()), "td_error": float(td_abs.mean()),
-                "priority_mean": self.store.priority_mean(), "replay_size": self.store.size,
-                "samples_per_insert": self.limiter.ratio(), "beta": beta,
-                "learning_rate": self.optimizer.param_groups[0]["lr"], **self._lag}
-
-    def _step(self, loss: torch.Tensor) -> torch.Tensor:
-        """One optimizer step on ``loss`` (gradients clipped); returns the gradient norm."""
-        cfg = self.cfg
-        clip = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
         if cfg.lr_schedule == "linear_decay":  # from --learning_rate to 0 at the run's end
             done = self.samples_trained * self.frameskip / cfg.train_for_env_steps
-            for group in self.optimizer.param_groups:
-                group["lr"] = cfg.learning_rate * max(0.0, 1.0 - done)
+            return cfg.learning_rate * max(0.0, 1.0 - done)
+        return self.optimizer.param_groups[0]["lr"]
+
+    def _draw(self, beta: float) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """A batch drawn by priority: the store's items, their importance weights, and (R2D2)
+        each row's predecessor."""
+        idx, weights = self.store.draw(self.cfg.batch_size, beta)
+        return idx, weights, None
+
+    def train(self, send: Callable[[int, ReplayShare], None] | None = None) -> dict[str, float]:
+        """One learner step on a batch sampled by priority; its statistics (in a group, of
+        rank 0's share). ``send(r, share)`` hands rank r its share (group only)."""
+        start = time.perf_counter()
+        beta = self._beta()
+        index, weights, prev = self._draw(beta)
+        self.limiter.samples += self.samples_per_step
+        n, lr = self.world_size, self._lr()
+        shares = [ReplayShare(index[r::n], weights[r::n], None if prev is None else prev[r::n],
+                              lr) for r in range(n)]
+        for rank in range(1, n):
+            send(rank, shares[rank])
+        priorities, stats = self.train_share(shares[0])
+        self.store.update_priorities(index, priorities)
+        self.train_seconds += time.perf_counter() - start
+        return {**stats, "priority_mean": self.store.priority_mean(),
+                "replay_size": self.store.size, "samples_per_insert": self.limiter.ratio(),
+                "beta": beta, "learning_rate": lr, **self._lag}
+
+    def train_share(self, share: ReplayShare) -> tuple[np.ndarray, dict[str, float]]:
+        """One step on ``share`` (the whole batch without a group), in step with the group:
+        the new priorities of the whole batch, in its order, and this share's statistics."""
+        if self.group is not None and self.cfg.normalize_input:
+            self.group.broadcast_buffers(self.model)  # rank 0 updates them as data comes in
+        loss_sum, priorities, stats = self._share_loss(share)
+        stats["grad_norm"] = self._step(loss_sum / self.cfg.batch_size, share.lr)
+        self._sync_target()
+        # The statistics' tensors read in one host sync, after the step was queued.
+        names = [k for k, v in stats.items() if isinstance(v, torch.Tensor)]
+        values = torch.stack([stats[k].float() for k in names]).tolist() if names else []
+        stats.update(zip(names, values))
+        if self.group is not None:
+            priorities = self.group.interleave(priorities)
+        return priorities.cpu().numpy(), stats
+
+    def _share_loss(self, share: ReplayShare) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """The importance-weighted Huber loss summed over ``share``'s transitions, their
+        |TD error| ``[K]`` (mean over the heads: the new priorities) and statistics (numbers,
+        or 0-d tensors on the learner's device)."""
+        cfg = self.cfg
+        data = self.store.transitions(share.index, cfg.nstep, cfg.gamma)
+        taken, y = self._q_and_targets(data)
+        w = torch.from_numpy(share.weights).to(self.device)
+        loss_sum = (F.smooth_l1_loss(taken, y, reduction="none").mean(1) * w).sum()
+        td_abs = (taken - y).detach().abs().mean(1).float()
+        return loss_sum, td_abs, {"q_loss": loss_sum.detach() / len(share.index),
+                                  "q_mean": taken.detach().mean(), "td_error": td_abs.mean()}
+
+    def _step(self, loss: torch.Tensor, lr: float) -> torch.Tensor:
+        """One optimizer step on ``loss`` at learning rate ``lr`` (gradients summed over the
+        group, then clipped); returns the gradient norm."""
+        cfg = self.cfg
+        clip = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+        for param_group in self.optimizer.param_groups:
+            param_group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if self.group is not None:
+            self.group.sum_grads(list(self.model.parameters()))
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         self.optimizer.step()
         self.version += 1
@@ -258,6 +314,8 @@ class ApexLearner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         self.samples_trained = int(state["samples_trained"])
+        if self.group is not None and self.group.rank > 0:
+            return  # rank 0 restores the shared store; this rank only reads it
         if self.store.load_state_dict(state["replay"]):
             self.limiter.inserts = int(state["limiter"]["inserts"])
             self.limiter.samples = int(state["limiter"]["samples"])

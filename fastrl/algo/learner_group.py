@@ -75,6 +75,18 @@ class LearnerGroup:
         for t in [*module.parameters(), *module.buffers()]:
             dist.broadcast(t.data, src=0)
 
+    def broadcast_buffers(self, module: nn.Module) -> None:
+        """Rank 0's buffers (input normalisers' moments), everywhere."""
+        for t in module.buffers():
+            dist.broadcast(t.data, src=0)
+
+    def interleave(self, t: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``t`` ``[K]`` in one ``[N * K]`` tensor, rank r's values at positions
+        r, r + N, r + 2N, ... (the order in which shares ``x[r::N]`` were cut)."""
+        parts = [torch.empty_like(t) for _ in range(self.world_size)]
+        dist.all_gather(parts, t.contiguous())
+        return torch.stack(parts, 1).reshape(-1)
+
     def barrier(self) -> None:
         dist.barrier()
 

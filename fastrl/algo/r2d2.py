@@ -19,8 +19,6 @@ out of the loss and of the priorities.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -37,6 +35,7 @@ from fastrl.sampling.sequences import (
     value_rescale,
     value_rescale_inv,
 )
+from fastrl.transport.messages import ReplayShare
 
 
 def sequence_targets(rewards: torch.Tensor, dones: torch.Tensor, final_step: torch.Tensor,
@@ -59,10 +58,12 @@ class R2D2Learner(ApexLearner):
     algo = "r2d2"
 
     def __init__(self, cfg: Config, model: ActorCritic, obs_space: spaces.Dict,
-                 action_space: spaces.Space, device: torch.device, frameskip: int = 1):
+                 action_space: spaces.Space, device: torch.device, frameskip: int = 1,
+                 group=None, columns: dict[str, torch.Tensor] | None = None):
         if model.rnn is None:
             raise ValueError("--algo r2d2 needs the recurrent core (--use_rnn True)")
-        super().__init__(cfg, model, obs_space, action_space, device, frameskip)
+        super().__init__(cfg, model, obs_space, action_space, device, frameskip, group,
+                         columns)
 
     @staticmethod
     def samples_per_batch(cfg: Config) -> int:
@@ -75,36 +76,34 @@ class R2D2Learner(ApexLearner):
         if idx.size:
             taken, y, mask = self._q_and_targets(self.store.sequences(idx,
                                                                       self.cfg.r2d2_burn_in))
-            self.store.update_priorities(idx, self._priorities(taken, y, mask))
+            self.store.update_priorities(idx, self._priorities(taken, y, mask).cpu().numpy())
 
-    def train(self) -> dict[str, float]:
-        """One learner step on ``--batch_size`` sequences sampled by priority."""
-        start = time.perf_counter()
-        cfg = self.cfg
-        beta = self._beta()
-        data, rows, weights = self.store.sample_sequences(cfg.batch_size, beta, cfg.r2d2_burn_in)
-        self.limiter.samples += self.samples_per_step
+    def _draw(self, beta: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``--batch_size`` rows by priority, their importance weights and predecessors."""
+        rows, weights = self.store.draw(self.cfg.batch_size, beta)
+        prev = self.store.links(rows) if self.cfg.r2d2_burn_in else np.full(len(rows), -1)
+        return rows, weights, prev
+
+    def _share_loss(self, share: ReplayShare) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """The importance-weighted loss summed over ``share``'s sequences (each the mean over
+        its trained steps), their priorities ``[K]`` and statistics."""
+        data = self.store.gather_sequences(share.index, share.prev)
         taken, y, mask = self._q_and_targets(data)
         m = mask.to(taken.dtype)
         per_step = F.smooth_l1_loss(taken, y, reduction="none").mean(2)  # [B, T]
         per_seq = (per_step * m).sum(1) / m.sum(1).clamp(min=1.0)
-        loss = (per_seq * torch.from_numpy(weights).to(self.device)).mean()
-        grad_norm = self._step(loss)
-        self.store.update_priorities(rows, self._priorities(taken, y, mask))
-        self._sync_target()
-        self.train_seconds += time.perf_counter() - start
-        td_abs = ((taken - y).detach().abs().mean(2) * m).sum() / m.sum().clamp(min=1.0)
-        q_mean = (taken.detach().mean(2) * m).sum() / m.sum().clamp(min=1.0)
-        stats = torch.stack([loss.detach(), grad_norm.float(), q_mean, td_abs]).tolist()
-        return {"q_loss": stats[0], "grad_norm": stats[1], "q_mean": stats[2],
-                "td_error": stats[3], "priority_mean": self.store.priority_mean(),
-                "replay_size": self.store.size, "samples_per_insert": self.limiter.ratio(),
-                "beta": beta, "burn_in_fraction": float(data["has_prev"].float().mean()),
-                "learning_rate": self.optimizer.param_groups[0]["lr"], **self._lag}
+        loss_sum = (per_seq * torch.from_numpy(share.weights).to(self.device)).sum()
+        steps = m.sum().clamp(min=1.0)
+        td_abs = ((taken - y).detach().abs().mean(2) * m).sum() / steps
+        q_mean = (taken.detach().mean(2) * m).sum() / steps
+        return loss_sum, self._priorities(taken, y, mask), {
+            "q_loss": loss_sum.detach() / len(share.index), "q_mean": q_mean,
+            "td_error": td_abs, "burn_in_fraction": float(np.mean(share.prev >= 0))}
 
-    def _priorities(self, taken: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
+    def _priorities(self, taken: torch.Tensor, y: torch.Tensor,
+                    mask: torch.Tensor) -> torch.Tensor:
         td_abs = (taken - y).detach().abs().mean(2)
-        return sequence_priorities(td_abs, mask, self.cfg.r2d2_eta).cpu().numpy()
+        return sequence_priorities(td_abs, mask, self.cfg.r2d2_eta).float()
 
     def _start_states(self, net: ActorCritic, data: dict, on_dev: dict) -> torch.Tensor:
         """The state each sequence starts from: after the burn-in over its predecessor where

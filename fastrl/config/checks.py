@@ -121,10 +121,15 @@ def _batches(cfg: Config) -> list[str]:
 def _learners(cfg: Config) -> list[str]:
     """Several learners: every rank must take the same whole units of every minibatch."""
     n = cfg.num_learners
-    if n <= 1 or cfg.algo in REPLAY_ALGOS:
-        return []  # refused in _replay
+    if n <= 1:
+        return []
     if cfg.serial_mode:
         return [f"--num_learners={n}: needs parallel mode (without --serial_mode)"]
+    if cfg.algo in REPLAY_ALGOS:  # each rank trains on a share of every sampled batch
+        what = "sequences" if cfg.algo == "r2d2" else "transitions"
+        return [] if cfg.batch_size % n == 0 else [
+            f"--num_learners={n}: a batch of --batch_size={cfg.batch_size} {what} must split "
+            "evenly among the learners"]
     if cfg.rollout <= 0:
         return []
     unit = 1 if steps_minibatches(cfg) else cfg.rollout
@@ -180,8 +185,6 @@ def _replay(cfg: Config) -> list[str]:
                               "False (Q-values are learned in reward units)"),
         "async_rl": (not cfg.async_rl, f"{algo} needs --async_rl True (the replay ratio, "
                      "not rounds, paces the learner)"),
-        "num_learners": (cfg.num_learners > 1, f"{algo} runs one learner (the replay store "
-                         "lives in its process); --num_learners > 1 is APPO only"),
     }
     errors += [f"--{name}={getattr(cfg, name)}: {line}" for name, (bad, line) in why.items() if bad]
     for name in ("replay_capacity", "replay_min_size", "replay_samples_per_insert", "nstep",

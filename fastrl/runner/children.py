@@ -12,9 +12,8 @@ from fastrl.algo.learner_group import LearnerGroup
 from fastrl.config.settings import Config
 from fastrl.device import learner_device, resolve_device, resolve_precision
 from fastrl.runner.common import LEARNER_STREAM, POLICY_STREAM, build_model, seed_everything
-from fastrl.runner.replay_station import make_learner_station
+from fastrl.runner.replay_station import make_learner_station, make_rank_station
 from fastrl.runner.stations import (
-    LearnerRankStation,
     PolicyStation,
     RolloutStation,
     make_learner,
@@ -89,12 +88,13 @@ def learner_main(wiring: Wiring, index: int) -> None:
             torch.cuda.set_device(device)
         group = LearnerGroup(rank, cfg.num_learners, wiring.learner_ports[policy], device)
     try:
-        learner, counters, path = make_learner(cfg, wiring.info, device, group, policy)
+        learner, counters, path = make_learner(cfg, wiring.info, device, group, policy,
+                                               wiring.replay_columns)
         if rank == 0:
             station = make_learner_station(wiring, learner, REPORT_EVERY["learner"], policy)
             station.announce(counters, path)
         else:
-            station = LearnerRankStation(wiring, learner, rank, policy)
+            station = make_rank_station(wiring, learner, rank, policy)
         while not wiring.should_stop():
             station.poll(POLL)
     finally:

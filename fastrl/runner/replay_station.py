@@ -7,6 +7,11 @@ waiting, so that their rollout worker waits for free slots: that is how the stor
 to run ahead of the learner. The learner takes one step per poll while the limiter allows
 (enough data, not ahead of the samples-per-insert ratio), publishing its weights after each
 step. Fences, checkpoints and reports are the APPO station's.
+
+With ``--num_learners N`` rank 0 runs this station and hands every other rank its share of
+each batch it draws (:class:`~fastrl.transport.messages.ReplayShare`: indices into the shared
+store, importance weights, the learning rate); ranks 1.. run :class:`ReplayRankStation`,
+which trains on each share in step with rank 0 (``ApexLearner.train_share``).
 """
 
 from __future__ import annotations
@@ -14,9 +19,10 @@ from __future__ import annotations
 import time
 
 from fastrl.algo.apex import ApexLearner
-from fastrl.runner.stations import LearnerStation
+from fastrl.runner.stations import LearnerRankStation, LearnerStation
 from fastrl.runner.wiring import Wiring
 from fastrl.sampling.inference import ape_x_epsilons
+from fastrl.transport.messages import ReplayShare
 
 
 class ReplayLearnerStation(LearnerStation):
@@ -29,6 +35,9 @@ class ReplayLearnerStation(LearnerStation):
         cfg = wiring.cfg
         eps = ape_x_epsilons(wiring.num_envs, cfg.apex_epsilon, cfg.apex_epsilon_alpha)
         self._epsilons = {"epsilon_min": float(eps.min()), "epsilon_max": float(eps.max())}
+
+    def _send_share(self, rank: int, share: ReplayShare) -> None:
+        self.rank_queues[rank - 1].put(share)
 
     def _ready(self) -> bool:
         learner = self.learner
@@ -49,12 +58,36 @@ class ReplayLearnerStation(LearnerStation):
             self._samples += learner.insert(batch)
             work += 1
         if not w.should_stop() and learner.can_train():
-            self._stats = {**learner.train(), **self._epsilons}
+            send = self._send_share if learner.group is not None else None
+            self._stats = {**learner.train(send), **self._epsilons}
             w.weights.publish(learner.model, learner.version)
             work += 1
         if work:
             self._busy += time.perf_counter() - start
         return work
+
+
+class ReplayRankStation:
+    """Learner rank r > 0 of ``--algo apex|r2d2``: trains on the shares rank 0 draws."""
+
+    def __init__(self, wiring: Wiring, learner: ApexLearner, rank: int, policy: int = 0):
+        self.learner = learner
+        self.inbox = wiring.rank_queues_of(policy)[rank - 1]
+
+    def poll(self, timeout: float) -> int:
+        msgs = self.inbox.get_many(timeout)
+        for msg in msgs:
+            if not isinstance(msg, ReplayShare):
+                raise TypeError(f"replay learner rank: unexpected message {msg!r}")
+            self.learner.train_share(msg)
+        return len(msgs)
+
+
+def make_rank_station(wiring: Wiring, learner, rank: int, policy: int = 0):
+    """The station of learner rank ``rank`` > 0 for the run's ``--algo``."""
+    if isinstance(learner, ApexLearner):
+        return ReplayRankStation(wiring, learner, rank, policy)
+    return LearnerRankStation(wiring, learner, rank, policy)
 
 
 def make_learner_station(wiring: Wiring, learner, report_every: float,

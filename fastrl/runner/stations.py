@@ -418,15 +418,18 @@ def make_policy_worker(wiring: Wiring, model: torch.nn.Module, device: torch.dev
 
 
 def make_learner(cfg, info: EnvInfo, device: torch.device, group: LearnerGroup | None = None,
-                 policy: int = 0) -> tuple[Learner | ApexLearner, dict | None, str | None]:
+                 policy: int = 0, replay_columns: dict | None = None
+                 ) -> tuple[Learner | ApexLearner, dict | None, str | None]:
     """The learner of ``policy``, with its newest checkpoint restored if there is one; also
     that checkpoint's run counters and path (None, None without one). In a ``group`` every
     rank restores the same checkpoint and then takes rank 0's weights and statistics, so that
-    a fresh start (unseeded) begins alike too."""
+    a fresh start (unseeded) begins alike too. ``replay_columns``: the shared replay store
+    (``Wiring.replay_columns``) that a group's replay learners bind to."""
     if cfg.algo in REPLAY_ALGOS:
         kind = R2D2Learner if cfg.algo == "r2d2" else ApexLearner
         learner = kind(cfg, build_model(cfg, info, device), info.obs_space,
-                        info.action_space, device, frameskip=info.frameskip)
+                        info.action_space, device, frameskip=info.frameskip, group=group,
+                        columns=replay_columns)
     else:
         learner = Learner(cfg, build_model(cfg, info, device), info.action_space, device,
                           frameskip=info.frameskip, group=group,
@@ -434,4 +437,6 @@ def make_learner(cfg, info: EnvInfo, device: torch.device, group: LearnerGroup |
     counters, path = restore_learner(learner, cfg, info, policy)
     if group is not None:
         group.broadcast_module(learner.model)
+        if isinstance(learner, ApexLearner):
+            group.broadcast_module(learner.target)
     return learner, counters, path

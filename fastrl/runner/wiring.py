@@ -32,7 +32,6 @@ plain tensors and :class:`~fastrl.transport.queues.LocalQueue` queues, and drive
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -41,12 +40,14 @@ from typing import Any
 
 import torch
 
+from fastrl.algo.apex import build_store
 from fastrl.algo.learner_group import free_port
-from fastrl.config.settings import Config
+from fastrl.config.settings import REPLAY_ALGOS, Config
 from fastrl.errors import ExperimentError
 from fastrl.runner.common import buffers_per_env
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.env_setup import EnvInfo, weighed_reward_terms
+from fastrl.sampling.replay import shm_free
 from fastrl.sampling.weights import LocalWeights, SharedWeights, WeightsSource
 from fastrl.transport.mailbox import Mailbox
 from fastrl.transport.procs import Lifeline
@@ -83,6 +84,9 @@ class Wiring:
     rank_queues: list[MessageQueue] = field(default_factory=list)
     learner_port: int = 0
     learner_ports: list[int] = field(default_factory=list)  # one group per policy
+    # --algo apex|r2d2 with --num_learners > 1: the replay store's tensors, in shared memory
+    # (every rank binds its store to them; fastrl/sampling/replay.py).
+    replay_columns: dict[str, torch.Tensor] | None = None
     # Sampler nodes (--num_sampler_nodes): the port of the learner node's store, where they
     # connect. On the learner node "rollout worker" k stands for sampler node k.
     node_port: int = 0
@@ -193,6 +197,10 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
         rank_queues = []
     rnn_state = torch.zeros((num_envs, model.rnn_state_size))
     ports = _free_ports(len(models)) if rank_queues else [0] * len(models)
+    replay_columns = None
+    if parallel and cfg.algo in REPLAY_ALGOS and cfg.num_learners > 1:
+        replay_columns = build_store(cfg, info.obs_space, info.action_space,
+                                     shared=True).columns()
     return Wiring(
         cfg=cfg, info=info, num_workers=num_workers, envs_per_worker=envs_per_worker,
         layout=layout, buffers=TrajectoryBuffers(layout, shared=parallel),
@@ -207,6 +215,7 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
         rank_queues=rank_queues,
         learner_port=ports[0], learner_ports=ports,
         learner_queues=learner_queues, policy_weights=policy_weights,
+        replay_columns=replay_columns,
     )
 
 
@@ -222,13 +231,8 @@ def _free_ports(n: int) -> list[int]:
 
 def check_shared_memory(layout: BufferLayout) -> None:
     """Refuse, with what to change, trajectory buffers larger than /dev/shm's free space."""
-    need = layout.nbytes()
-    try:
-        st = os.statvfs("/dev/shm")
-    except OSError:
-        return
-    free = st.f_bavail * st.f_frsize
-    if need > free:
+    need, free = layout.nbytes(), shm_free()
+    if free is not None and need > free:
         raise ExperimentError(
             f"trajectory buffers need {need / 2**20:.0f} MiB of shared memory but /dev/shm has "
             f"{free / 2**20:.0f} MiB free: lower --num_envs_per_worker, --num_workers, --rollout "

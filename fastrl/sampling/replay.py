@@ -29,91 +29,28 @@ the batch's largest (:func:`importance_weights`).
 (the rest waits in its slots, so the rollout workers wait for free slots) and trains only
 while it does not run ahead of the data.
 
-The store lives in the learner's process (in parallel mode, the learner child): the learner
-is its one writer and reader.
+**Where it lives.** With one learner, in the learner's process (in parallel mode, the
+learner child), its one writer and reader. With ``--num_learners N > 1`` its tensors (the
+*columns*: observations, actions, rewards...) are made once in shared memory by the runner
+(:meth:`ReplayStore.columns` of a store built with ``shared=True``) and every rank binds a
+store to them (``columns=``): rank 0 writes them and keeps the sum tree, the counters and
+the rate limiter; every rank reads the transitions or sequences rank 0 draws for its share
+of a batch (``fastrl/runner/replay_station.py``).
 """
 
 from __future__ import annotations
 
 import math
+import os
+from typing import Any
 
 import numpy as np
 import torch
 
+from fastrl.sampling.sumtree import SumTree, importance_weights, stratified_prefixes
+
 # Added to |TD error| so that no transition's priority falls to 0 (never sampled again).
 PRIORITY_EPS = 1e-6
-
-
-class SumTree:
-    """Non-negative priorities of ``capacity`` items; sums of every subtree kept in one flat
-    array (node ``i``'s children are ``2i`` and ``2i + 1``, the leaves ``size .. 2 size - 1``).
-    Updates and searches of a batch move level by level, one numpy operation per level."""
-
-    def __init__(self, capacity: int):
-        if capacity < 1:
-            raise ValueError(f"sum tree capacity must be >= 1, got {capacity}")
-        self.capacity = capacity
-        self.size = 1 << max(0, math.ceil(math.log2(capacity)))
-        self.depth = int(math.log2(self.size))
-        self.nodes = np.zeros(2 * self.size, dtype=np.float64)
-
-    @property
-    def total(self) -> float:
-        return float(self.nodes[1])
-
-    def leaves(self) -> np.ndarray:
-        """The priorities ``[capacity]`` (a view)."""
-        return self.nodes[self.size:self.size + self.capacity]
-
-    def update(self, idx: np.ndarray, values: np.ndarray) -> None:
-        """Set the priorities of items ``idx`` ``[K]`` to ``values`` ``[K]`` (a repeated index
-        takes its last value)."""
-        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
-        values = np.asarray(values, dtype=np.float64).reshape(-1)
-        if idx.size == 0:
-            return
-        if np.any(values < 0) or not np.all(np.isfinite(values)):
-            raise ValueError("priorities must be finite and >= 0")
-        nodes = idx + self.size
-        self.nodes[nodes] = values  # numpy assigns in order: the last of a repeat wins
-        # A parent named twice gets the same sum twice: cheaper than making them unique.
-        parents = nodes >> 1
-        for _ in range(self.depth):
-            self.nodes[parents] = self.nodes[2 * parents] + self.nodes[2 * parents + 1]
-            parents >>= 1
-
-    def find(self, prefix: np.ndarray) -> np.ndarray:
-        """For each prefix sum in ``prefix`` ``[K]`` (in ``[0, total)``), the item whose
-        cumulative interval holds it. Never an item of priority 0: a subtree whose sum is 0 is
-        never entered, whatever the rounding."""
-        prefix = np.asarray(prefix, dtype=np.float64).copy()
-        node = np.ones(prefix.shape, dtype=np.int64)
-        for _ in range(self.depth):
-            left = 2 * node
-            left_sum = self.nodes[left]
-            right = (prefix >= left_sum) & (self.nodes[left + 1] > 0)
-            prefix = np.where(right, prefix - left_sum, prefix)
-            node = np.where(right, left + 1, left)
-        return node - self.size
-
-    def rebuild(self, leaves: np.ndarray) -> None:
-        """Set every priority at once (restoring a checkpoint)."""
-        self.nodes[:] = 0.0
-        self.nodes[self.size:self.size + self.capacity] = leaves
-        for level in range(self.depth - 1, -1, -1):
-            lo, hi = 1 << level, 1 << (level + 1)
-            self.nodes[lo:hi] = self.nodes[2 * lo:2 * hi:2] + self.nodes[2 * lo + 1:2 * hi:2]
-
-
-def stratified_prefixes(total: float, batch: int, rng: np.random.Generator) -> np.ndarray:
-    """One uniform draw in each of ``batch`` equal slices of ``[0, total)``."""
-    return (np.arange(batch) + rng.random(batch)) * (total / batch)
-
-
-def importance_weights(probs: np.ndarray, size: int, beta: float) -> np.ndarray:
-    """``(size * probs) ** -beta`` divided by its largest value (so at most 1)."""
-    w = (size * np.asarray(probs, dtype=np.float64)) ** (-beta)
-    return (w / w.max()).astype(np.float32)
 
 
 def annealed_beta(beta0: float, done_fraction: float) -> float:
@@ -149,6 +86,15 @@ def nstep_returns(rewards: torch.Tensor, dones: torch.Tensor, final_step: torch.
     from_final = ended & (final_step == last)
     discounts = torch.where(ended & ~from_final, 0.0, gamma ** m.to(rewards.dtype))
     return returns, discounts.to(rewards.dtype), t + m, from_final
+
+
+def shm_free() -> int | None:
+    """Bytes free in /dev/shm (where shared tensors live), or None."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def available_memory() -> int | None:
@@ -201,13 +147,30 @@ class RateLimiter:
         return self.samples / max(1, self.inserts)
 
 
-def check_fits(nbytes: int, capacity: int) -> None:
-    """A one-line ``MemoryError`` when a store of ``nbytes`` cannot be held in memory."""
+def check_fits(nbytes: int, capacity: int, shared: bool = False) -> None:
+    """A one-line ``MemoryError`` when a store of ``nbytes`` cannot be held in memory (and,
+    ``shared``, in /dev/shm's free space)."""
     free = available_memory()
     if free is not None and nbytes > free:
         raise MemoryError(
             f"--replay_capacity={capacity:,}: the replay store needs {nbytes / 2**30:.2f} GiB, "
             f"more than the {free / 2**30:.2f} GiB of memory available; lower --replay_capacity")
+    shm = shm_free() if shared else None
+    if shm is not None and nbytes > shm:
+        raise MemoryError(
+            f"--replay_capacity={capacity:,}: the replay store needs {nbytes / 2**30:.2f} GiB "
+            f"of shared memory for --num_learners > 1, but /dev/shm has {shm / 2**30:.2f} GiB "
+            "free; lower --replay_capacity or use --num_learners 1")
+
+
+def empty_tensor(shape: tuple[int, ...], dtype: torch.dtype, shared: bool) -> torch.Tensor:
+    """An uninitialised tensor; with ``shared``, in shared memory made for it (untouched pages
+    cost nothing until written, where ``Tensor.share_memory_`` would copy the whole tensor)."""
+    if not shared:
+        return torch.empty(shape, dtype=dtype)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    storage = torch.UntypedStorage._new_shared(max(1, math.prod(shape) * itemsize))
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
 
 
 class ReplayStore:
@@ -219,31 +182,68 @@ class ReplayStore:
         action_dims, action_dtype: a stored action's columns and dtype.
         capacity: transitions held (``capacity // rollout`` rows).
         alpha: priority exponent (0: uniform sampling).
+        shared: make the columns in shared memory (see the module docstring).
+        columns: bind to these columns instead of making them (another store's
+            :meth:`columns`, of the same sizes).
     """
 
     def __init__(self, obs_shapes: dict[str, tuple[int, ...]],
                  obs_dtypes: dict[str, torch.dtype], rollout: int, action_dims: int,
-                 action_dtype: torch.dtype, capacity: int, alpha: float, seed: int | None = None):
+                 action_dtype: torch.dtype, capacity: int, alpha: float, seed: int | None = None,
+                 shared: bool = False, columns: dict[str, torch.Tensor] | None = None):
         self.rollout = t = int(rollout)
         self.num_rows = rows = int(capacity) // t
         if rows < 1:
             raise ValueError(f"--replay_capacity={capacity}: must hold at least one trajectory "
-                             f"of --rollout={rollout} steps")
+                             f"of --rollout={rollout}")
         self.capacity = rows * t
         self.alpha = float(alpha)
-        self.obs = {k: torch.empty((rows, t + 1, *s), dtype=obs_dtypes[k])
-                    for k, s in obs_shapes.items()}
-        self.final_obs = {k: torch.empty((rows, *s), dtype=obs_dtypes[k])
-                          for k, s in obs_shapes.items()}
-        self.final_step = torch.full((rows,), -1, dtype=torch.int64)
-        self.actions = torch.zeros((rows, t, action_dims), dtype=action_dtype)
-        self.rewards = torch.zeros((rows, t), dtype=torch.float32)
-        self.dones = torch.ones((rows, t), dtype=torch.bool)
+        self._obs_shapes, self._obs_dtypes = dict(obs_shapes), dict(obs_dtypes)
+        self._action_dims, self._action_dtype = int(action_dims), action_dtype
+        self._bind(columns if columns is not None else self._make_columns(shared))
         self.tree = SumTree(self.capacity)
         self.next_row = 0
         self.rows_filled = 0
         self.max_priority = 1.0  # of |TD error| + eps, before the exponent
         self.rng = np.random.default_rng(seed)
+
+    def _column_specs(self) -> dict[str, tuple[tuple[int, ...], torch.dtype, Any]]:
+        """Each column's shape, dtype and initial value (None: left uninitialised)."""
+        rows, t = self.num_rows, self.rollout
+        specs: dict[str, tuple[tuple[int, ...], torch.dtype, Any]] = {}
+        for key, shape in self._obs_shapes.items():
+            specs[f"obs/{key}"] = ((rows, t + 1, *shape), self._obs_dtypes[key], None)
+            specs[f"final_obs/{key}"] = ((rows, *shape), self._obs_dtypes[key], None)
+        specs["final_step"] = ((rows,), torch.int64, -1)
+        specs["actions"] = ((rows, t, self._action_dims), self._action_dtype, 0)
+        specs["rewards"] = ((rows, t), torch.float32, 0.0)
+        specs["dones"] = ((rows, t), torch.bool, True)
+        return specs
+
+    def _make_columns(self, shared: bool) -> dict[str, torch.Tensor]:
+        columns = {}
+        for name, (shape, dtype, fill) in self._column_specs().items():
+            columns[name] = empty_tensor(shape, dtype, shared)
+            if fill is not None:
+                columns[name].fill_(fill)
+        return columns
+
+    def _bind(self, columns: dict[str, torch.Tensor]) -> None:
+        """Take ``columns`` as this store's tensors (checked against the sizes)."""
+        for name, (shape, dtype, _) in self._column_specs().items():
+            have = columns.get(name)
+            if have is None or tuple(have.shape) != shape or have.dtype != dtype:
+                got = None if have is None else (tuple(have.shape), have.dtype)
+                raise ValueError(f"replay column {name!r}: expected {(shape, dtype)}, got {got}")
+        self._columns = dict(columns)
+        self.obs = {k: columns[f"obs/{k}"] for k in self._obs_shapes}
+        self.final_obs = {k: columns[f"final_obs/{k}"] for k in self._obs_shapes}
+        for name in self.COLUMNS:
+            setattr(self, name, columns[name])
+
+    def columns(self) -> dict[str, torch.Tensor]:
+        """The store's tensors by name (to bind another store to them)."""
+        return dict(self._columns)
 
     @staticmethod
     def nbytes_for(obs_shapes: dict[str, tuple[int, ...]], obs_dtypes: dict[str, torch.dtype],

@@ -63,13 +63,13 @@ class SequenceStore(ReplayStore):
 
     def __init__(self, obs_shapes, obs_dtypes, rollout: int, action_dims: int,
                  action_dtype: torch.dtype, capacity: int, alpha: float, rnn_size: int,
-                 seed: int | None = None):
+                 seed: int | None = None, shared: bool = False,
+                 columns: dict[str, torch.Tensor] | None = None):
+        self._rnn_size = int(rnn_size)
         super().__init__(obs_shapes, obs_dtypes, rollout, action_dims, action_dtype, capacity,
-                         alpha, seed)
+                         alpha, seed, shared, columns)
         rows = self.num_rows
         self.tree = SumTree(rows)  # one priority per sequence, not per transition
-        self.rnn_states = torch.zeros((rows, rnn_size), dtype=torch.float32)
-        self.valid = torch.zeros((rows, self.rollout), dtype=torch.bool)
         self.traj_ids = np.full(rows, -1, dtype=np.int64)
         self.prev_row = np.full(rows, -1, dtype=np.int64)
         self._row_of: dict[int, int] = {}  # trajectory id -> the row that holds it
@@ -88,9 +88,15 @@ class SequenceStore(ReplayStore):
 
     COLUMNS = (*ReplayStore.COLUMNS, "rnn_states", "valid")
 
+    def _column_specs(self):
+        specs = super()._column_specs()
+        specs["rnn_states"] = ((self.num_rows, self._rnn_size), torch.float32, 0.0)
+        specs["valid"] = ((self.num_rows, self.rollout), torch.bool, False)
+        return specs
+
     def _write_rows(self, rows: torch.Tensor, batch: dict, keep: slice) -> None:
         """Also the stored states, the acted steps, and each row's link to its predecessor
-        (a link to a row overwritten later is caught when sampled: see :meth:`_links`)."""
+        (a link to a row overwritten later is caught when sampled: see :meth:`links`)."""
         super()._write_rows(rows, batch, keep)
         self.rnn_states[rows] = batch["rnn_states"][keep].float()
         self.valid[rows] = batch["policy_versions"][keep] >= 0
@@ -109,7 +115,7 @@ class SequenceStore(ReplayStore):
         """One item per row: 0 for a row without one acted step."""
         self.tree.update(rows, np.where(valid.any(1), prio, 0.0))
 
-    def _links(self, rows: np.ndarray) -> np.ndarray:
+    def links(self, rows: np.ndarray) -> np.ndarray:
         """``prev_row`` of ``rows``, -1 where the predecessor has been overwritten since."""
         prev = self.prev_row[rows]
         ok = (prev >= 0) & (self.traj_ids[np.maximum(prev, 0)] == self.traj_ids[rows] - 1)
@@ -130,12 +136,18 @@ class SequenceStore(ReplayStore):
         ``prev_dones`` ``[B, T]`` and ``prev_rnn_states`` ``[B, S]`` of the predecessor
         (rows without one repeat their own row there: ignored)."""
         rows = np.asarray(rows, dtype=np.int64)
+        prev = self.links(rows) if burn_in else np.full(len(rows), -1)
+        return self.gather_sequences(rows, prev)
+
+    def gather_sequences(self, rows: np.ndarray, prev: np.ndarray) -> dict:
+        """:meth:`sequences` of ``rows`` whose predecessors are ``prev`` ``[B]`` (-1: none),
+        read from the columns alone (a learner rank without the store's bookkeeping)."""
+        rows = np.asarray(rows, dtype=np.int64)
         t_rows = torch.from_numpy(rows)
         out = {"obs": {k: v[t_rows] for k, v in self.obs.items()},
                "actions": self.actions[t_rows], "rewards": self.rewards[t_rows],
                "dones": self.dones[t_rows], "valid": self.valid[t_rows],
                "final_step": self.final_step[t_rows], "rnn_states": self.rnn_states[t_rows]}
-        prev = self._links(rows) if burn_in else np.full(len(rows), -1)
         has_prev = torch.from_numpy(prev >= 0)
         out["has_prev"] = has_prev
         if bool(has_prev.any()):

@@ -8,7 +8,7 @@ value: a message built without them fails at once instead of being silently acce
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 # --- the data path ------------------------------------------------------------------------
 
@@ -142,6 +142,17 @@ class TrainShare(NamedTuple):
     rank r's share of the batch rank 0 is training on."""
 
     slots: list[int]
+
+
+class ReplayShare(NamedTuple):
+    """Learner rank 0 -> learner rank r (``--algo apex|r2d2`` with ``--num_learners``): rank
+    r's share of the batch rank 0 drew from the shared replay store, to train on in step with
+    the other ranks."""
+
+    index: Any  # np.ndarray [K]: transitions (apex) or rows (r2d2) of the store
+    weights: Any  # np.ndarray [K] float32: their importance weights (of the whole batch)
+    prev: Any  # r2d2: np.ndarray [K], each row's predecessor for the burn-in (-1: none)
+    lr: float  # the learning rate of this step (rank 0 keeps the schedule)
 
 
 class SaveCheckpoint(NamedTuple):
