@@ -134,6 +134,18 @@ def test_state_independent_log_std_is_one_learned_parameter():
     assert torch.allclose(model.action_log_std.grad, torch.full((3,), -1.0))
 
 
+def test_the_log_std_starts_where_the_flag_says_and_refuses_what_cannot():
+    from fastrl.config.checks import validate
+    from fastrl.config.settings import Config
+    model = ActorCritic(VEC, BOX, make_cfg(use_rnn=False, action_init_log_std=-1.5))
+    assert torch.equal(model.action_log_std.detach(), torch.full((3,), -1.5))
+    errors = validate(Config(action_init_log_std=-1.0, action_log_std="state_dependent"))
+    assert any(e.startswith("--action_init_log_std=-1.0: needs --action_log_std "
+                            "state_independent") for e in errors), errors
+    assert any(e.startswith("--action_init_log_std=nan")
+               for e in validate(Config(action_init_log_std=float("nan"))))
+
+
 def test_state_dependent_log_std_is_an_output_clamped_to_its_bounds():
     model = ActorCritic(VEC, BOX, make_cfg(use_rnn=False, action_log_std="state_dependent"))
     assert model.action_log_std is None and model.actor.out_features == 6

@@ -182,6 +182,9 @@ class Config:
                              "(state_independent) or an output of the actor for each state "
                              "(state_dependent)", "model",
                              choices=("state_independent", "state_dependent"))
+    action_init_log_std: float = _f(0.0, "Continuous (Box) actions with --action_log_std "
+                                    "state_independent: the log-std the Gaussian starts from "
+                                    "(0: std 1; -1: std 0.37)", "model")
     action_bounds: str = _f("clip", "Continuous (Box) actions: how a Gaussian sample is brought "
                             "within the action space's bounds for the env: clip it, or squash "
                             "it with tanh (needs finite bounds)", "model",

@@ -124,11 +124,13 @@ class ActorCritic(nn.Module):
         if log_std_mode not in ("state_independent", "state_dependent"):
             raise ValueError(f"action_log_std {log_std_mode!r} unknown; choose "
                              "state_independent or state_dependent")
-        # std 1 at the start either way (the dependent one: a near-zero output).
+        # std 1 at the start (the dependent one: a near-zero output; the independent one:
+        # exp(--action_init_log_std)).
         self.action_log_std: nn.Parameter | None = None
         num_outputs = spec.num_logits + spec.num_continuous
         if spec.num_continuous and log_std_mode == "state_independent":
-            self.action_log_std = nn.Parameter(torch.zeros(spec.num_continuous))
+            init = float(getattr(cfg, "action_init_log_std", 0.0))
+            self.action_log_std = nn.Parameter(torch.full((spec.num_continuous,), init))
         elif spec.num_continuous:
             num_outputs += spec.num_continuous
         self.actor = init_layer(nn.Linear(core_size, num_outputs), _ACTOR_GAIN)
