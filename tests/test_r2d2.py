@@ -12,7 +12,7 @@ from gymnasium import spaces
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fastrl.algo.apex import q_learning_problem
-from fastrl.algo.r2d2 import R2D2Learner, sequence_targets
+from fastrl.algo.r2d2 import R2D2Learner
 from fastrl.config.load import parse_config
 from fastrl.config.settings import ConfigError
 from fastrl.experiment.checkpoint import list_checkpoints, load_checkpoint
@@ -20,7 +20,7 @@ from fastrl.policy.model import ActorCritic
 from fastrl.runner.common import check_env_settings
 from fastrl.runner.serial import run_serial
 from fastrl.sampling.env_setup import EnvInfo
-from fastrl.sampling.replay import nstep_returns
+from fastrl.sampling.replay import nstep_returns, sequence_targets
 from fastrl.sampling.sequences import (
     SequenceStore,
     sequence_priorities,

@@ -32,12 +32,13 @@ from fastrl.algo.learner_group import LearnerGroup
 from fastrl.config.settings import Config
 from fastrl.device import autocast, resolve_precision
 from fastrl.policy.actions import ActionSpec
+from fastrl.policy.dueling import chosen_q, dueling_heads
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.obs import has_action_mask
 from fastrl.policy.recurrent import state_size
 from fastrl.policy.spaces import storage
-from fastrl.sampling.replay import RateLimiter, ReplayStore, annealed_beta
-from fastrl.sampling.sequences import SequenceStore
+from fastrl.sampling.replay import PRIORITY_EPS, RateLimiter, ReplayStore, annealed_beta
+from fastrl.sampling.sequences import SequenceStore, actor_td_errors
 from fastrl.transport.messages import ReplayShare
 
 
@@ -54,26 +55,12 @@ def q_learning_problem(action_space: spaces.Space, obs_space: spaces.Dict,
     return None
 
 
-def dueling_heads(advantages: torch.Tensor, values: torch.Tensor,
-                  nvec: tuple[int, ...]) -> list[torch.Tensor]:
-    """Q-values per action dimension: ``advantages`` ``[B, sum(nvec)]``, ``values`` ``[B]``
-    -> ``[B, n_j]`` for each ``n_j`` in ``nvec``."""
-    return [values.unsqueeze(1) + a - a.mean(1, keepdim=True)
-            for a in torch.split(advantages, list(nvec), dim=1)]
-
-
 def double_q_targets(online_next: list[torch.Tensor], target_next: list[torch.Tensor],
                      returns: torch.Tensor, discounts: torch.Tensor) -> torch.Tensor:
     """``[B, D]``: per head, ``returns + discounts * Q^target(s', argmax Q^online(s'))``."""
     picked = [t.gather(1, o.argmax(1, keepdim=True)).squeeze(1)
               for o, t in zip(online_next, target_next, strict=True)]
     return returns.unsqueeze(1) + discounts.unsqueeze(1) * torch.stack(picked, 1)
-
-
-def chosen_q(q: list[torch.Tensor], actions: torch.Tensor) -> torch.Tensor:
-    """``[B, D]``: each head's Q-value of the action taken (``actions`` ``[B, D]``)."""
-    return torch.stack([h.gather(1, actions[:, j:j + 1].long()).squeeze(1)
-                        for j, h in enumerate(q)], 1)
 
 
 def build_store(cfg: Config, obs_space: spaces.Dict, action_space: spaces.Space,
@@ -168,13 +155,30 @@ class ApexLearner:
             self.model.update_normalizers({k: v[:, :t].reshape(-1, *v.shape[2:])
                                            for k, v in batch["obs"].items()})
         self._note_lag(batch)
-        n = self.store.insert(batch)
+        actor = self.cfg.replay_initial_priority == "actor"
+        n = self.store.insert(batch, self._actor_priorities(batch) if actor else None)
         if self.cfg.replay_initial_priority == "td":
             with torch.no_grad():
                 self._td_priorities(n // self.cfg.rollout)
         self.limiter.inserts += n
         self.samples_trained += n
         return n
+
+    def _actor_priorities(self, batch: dict) -> np.ndarray:
+        """``--replay_initial_priority actor``: each step's |TD error| ``[K, T]`` from the
+        acting policy's own Q-values (``sequences.actor_td_errors``); a step whose bootstrap
+        the actor never valued comes in at the highest priority so far (this batch's
+        included)."""
+        td, known = actor_td_errors(batch, self.cfg.nstep, self.cfg.gamma)
+        return self._fill_unknown(td, known)
+
+    def _fill_unknown(self, priorities: torch.Tensor, known: torch.Tensor) -> np.ndarray:
+        """``priorities`` (raw |TD errors|) where ``known``, elsewhere the highest raw
+        priority so far, this batch's included."""
+        top = self.store.max_priority - PRIORITY_EPS
+        if bool(known.any()):
+            top = max(top, float(priorities[known].max()))
+        return torch.where(known, priorities, top).numpy()
 
     def _td_priorities(self, rows: int) -> None:
         """The acted transitions of the ``rows`` newest rows take their |TD error| as

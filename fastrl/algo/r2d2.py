@@ -24,30 +24,20 @@ import torch
 import torch.nn.functional as F
 from gymnasium import spaces
 
-from fastrl.algo.apex import ApexLearner, chosen_q, dueling_heads
+from fastrl.algo.apex import ApexLearner
 from fastrl.config.settings import Config
 from fastrl.device import autocast
+from fastrl.policy.dueling import chosen_q, dueling_heads
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.recurrent import find_cuts
-from fastrl.sampling.replay import nstep_returns
+from fastrl.sampling.replay import sequence_targets
 from fastrl.sampling.sequences import (
+    actor_td_errors,
     sequence_priorities,
     value_rescale,
     value_rescale_inv,
 )
 from fastrl.transport.messages import ReplayShare
-
-
-def sequence_targets(rewards: torch.Tensor, dones: torch.Tensor, final_step: torch.Tensor,
-                     nstep: int, gamma: float) -> tuple[torch.Tensor, ...]:
-    """The n-step part of every step's target in sequences of ``rewards``, ``dones``
-    ``[B, T]`` (``final_step`` ``[B]``): ``(returns, discounts, next_t, from_final)``, each
-    ``[B, T]``, as :func:`~fastrl.sampling.replay.nstep_returns` gives them per step."""
-    b, t = rewards.shape
-    steps = torch.arange(t, device=rewards.device).repeat(b)
-    out = nstep_returns(rewards.repeat_interleave(t, 0), dones.repeat_interleave(t, 0),
-                        final_step.repeat_interleave(t, 0), steps, nstep, gamma)
-    return tuple(x.view(b, t) for x in out)
 
 
 class R2D2Learner(ApexLearner):
@@ -69,6 +59,16 @@ class R2D2Learner(ApexLearner):
     def samples_per_batch(cfg: Config) -> int:
         """The trained steps of ``--batch_size`` sequences."""
         return cfg.batch_size * cfg.rollout
+
+    def _actor_priorities(self, batch: dict) -> np.ndarray:
+        """``--replay_initial_priority actor``: each sequence's mix of its steps' |TD
+        errors| from the acting policy's Q-values (in the rescaled space with value
+        rescaling), over the acted steps whose bootstrap the actor valued; a sequence without
+        one comes in at the highest priority so far."""
+        cfg = self.cfg
+        td, known = actor_td_errors(batch, cfg.nstep, cfg.gamma, cfg.r2d2_value_rescaling)
+        mask = known & (batch["policy_versions"] >= 0)
+        return self._fill_unknown(sequence_priorities(td, mask, cfg.r2d2_eta), mask.any(1))
 
     def _td_priorities(self, rows: int) -> None:
         """The ``rows`` newest sequences with an acted step take their mixed |TD error|."""

@@ -276,9 +276,10 @@ class Config:
                                           "replay")
     replay_alpha: float = _f(0.6, "Priority exponent (0: uniform sampling)", "replay")
     replay_initial_priority: str = _f("max", "Priority of new transitions: the highest so far "
-                                      "(max), or their |TD error| computed by the learner as "
-                                      "they go in (td; Ape-X's actors compute it)", "replay",
-                                      choices=("max", "td"))
+                                      "(max); their |TD error| from the Q-values the acting "
+                                      "policy computed (actor, Ape-X's way: no learner work); "
+                                      "or from the learner's networks as they go in (td, one "
+                                      "no-grad pass)", "replay", choices=("max", "actor", "td"))
     replay_beta: float = _f(0.4, "Importance-weight exponent at the start, annealed to 1 at "
                             "--train_for_env_steps", "replay")
     replay_save_contents: bool = _f(True, "Checkpoints hold the replay store's contents (False: "

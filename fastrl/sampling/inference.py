@@ -14,6 +14,7 @@ import torch
 from fastrl.device import autocast
 from fastrl.policy.actions import ActionSpec
 from fastrl.policy.distributions import ActionDistribution
+from fastrl.policy.dueling import chosen_q, dueling_heads, greedy_q
 from fastrl.policy.lowp import lowp_encoders, refresh
 from fastrl.policy.model import ActorCritic
 from fastrl.sampling.buffers import TrajectoryBuffers
@@ -147,8 +148,12 @@ class PolicyWorker:
             if self.epsilons is not None:
                 actions = epsilon_greedy(dist.mode(), self.epsilons[e_idx].to(self.device),
                                          self.action_spec.nvec)
-            else:
-                actions = dist.mode() if self.deterministic else dist.sample()
+                # The replay algorithms keep no log-probs or state values: the slots' columns
+                # take the actor's Q(s, a) and max_a Q(s, a) instead (mean over the heads),
+                # which Ape-X's actor priorities read (sequences.actor_td_errors).
+                q = dueling_heads(logits.float(), values.float(), self.action_spec.nvec)
+                return actions, chosen_q(q, actions).mean(1), greedy_q(q).mean(1), new_h
+            actions = dist.mode() if self.deterministic else dist.sample()
             log_probs = dist.log_prob(actions)
         return actions, log_probs, values, new_h
 

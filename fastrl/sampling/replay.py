@@ -88,6 +88,18 @@ def nstep_returns(rewards: torch.Tensor, dones: torch.Tensor, final_step: torch.
     return returns, discounts.to(rewards.dtype), t + m, from_final
 
 
+def sequence_targets(rewards: torch.Tensor, dones: torch.Tensor, final_step: torch.Tensor,
+                     nstep: int, gamma: float) -> tuple[torch.Tensor, ...]:
+    """The n-step part of every step's target in sequences of ``rewards``, ``dones``
+    ``[B, T]`` (``final_step`` ``[B]``): ``(returns, discounts, next_t, from_final)``, each
+    ``[B, T]``, as :func:`nstep_returns` gives them per step."""
+    b, t = rewards.shape
+    steps = torch.arange(t, device=rewards.device).repeat(b)
+    out = nstep_returns(rewards.repeat_interleave(t, 0), dones.repeat_interleave(t, 0),
+                        final_step.repeat_interleave(t, 0), steps, nstep, gamma)
+    return tuple(x.view(b, t) for x in out)
+
+
 def shm_free() -> int | None:
     """Bytes free in /dev/shm (where shared tensors live), or None."""
     try:
