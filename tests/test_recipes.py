@@ -199,3 +199,12 @@ def test_an_env_without_a_mask_is_left_unmasked(tmp_path):
     assert recipes.publishes_action_mask(gym.make("FrozenLake-v1")) is False
     assert recipes.publishes_action_mask(gym.make("Taxi-v4")) is True
     assert parse(tmp_path, "--env", "Acrobot-v1").env_action_mask_from_info is False
+
+
+def test_halfcheetah_starts_with_its_own_log_std_and_a_flag_still_wins(tmp_path):
+    cheetah = parse(tmp_path, "--env", "HalfCheetah-v5", "--experiment", "c")
+    assert (cheetah.recipe, cheetah.action_init_log_std) == ("continuous", -2.0)
+    assert parse(tmp_path, "--env", "Hopper-v5", "--experiment", "h").action_init_log_std == 0.0
+    flagged = parse(tmp_path, "--env", "HalfCheetah-v5", "--experiment", "f",
+                    "--action_init_log_std", "-0.5")
+    assert flagged.action_init_log_std == -0.5
