@@ -186,6 +186,28 @@ def test_the_final_checkpoint_comes_after_the_report_of_every_step_trained(tmp_p
     assert "checkpoint_000000001_" in saved.path
 
 
+def test_nothing_trains_after_the_final_checkpoint(tmp_path):
+    """A batch that waits in the same poll as the final SaveCheckpoint is not trained: its
+    step would be in the run's summary but not in the checkpoint (a serial run under SIGTERM:
+    summary 209 learner steps, checkpoint 208)."""
+    from fastrl.transport.messages import CheckpointSaved, SaveCheckpoint
+
+    wiring, station = _learner_station(tmp_path)
+    station.report_every = 3600.0
+    per = wiring.per_worker_buffers
+    for t in wiring.buffers.tensors():
+        t.zero_()
+    counters = {"env_frames": 0, "episodes": 0, "wall_seconds": 1.0}
+    wiring.learner_queue.put_many([TrajectoriesReady(0, tuple(range(per)), 0),
+                                   SaveCheckpoint(counters, final=True)])
+    station.poll(0.0)
+    assert station.learner.version == 0
+    saved = [m for m in wiring.runner_queue.get_many(0.0) if isinstance(m, CheckpointSaved)]
+    assert len(saved) == 1 and "checkpoint_000000000_" in saved[0].path
+    station.poll(0.0)  # and not later either
+    assert station.learner.version == 0
+
+
 def test_slots_per_env_hold_two_batches_and_no_more():
     """One slot being filled per env, plus the fewest that hold two learner batches."""
     from types import SimpleNamespace

@@ -239,6 +239,10 @@ class LearnerStation:
         self._stats: dict = {}
         self._stale = 0  # --with_pbt: trajectories of the old weights dropped since the report
         self._last_report = time.monotonic()
+        # After the final checkpoint nothing more trains: a step after it would be counted in
+        # the run's summary but missing from the checkpoint (a serial run's summary said 209
+        # learner steps beside checkpoint 208, when a batch waited in the same poll).
+        self._final_saved = False
 
     def announce(self, counters: dict | None, checkpoint: str | None) -> None:
         """Say so, then publish the first weights (the checkpoint's when resuming): the policy
@@ -279,7 +283,7 @@ class LearnerStation:
                 self._replace(msg)
             else:
                 raise TypeError(f"learner: unexpected message {msg!r}")
-        work = len(msgs) + self._work()
+        work = len(msgs) + (0 if self._final_saved else self._work())
         if time.monotonic() - self._last_report >= self.report_every:
             self._report()
         return work
@@ -376,6 +380,7 @@ class LearnerStation:
             return
         state = checkpoint_state(w.cfg, w.info, self.learner.state_dict(), msg.counters)
         path = save_checkpoint(w.cfg.experiment_dir, state, w.cfg.keep_checkpoints, self.policy)
+        self._final_saved = msg.final
         w.runner_queue.put(CheckpointSaved(path, msg.final, self.policy))
 
 
