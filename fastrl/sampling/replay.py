@@ -175,6 +175,16 @@ def check_fits(nbytes: int, capacity: int, shared: bool = False) -> None:
             "free; lower --replay_capacity or use --num_learners 1")
 
 
+# A column's shape, dtype and initial value (None: left uninitialised).
+ColumnSpec = tuple[tuple[int, ...], torch.dtype, Any]
+
+
+def columns_nbytes(specs: dict[str, ColumnSpec]) -> int:
+    """Bytes the columns of ``specs`` hold."""
+    return sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+               for shape, dtype, _ in specs.values())
+
+
 def empty_tensor(shape: tuple[int, ...], dtype: torch.dtype, shared: bool) -> torch.Tensor:
     """An uninitialised tensor; with ``shared``, in shared memory made for it (untouched pages
     cost nothing until written, where ``Tensor.share_memory_`` would copy the whole tensor)."""
@@ -219,18 +229,27 @@ class ReplayStore:
         self.max_priority = 1.0  # of |TD error| + eps, before the exponent
         self.rng = np.random.default_rng(seed)
 
-    def _column_specs(self) -> dict[str, tuple[tuple[int, ...], torch.dtype, Any]]:
-        """Each column's shape, dtype and initial value (None: left uninitialised)."""
-        rows, t = self.num_rows, self.rollout
-        specs: dict[str, tuple[tuple[int, ...], torch.dtype, Any]] = {}
-        for key, shape in self._obs_shapes.items():
-            specs[f"obs/{key}"] = ((rows, t + 1, *shape), self._obs_dtypes[key], None)
-            specs[f"final_obs/{key}"] = ((rows, *shape), self._obs_dtypes[key], None)
+    @staticmethod
+    def column_specs(obs_shapes: dict[str, tuple[int, ...]], obs_dtypes: dict[str, torch.dtype],
+                     rows: int, rollout: int, action_dims: int, action_dtype: torch.dtype
+                     ) -> dict[str, ColumnSpec]:
+        """Each column's shape, dtype and initial value (None: left uninitialised), for
+        ``rows`` rows of ``rollout`` steps: observations as ``obs/KEY`` and
+        ``final_obs/KEY``, every other column under its attribute's name."""
+        t = rollout
+        specs: dict[str, ColumnSpec] = {}
+        for key, shape in obs_shapes.items():
+            specs[f"obs/{key}"] = ((rows, t + 1, *shape), obs_dtypes[key], None)
+            specs[f"final_obs/{key}"] = ((rows, *shape), obs_dtypes[key], None)
         specs["final_step"] = ((rows,), torch.int64, -1)
-        specs["actions"] = ((rows, t, self._action_dims), self._action_dtype, 0)
+        specs["actions"] = ((rows, t, action_dims), action_dtype, 0)
         specs["rewards"] = ((rows, t), torch.float32, 0.0)
         specs["dones"] = ((rows, t), torch.bool, True)
         return specs
+
+    def _column_specs(self) -> dict[str, ColumnSpec]:
+        return ReplayStore.column_specs(self._obs_shapes, self._obs_dtypes, self.num_rows,
+                                        self.rollout, self._action_dims, self._action_dtype)
 
     def _make_columns(self, shared: bool) -> dict[str, torch.Tensor]:
         columns = {}
@@ -250,7 +269,9 @@ class ReplayStore:
         self._columns = dict(columns)
         self.obs = {k: columns[f"obs/{k}"] for k in self._obs_shapes}
         self.final_obs = {k: columns[f"final_obs/{k}"] for k in self._obs_shapes}
-        for name in self.COLUMNS:
+        # The per-row tensors besides the observations, as attributes and in checkpoints.
+        self._other_columns = [name for name in columns if "/" not in name]
+        for name in self._other_columns:
             setattr(self, name, columns[name])
 
     def columns(self) -> dict[str, torch.Tensor]:
@@ -263,13 +284,9 @@ class ReplayStore:
                    capacity: int) -> int:
         """Bytes a store of these sizes holds (contents and sum tree)."""
         rows = capacity // rollout
-        per_row = rollout * (action_dims * torch.empty((), dtype=action_dtype).element_size()
-                             + 4 + 1) + 8
-        for key, shape in obs_shapes.items():
-            size = torch.empty((), dtype=obs_dtypes[key]).element_size() * int(np.prod(shape))
-            per_row += (rollout + 2) * size
         tree = 2 * (1 << max(0, math.ceil(math.log2(max(1, rows * rollout))))) * 8
-        return rows * per_row + tree
+        return columns_nbytes(ReplayStore.column_specs(
+            obs_shapes, obs_dtypes, rows, rollout, action_dims, action_dtype)) + tree
 
     @property
     def size(self) -> int:
@@ -370,16 +387,13 @@ class ReplayStore:
         """The mean of the stored priorities (after the exponent) over the items held."""
         return self.tree.total / max(1, self.items_held())
 
-    # The per-row tensors besides the observations, as checkpoints hold them.
-    COLUMNS = ("final_step", "actions", "rewards", "dones")
-
     def state_dict(self, contents: bool) -> dict:
         state = {"priorities": self.tree.leaves().copy(), "next_row": self.next_row,
                  "rows_filled": self.rows_filled, "max_priority": self.max_priority,
                  "rng": self.rng.bit_generator.state, "contents": contents}
         if contents:
             state.update(obs=self.obs, final_obs=self.final_obs,
-                         **{name: getattr(self, name) for name in self.COLUMNS})
+                         **{name: getattr(self, name) for name in self._other_columns})
         return state
 
     def load_state_dict(self, state: dict) -> bool:
@@ -394,7 +408,7 @@ class ReplayStore:
         for key in self.obs:
             self.obs[key].copy_(state["obs"][key])
             self.final_obs[key].copy_(state["final_obs"][key])
-        for name in self.COLUMNS:
+        for name in self._other_columns:
             getattr(self, name).copy_(state[name])
         self.tree.rebuild(np.asarray(state["priorities"], dtype=np.float64))
         self.next_row = int(state["next_row"])

@@ -29,7 +29,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fastrl.sampling.replay import ReplayStore, SumTree, sequence_targets
+from fastrl.sampling.replay import (
+    ColumnSpec,
+    ReplayStore,
+    SumTree,
+    columns_nbytes,
+    sequence_targets,
+)
 
 
 def sequence_priorities(td_abs: torch.Tensor, mask: torch.Tensor, eta: float) -> torch.Tensor:
@@ -104,19 +110,22 @@ class SequenceStore(ReplayStore):
         rows = capacity // rollout
         return (ReplayStore.nbytes_for(obs_shapes, obs_dtypes, rollout, action_dims,
                                        action_dtype, capacity)
-                + rows * (4 * rnn_size + rollout + 16))
+                + columns_nbytes(SequenceStore.sequence_specs(rows, rollout, rnn_size))
+                + rows * 16)  # traj_ids and prev_row, numpy int64
+
+    @staticmethod
+    def sequence_specs(rows: int, rollout: int, rnn_size: int) -> dict[str, ColumnSpec]:
+        """The columns a sequence store holds beyond a transition store's."""
+        return {"rnn_states": ((rows, rnn_size), torch.float32, 0.0),
+                "valid": ((rows, rollout), torch.bool, False)}
 
     def items_held(self) -> int:
         """Sequences held: one tree item per row."""
         return self.rows_filled
 
-    COLUMNS = (*ReplayStore.COLUMNS, "rnn_states", "valid")
-
-    def _column_specs(self):
-        specs = super()._column_specs()
-        specs["rnn_states"] = ((self.num_rows, self._rnn_size), torch.float32, 0.0)
-        specs["valid"] = ((self.num_rows, self.rollout), torch.bool, False)
-        return specs
+    def _column_specs(self) -> dict[str, ColumnSpec]:
+        return {**super()._column_specs(),
+                **self.sequence_specs(self.num_rows, self.rollout, self._rnn_size)}
 
     def _write_rows(self, rows: torch.Tensor, batch: dict, keep: slice) -> None:
         """Also the stored states, the acted steps, and each row's link to its predecessor
