@@ -57,3 +57,35 @@ def test_each_policy_worker_seeds_from_its_id_and_restarts(monkeypatch, seed):
             children.policy_worker_main(wiring, policy_id)
     assert seen == [(seed, POLICY_STREAM, 0, 0), (seed, POLICY_STREAM, 1, 0),
                     (seed, POLICY_STREAM, 1, 2)]
+
+
+@pytest.mark.slow
+
+def test_serial_mode_steps_every_worker_s_envs_each_from_its_own_seed(tmp_path, monkeypatch):
+    """Serial mode has parallel mode's envs (--num_workers x --num_envs_per_worker, each
+    worker's slots and splits; it used to step one worker's), and with --seed each env
+    first resets with seed + its global env id, as in parallel mode."""
+    from fastrl.config.load import parse_config
+    from fastrl.runner.serial import run_serial
+    from tests.counting_env import CountingEnv
+
+    seeds = []
+    tags = set()
+    reset = CountingEnv.reset
+
+    def recording(self, *, seed=None, options=None):
+        if seed is not None:
+            seeds.append(seed)
+            tags.add(self.env_tag)
+        return reset(self, seed=seed, options=options)
+
+    monkeypatch.setattr(CountingEnv, "reset", recording)
+    summary = run_serial(parse_config([
+        "--env", "tests.counting_env:CountingEnv-v0", "--train_dir", str(tmp_path),
+        "--experiment", "x", "--device", "cpu", "--seed", "100", "--num_workers", "3",
+        "--num_envs_per_worker", "4", "--worker_num_splits", "2", "--rollout", "8",
+        "--batch_size", "96", "--use_rnn", "False", "--encoder_mlp_layers", "8",
+        "--decorrelate_envs_on_one_worker", "False", "--train_for_env_steps", "480"]))
+    assert sorted(seeds) == list(range(100, 112))
+    assert len(tags) == 12
+    assert summary["env_frames"] >= 480 and summary["learner_steps"] >= 1

@@ -65,7 +65,8 @@ class Config:
 
     # --- sampling ---------------------------------------------------------------------
     serial_mode: bool = _f(False, "Run rollout, inference and learning in one process (debugging, "
-                           "profiling); it steps one worker's --num_envs_per_worker envs",
+                           "profiling); it steps the same --num_workers x --num_envs_per_worker "
+                           "envs in turn",
                            "sampling")
     async_rl: bool = _f(True, "Collect while training (policy lag > 0, corrected by V-trace); "
                         "False: collect a batch, train on it, repeat", "sampling")

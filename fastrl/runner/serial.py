@@ -54,8 +54,9 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
     # (threads spinning at each op's barrier; perf/RESULTS.md, "Default recipes").
     torch.set_num_threads(cfg.learner_threads)
     signals = LauncherSignals().__enter__()  # a second stop signal quits at once
-    envs = []
-    rollout = reporter = evaluator = None
+    envs = []  # worker 0's, until its station holds them
+    rollouts: list[RolloutStation] = []
+    reporter = evaluator = None
     try:
         envs.extend(create_env(cfg) for _ in range(cfg.num_envs_per_worker))
         info = env_info(envs[0], cfg.env_obs_layout)
@@ -67,8 +68,10 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
         learners = [learner for learner, _, _ in made]
         learner = learners[0]
         announce_inputs(info, learner.model)
-        wiring = build_wiring(cfg, info, learner.model, num_workers=1, envs_per_worker=len(envs),
-                              models=[m.model for m in learners])
+        # Every rollout worker of parallel mode, as a station polled in turn: the same env
+        # count, splits, slots and batches as a parallel run of these settings.
+        wiring = build_wiring(cfg, info, learner.model, num_workers=cfg.num_workers,
+                              envs_per_worker=len(envs), models=[m.model for m in learners])
         learner_stations = [make_learner_station(wiring, m, 0.0, k) for k, m in enumerate(learners)]
         stats = TrainingStats(cfg, info.frameskip)
         readies = []
@@ -83,15 +86,18 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
         policy = PolicyStation(wiring, 0, make_policy_worker(
             wiring, learner.model, device, learner.precision,
             others=[m.model for m in learners[1:]]), 0.0)
-        rollout = RolloutStation(wiring, 0, report_every=0.0)
-        rollout.start(envs)
+        for w in range(cfg.num_workers):
+            rollouts.append(RolloutStation(wiring, w, report_every=0.0))
+            rollouts[w].start(envs if w == 0 else None)
+        envs = []
         reporter = Reporter(cfg, exp_dir, stats)
         if cfg.eval_every_env_frames:
             evaluator = PeriodicEvaluator(create_env(cfg), learner.model, cfg.eval_every_env_frames,
                                           cfg.eval_episodes, cfg.eval_deterministic, device,
                                           seed=cfg.seed, start_frames=stats.env_frames)
         n_params = sum(p.numel() for p in learner.model.parameters())
-        log(f"serial mode: {cfg.env}, {len(envs)} envs in {cfg.worker_num_splits} splits, "
+        log(f"serial mode: {cfg.env}, {cfg.num_workers} workers x {cfg.num_envs_per_worker} envs "
+            f"in {cfg.worker_num_splits} splits, "
             f"device {device} ({learner.precision}), model {n_params:,} parameters, "
             f"experiment {exp_dir}")
 
@@ -99,7 +105,7 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
             return sum(station.poll(0.0) for station in learner_stations)
 
         def turn() -> None:
-            moved = rollout.poll(0.0) + policy.poll(0.0) + learn()
+            moved = sum(r.poll(0.0) for r in rollouts) + policy.poll(0.0) + learn()
             if not moved:
                 raise SerialStall("serial runner stalled: no station had anything to do")
 
@@ -118,9 +124,9 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
             evaluator.close()
         if reporter is not None:
             reporter.close()
-        if rollout is not None and rollout.envs:
-            envs = rollout.envs  # the worker may have replaced faulty envs
-        for env in envs:
+        # A worker may have replaced faulty envs in its station's list.
+        every = {id(env): env for env in [*envs, *(env for r in rollouts for env in r.envs)]}
+        for env in every.values():
             try:
                 env.close()
             except Exception:  # noqa: BLE001 - free every engine even if one fails
