@@ -7,6 +7,8 @@
 #   bash perf/gpu/run.sh envs     perf/env_fps.py: the simulator ceiling on every core
 #   bash perf/gpu/run.sh sample   perf/sampler_fps.py on CUDA (inference, nothing trains)
 #   bash perf/gpu/run.sh train    perf/train_fps.py on CUDA, fp32 and bf16
+#   bash perf/gpu/run.sh infer    one inference call alone (perf/hot_path.py) by batch size,
+#                                 and training with 1 policy worker against run.sh train's 2
 #
 # Results land in $OUT (the device tool brings that folder back), one JSON per run and a
 # log per stage. The image's python3 (itself a venv) holds CUDA torch; the carried wheels go
@@ -72,8 +74,21 @@ train)
             > "$OUT/train_fps_${precision}.json"
     done
     ;;
+infer)
+    # An inference call cost 2.6-4.9 ms whatever its batch (56-224 envs) on an H100
+    # (perf/RESULTS.md, 2026-11-26 afternoon): fewer, larger calls may serve more.
+    for batch in 56 112 224; do
+        "$PY" perf/hot_path.py --env doom_basic --device cuda --repeats 40 \
+            --infer_batch "$batch" --precision fp32 2>&1 | tee -a "$log" | tail -1 \
+            > "$OUT/hot_path_${batch}.json"
+    done
+    "$PY" perf/train_fps.py --env doom_basic --device cuda --precision fp32 \
+        --num_workers $((CORES - 2)) --num_envs_per_worker 8 --num_policy_workers 1 \
+        --seconds "$SECONDS_MEASURED" --warmup 20 2>&1 | tee -a "$log" | tail -1 \
+        > "$OUT/train_fps_fp32_1pw.json"
+    ;;
 *)
-    echo "unknown stage '$stage': check, resume, envs, sample or train" >&2
+    echo "unknown stage '$stage': check, resume, envs, sample, train or infer" >&2
     exit 2
     ;;
 esac
