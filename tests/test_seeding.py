@@ -60,7 +60,6 @@ def test_each_policy_worker_seeds_from_its_id_and_restarts(monkeypatch, seed):
 
 
 @pytest.mark.slow
-
 def test_serial_mode_steps_every_worker_s_envs_each_from_its_own_seed(tmp_path, monkeypatch):
     """Serial mode has parallel mode's envs (--num_workers x --num_envs_per_worker, each
     worker's slots and splits; it used to step one worker's), and with --seed each env

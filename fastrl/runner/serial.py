@@ -86,10 +86,11 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
         policy = PolicyStation(wiring, 0, make_policy_worker(
             wiring, learner.model, device, learner.precision,
             others=[m.model for m in learners[1:]]), 0.0)
-        for w in range(cfg.num_workers):
-            rollouts.append(RolloutStation(wiring, w, report_every=0.0))
-            rollouts[w].start(envs if w == 0 else None)
-        envs = []
+        rollouts.extend(RolloutStation(wiring, w, report_every=0.0)
+                        for w in range(cfg.num_workers))
+        first, envs = envs, []  # worker 0's station holds them from here on
+        for station in rollouts:
+            station.start(first if station.worker_id == 0 else None)
         reporter = Reporter(cfg, exp_dir, stats)
         if cfg.eval_every_env_frames:
             evaluator = PeriodicEvaluator(create_env(cfg), learner.model, cfg.eval_every_env_frames,
@@ -125,8 +126,7 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
         if reporter is not None:
             reporter.close()
         # A worker may have replaced faulty envs in its station's list.
-        every = {id(env): env for env in [*envs, *(env for r in rollouts for env in r.envs)]}
-        for env in every.values():
+        for env in [*envs, *(env for r in rollouts for env in r.envs)]:
             try:
                 env.close()
             except Exception:  # noqa: BLE001 - free every engine even if one fails
