@@ -100,9 +100,11 @@ def resolve_precision(name: str, device: torch.device) -> str:
     return "bf16" if device.type == "cpu" and _cpu_has_native_bf16() else "fp32"
 
 
-def autocast(precision: str, device: torch.device):
-    """Context for forward passes: bf16 autocast, or a no-op for fp32."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+def autocast(precision: str, device: torch.device, cache: bool = True):
+    """Context for forward passes: bf16 autocast, or a no-op for fp32. ``cache``: whether
+    autocast keeps the casts of weights for reuse within the context."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16",
+                          cache_enabled=cache)
 
 
 def autocast_off(device: torch.device):

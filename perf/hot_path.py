@@ -64,6 +64,9 @@ def main() -> None:
     parser.add_argument("--infer_batch", type=int, default=64, help="envs per inference batch")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the learner's "
                         "and the policy workers' default is 1)")
+    parser.add_argument("--profile", default="", metavar="FILE",
+                        help="also profile --repeats inference calls (torch.profiler, CPU and "
+                        "CUDA) and write the operators' table, by CPU time, to FILE")
     args, extra = parser.parse_known_args()
     torch.set_num_threads(args.threads)
 
@@ -105,7 +108,7 @@ def main() -> None:
     acting = build_model(cfg, info, device)
     rnn_state = torch.zeros(slots, model.rnn_state_size)
     worker = PolicyWorker(acting, info.action_space, buffers, rnn_state, device, weights,
-                          precision=learner.precision)
+                          precision=learner.precision, cuda_graphs=cfg.policy_cuda_graphs)
     envs = tuple(range(args.infer_batch))
     requests = [InferenceRequest(0, 0, 0, envs, envs, 0, 0)]
 
@@ -122,6 +125,7 @@ def main() -> None:
         "samples_per_batch": n * cfg.rollout,
         "settings": {"env": args.env, "device": str(device), "precision": learner.precision,
                      "threads": args.threads, "infer_batch": args.infer_batch,
+                     "policy_cuda_graphs": cfg.policy_cuda_graphs,
                      "use_rnn": cfg.use_rnn, "rnn_type": cfg.rnn_type,
                      "advantages": cfg.advantages, "batch_size": cfg.batch_size,
                      "rollout": cfg.rollout, "num_epochs": cfg.num_epochs,
@@ -129,7 +133,27 @@ def main() -> None:
         "host": {"machine": platform.node(), "cpus": os.cpu_count(),
                  "date": time.strftime("%Y-%m-%d")},
     }
+    if args.profile:
+        _profile(infer, args.repeats, device, args.profile)
     emit(result)
+
+
+def _profile(fn, repeats: int, device: torch.device, path: str) -> None:
+    """Where a call's time goes: the operators of ``repeats`` calls, by total CPU time (on a
+    GPU, the host's time issuing work against the device's time running it)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        for _ in range(repeats):
+            fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=40)
+    with open(path, "w") as f:
+        f.write(f"{repeats} calls\n{table}\n")
 
 
 if __name__ == "__main__":

@@ -74,9 +74,13 @@ class _Categoricals:
 
     def sample(self) -> Tensor:
         """Random actions, int64 ``[*batch, D]``."""
-        probs = self.probs
-        actions = torch.multinomial(probs.view(-1, probs.shape[-1]), 1)
-        return self._out(actions.view(-1, self.num_dims))
+        # The Gumbel-max trick: argmax(log p + G), G standard Gumbel, is a draw from p. A
+        # few elementwise kernels: less host work per call than torch.multinomial (0.35 ms on
+        # an H100 machine, perf/RESULTS.md "where an inference call's time goes"), no
+        # host-device checks, and safe to capture in a CUDA graph. Masked and padding slots
+        # (-inf) are never drawn; u is kept above 0 so that G stays finite.
+        u = torch.rand_like(self._log_probs).clamp_(min=1e-30)
+        return self._out((self._log_probs - (-u.log()).log()).argmax(dim=-1))
 
     def mode(self) -> Tensor:
         """Most likely action in each dimension, int64 ``[*batch, D]``."""

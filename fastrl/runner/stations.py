@@ -419,7 +419,8 @@ def make_policy_worker(wiring: Wiring, model: torch.nn.Module, device: torch.dev
                                   cfg.apex_epsilon_alpha)[wiring.node * n:(wiring.node + 1) * n]
     return PolicyWorker(model, wiring.info.action_space, wiring.buffers, wiring.rnn_state,
                         device, weights=wiring.weights, precision=precision, epsilons=epsilons,
-                        others=list(zip(others, wiring.policy_weights[1:], strict=True)))
+                        others=list(zip(others, wiring.policy_weights[1:], strict=True)),
+                        cuda_graphs=cfg.policy_cuda_graphs)
 
 
 def make_learner(cfg, info: EnvInfo, device: torch.device, group: LearnerGroup | None = None,

@@ -9,6 +9,8 @@ indexed write each.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from fastrl.device import autocast
@@ -18,6 +20,7 @@ from fastrl.policy.dueling import chosen_q, dueling_heads, greedy_q
 from fastrl.policy.lowp import lowp_encoders, refresh
 from fastrl.policy.model import ActorCritic
 from fastrl.sampling.buffers import TrajectoryBuffers
+from fastrl.sampling.graphed import GraphedActor
 from fastrl.sampling.staging import Staging
 from fastrl.sampling.weights import WeightsSource
 from fastrl.transport.messages import ActionsReady, InferenceRequest
@@ -41,13 +44,16 @@ class PolicyWorker:
             batch's rows are grouped by ``InferenceRequest.policies`` and each group is acted
             by its policy's model, from one gather of the observations and with one transfer
             back.
+        cuda_graphs: on a CUDA device, replay each model's acting step from CUDA graphs
+            (:class:`fastrl.sampling.graphed.GraphedActor`); not with ``epsilons``.
     """
 
     def __init__(self, model: ActorCritic, action_space, buffers: TrajectoryBuffers,
                  rnn_state: torch.Tensor, device: torch.device,
                  weights: WeightsSource, deterministic: bool = False, precision: str = "fp32",
                  epsilons: torch.Tensor | None = None,
-                 others: list[tuple[ActorCritic, WeightsSource]] = ()):
+                 others: list[tuple[ActorCritic, WeightsSource]] = (),
+                 cuda_graphs: bool = False):
         self.model = model
         self.buffers = buffers
         self.rnn_state = rnn_state
@@ -71,6 +77,12 @@ class PolicyWorker:
                       if precision == "bf16" else None)
         self._flat_obs = {k: v.view(-1, *v.shape[2:]) for k, v in buffers.obs.items()}
         self._steps = buffers.layout.rollout + 1  # observation rows per slot
+        self._graphed = None
+        if cuda_graphs and self.device.type == "cuda" and epsilons is None:
+            self._graphed = [
+                GraphedActor(functools.partial(self._act_eager, k, e_idx=None), self.device,
+                             max_rows=rnn_state.shape[0], name=f"policy {k} acting")
+                for k in range(len(self.models))]
 
     def maybe_update_weights(self) -> None:
         """Load the newest published weights if their version differs from the loaded ones
@@ -140,9 +152,17 @@ class PolicyWorker:
                 for req in requests]
 
     def _act(self, k: int, obs: dict, h: torch.Tensor, e_idx: torch.Tensor | None):
-        """Policy ``k``'s actions, log-probs, values and new recurrent states for the rows."""
+        """Policy ``k``'s actions, log-probs, values and new recurrent states for the rows
+        (replayed from a CUDA graph with ``cuda_graphs``; valid until the next call)."""
+        if self._graphed is not None:
+            return self._graphed[k](obs, h)
+        return self._act_eager(k, obs, h, e_idx)
+
+    def _act_eager(self, k: int, obs: dict, h: torch.Tensor, e_idx: torch.Tensor | None):
         encoders = None if self._lowp is None else self._lowp[k]
-        with torch.inference_mode(), autocast(self.precision, self.device):
+        # No autocast cache: it would only keep casts within one call (each weight is cast
+        # once per call anyway), and a CUDA graph capture needs it off.
+        with torch.inference_mode(), autocast(self.precision, self.device, cache=False):
             logits, values, new_h = self.models[k].forward_step(obs, h, encoders)
             dist = ActionDistribution(logits, self.action_spec)
             if self.epsilons is not None:

@@ -9,6 +9,8 @@
 #   bash perf/gpu/run.sh train    perf/train_fps.py on CUDA, fp32 and bf16
 #   bash perf/gpu/run.sh infer    one inference call alone (perf/hot_path.py) by batch size,
 #                                 and training with 1 policy worker against run.sh train's 2
+#   bash perf/gpu/run.sh graphs   --policy_cuda_graphs: its tests, inference and training
+#                                 against the eager acting step
 #
 # Results land in $OUT (the device tool brings that folder back), one JSON per run and a
 # log per stage. The image's python3 (itself a venv) holds CUDA torch; the carried wheels go
@@ -76,19 +78,49 @@ train)
     ;;
 infer)
     # An inference call cost 2.6-4.9 ms whatever its batch (56-224 envs) on an H100
-    # (perf/RESULTS.md, 2026-11-26 afternoon): fewer, larger calls may serve more.
+    # (perf/RESULTS.md, 2026-11-26 afternoon): fewer, larger calls may serve more. The
+    # profile of batch 112 says where a call's time goes (host issuing against device).
     for batch in 56 112 224; do
+        prof=()
+        [ "$batch" = 112 ] && prof=(--profile "$OUT/infer_profile_$batch.txt")
         "$PY" perf/hot_path.py --env doom_basic --device cuda --repeats 40 \
-            --infer_batch "$batch" --precision fp32 2>&1 | tee -a "$log" | tail -1 \
-            > "$OUT/hot_path_${batch}.json"
+            --infer_batch "$batch" --precision fp32 "${prof[@]}" 2>&1 | tee -a "$log" \
+            | tail -1 > "$OUT/hot_path_${batch}.json"
     done
-    "$PY" perf/train_fps.py --env doom_basic --device cuda --precision fp32 \
-        --num_workers $((CORES - 2)) --num_envs_per_worker 8 --num_policy_workers 1 \
-        --seconds "$SECONDS_MEASURED" --warmup 20 2>&1 | tee -a "$log" | tail -1 \
-        > "$OUT/train_fps_fp32_1pw.json"
+    # Training with 1 and 2 policy workers, side by side in one call.
+    for pw in 1 2; do
+        "$PY" perf/train_fps.py --env doom_basic --device cuda --precision fp32 \
+            --num_workers $((CORES - 2)) --num_envs_per_worker 8 --num_policy_workers "$pw" \
+            --seconds "$SECONDS_MEASURED" --warmup 20 2>&1 | tee -a "$log" | tail -1 \
+            > "$OUT/train_fps_fp32_${pw}pw.json"
+    done
+    ;;
+graphs)
+    # --policy_cuda_graphs: its CUDA tests, then one inference call and training with 1 and
+    # 2 policy workers against the eager acting step, side by side in one call.
+    "$PY" -m pytest -q -rs -p no:cacheprovider -k "graphed" tests/test_graphed.py \
+        tests/test_cuda.py 2>&1 | tee "$log" || true
+    for batch in 56 112 224; do
+        for graphs in False True; do
+            prof=()
+            [ "$batch" = 112 ] && [ "$graphs" = True ] \
+                && prof=(--profile "$OUT/infer_profile_${batch}_graphs.txt")
+            "$PY" perf/hot_path.py --env doom_basic --device cuda --repeats 40 \
+                --infer_batch "$batch" --precision fp32 --policy_cuda_graphs "$graphs" \
+                "${prof[@]}" 2>&1 | tee -a "$log" | tail -1 \
+                > "$OUT/hot_path_${batch}_graphs_${graphs}.json"
+        done
+    done
+    for run in "1 False" "1 True" "2 False" "2 True"; do
+        set -- $run
+        "$PY" perf/train_fps.py --env doom_basic --device cuda --precision fp32 \
+            --num_workers $((CORES - 2)) --num_envs_per_worker 8 --num_policy_workers "$1" \
+            --policy_cuda_graphs "$2" --seconds "$SECONDS_MEASURED" --warmup 20 2>&1 \
+            | tee -a "$log" | tail -1 > "$OUT/train_fps_fp32_${1}pw_graphs_${2}.json"
+    done
     ;;
 *)
-    echo "unknown stage '$stage': check, resume, envs, sample, train or infer" >&2
+    echo "unknown stage '$stage': check, resume, envs, sample, train, infer or graphs" >&2
     exit 2
     ;;
 esac
