@@ -64,6 +64,9 @@ def main() -> None:
     parser.add_argument("--infer_batch", type=int, default=64, help="envs per inference batch")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the learner's "
                         "and the policy workers' default is 1)")
+    parser.add_argument("--infer_policies", type=int, default=1,
+                        help="models the inference batch is split among (--num_policies): "
+                        "row i acts with policy i mod P, each policy from its own weights")
     parser.add_argument("--profile", default="", metavar="FILE",
                         help="also profile --repeats inference calls (torch.profiler, CPU and "
                         "CUDA) and write the operators' table, by CPU time, to FILE")
@@ -107,10 +110,18 @@ def main() -> None:
 
     acting = build_model(cfg, info, device)
     rnn_state = torch.zeros(slots, model.rnn_state_size)
+    others = []
+    for _ in range(1, args.infer_policies):  # every policy's weights are its own
+        other = build_model(cfg, info, device)
+        source = SharedWeights(other, multiprocessing.get_context("spawn"))
+        source.publish(other, 0)
+        others.append((build_model(cfg, info, device), source))
     worker = PolicyWorker(acting, info.action_space, buffers, rnn_state, device, weights,
-                          precision=learner.precision, cuda_graphs=cfg.policy_cuda_graphs)
+                          precision=learner.precision, others=others,
+                          cuda_graphs=cfg.policy_cuda_graphs)
     envs = tuple(range(args.infer_batch))
-    requests = [InferenceRequest(0, 0, 0, envs, envs, 0, 0)]
+    policies = tuple(i % args.infer_policies for i in envs) if others else ()
+    requests = [InferenceRequest(0, 0, 0, envs, envs, 0, 0, policies)]
 
     def infer() -> None:
         worker.infer(requests)
@@ -125,6 +136,7 @@ def main() -> None:
         "samples_per_batch": n * cfg.rollout,
         "settings": {"env": args.env, "device": str(device), "precision": learner.precision,
                      "threads": args.threads, "infer_batch": args.infer_batch,
+                     "infer_policies": args.infer_policies,
                      "policy_cuda_graphs": cfg.policy_cuda_graphs,
                      "use_rnn": cfg.use_rnn, "rnn_type": cfg.rnn_type,
                      "advantages": cfg.advantages, "batch_size": cfg.batch_size,
