@@ -7,6 +7,7 @@ worker with graphs writes what the eager one writes, follows new weights, and sa
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 
 import numpy as np
@@ -131,10 +132,9 @@ def _workers(precision: str, deterministic: bool, envs: int = 24, device: str = 
                               deterministic=deterministic, precision=precision,
                               cuda_graphs=graphs)
         if graphs and device == "cpu":
-            act = worker._act_eager
-            worker._graphed = [GraphedActor(
-                lambda obs, h, act=act: act(0, obs, h, None), torch.device("cpu"), envs,
-                capture=_EagerCapture(lambda obs, h, act=act: act(0, obs, h, None)))]
+            step = functools.partial(worker._act_eager, 0, e_idx=None)  # as the worker wraps it
+            worker._graphed = [GraphedActor(step, torch.device("cpu"), envs,
+                                            capture=_EagerCapture(step))]
         out.append((worker, buffers, rnn))
     return learner_model, shared, out
 
