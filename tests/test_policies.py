@@ -125,6 +125,34 @@ def test_a_new_draw_takes_effect_at_the_next_trajectory_boundary():
     assert by_policy([4, 5, 6], (1, 0, 1)) == {0: (5,), 1: (4, 6)}
 
 
+def test_a_split_draws_together_and_its_agents_meet_other_policies():
+    # 2 splits of 3 envs, 2 agents per env: 12 slots, 4 policies
+    P, A = 4, 2
+    assign = PolicyAssignment(12, num_policies=P, seed=3, num_splits=2, agents=A)
+    counts = np.zeros((12, P), dtype=np.int64)
+    for _ in range(2000):
+        policies = assign.current.reshape(2, 3, A)  # [split, env, agent]
+        assert (policies == policies[:, :1, :]).all()  # every env of a split alike
+        assert len({int(k) for k in policies[:, 0, :].ravel()}) == 2 * A  # a permutation
+        counts[np.arange(12), assign.current] += 1
+        for j in range(12):
+            assign.episode_ended(j)
+        assign.begin(list(range(12)), list(range(12)), np.zeros((12, RNN), np.float32))
+    # every slot acted by every policy about equally often (expected 500 each)
+    assert counts.min() > 420 and counts.max() < 580, counts
+
+
+def test_slots_whose_episodes_drift_apart_still_draw_uniformly():
+    assign = PolicyAssignment(4, num_policies=3, seed=5, num_splits=1)
+    counts = np.zeros((4, 3), dtype=np.int64)
+    for step in range(6000):
+        j = step % 4 if step % 7 else 0  # slot 0 ends its episodes faster
+        assign.episode_ended(j)
+        counts[j, assign.next[j]] += 1
+    assert (np.abs(counts / counts.sum(1, keepdims=True) - 1 / 3) < 0.05).all(), counts
+    assert len(assign._perms) <= PolicyAssignment._KEEP + 1  # old permutations dropped
+
+
 def test_one_policy_draws_nothing_and_requests_carry_no_policies():
     worker, _, buffers, _ = make_single_worker()
     out = worker.start()

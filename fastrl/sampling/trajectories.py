@@ -4,15 +4,27 @@
 records; :class:`PolicyAssignment` is ``--num_policies``: which policy acts for each of the
 worker's env slots, drawn per episode.
 
+**Which policy a slot draws.** Slots of one split are drawn together: the slots' episode
+numbers index a permutation of the ``P`` policies, drawn once per episode number from the
+worker's seeded generator, and a slot of split ``s`` takes the permutation's entry ``(s *
+A + a) mod P``, where ``a`` is the slot's agent in its env and ``A`` the env's agents. The
+envs of a split usually begin their episodes together (fixed-length matches, fixed-length
+resets), so a split's request is acted by ``A`` policies rather than by up to all ``P``:
+the policy worker runs fewer models on more rows each, which is what several policies
+cost on a few cores. Over episodes every policy acts for every slot with the same
+probability; the agents of one env are acted by different policies where ``A <= P``
+(self-play meets other policies); slots whose episodes drift apart draw from different
+permutations, each one still uniform.
+
 **When a new policy takes over** (``--num_policies P > 1``). Every trajectory is acted by
 one policy, so that it can go whole to that policy's learner. When a slot's episode ends
-(or is cut short by an env fault), the slot draws the policy of its next episode, uniformly
-from the ``P`` policies with the worker's seeded generator. The draw takes effect at the
-slot's next trajectory boundary (:meth:`PolicyAssignment.begin`, when the worker begins
-the split's next trajectories): the steps of the new episode taken before that boundary are
-acted by the previous policy and go, in its trajectory, to the previous policy's learner. A
-slot whose policy changes starts the new policy's trajectory with a zero recurrent state.
-An episode is attributed (``EpisodeStats.policy``) to the policy that acted its last step.
+(or is cut short by an env fault), the slot draws the policy of its next episode (above).
+The draw takes effect at the slot's next trajectory boundary
+(:meth:`PolicyAssignment.begin`, when the worker begins the split's next trajectories):
+the steps of the new episode taken before that boundary are acted by the previous policy
+and go, in its trajectory, to the previous policy's learner. A slot whose policy changes
+starts the new policy's trajectory with a zero recurrent state. An episode is attributed
+(``EpisodeStats.policy``) to the policy that acted its last step.
 """
 
 from __future__ import annotations
@@ -57,25 +69,47 @@ class PolicyAssignment:
     """The policy of each of ``num_slots`` env slots (the worker's local slot indices): the
     one acting now (``current``) and the one drawn for the slot's next episode (``next``),
     which takes over at the slot's next trajectory boundary (the module's docstring).
+    ``num_splits`` consecutive ranges of slots are the worker's splits, ``agents`` slots in
+    a row one env's agents.
 
     With one policy nothing is drawn and every method is a constant."""
 
-    def __init__(self, num_slots: int, num_policies: int = 1, seed=None):
+    _KEEP = 64  # permutations kept behind the newest episode number drawn
+
+    def __init__(self, num_slots: int, num_policies: int = 1, seed=None, num_splits: int = 1,
+                 agents: int = 1):
         if num_policies < 1:
             raise ValueError(f"num_policies={num_policies}: must be >= 1")
         self.num_policies = num_policies
         self._rng = np.random.default_rng(seed)
-        self.current = (self._rng.integers(num_policies, size=num_slots) if num_policies > 1
+        per_split = max(1, num_slots // max(1, num_splits))
+        slot = np.arange(num_slots)
+        # each slot's entry in an episode number's permutation
+        self._entry = ((slot // per_split) * agents + slot % agents) % num_policies
+        self._episode = np.zeros(num_slots, dtype=np.int64)  # each slot's episode number
+        self._perms: dict[int, np.ndarray] = {}
+        self.current = (self._perm(0)[self._entry] if num_policies > 1
                         else np.zeros(num_slots, dtype=np.int64))
         self.next = self.current.copy()
         self.changes = 0  # slots whose policy changed at a trajectory boundary
+
+    def _perm(self, n: int) -> np.ndarray:
+        """The policies' permutation of episode number ``n``, drawn the first time a slot
+        asks for it."""
+        perm = self._perms.get(n)
+        if perm is None:
+            perm = self._perms[n] = self._rng.permutation(self.num_policies)
+            for old in [m for m in self._perms if m < n - self._KEEP]:
+                del self._perms[old]
+        return perm
 
     def episode_ended(self, j: int) -> int:
         """Slot ``j``'s episode ended (or was cut short): draw its next episode's policy;
         return the policy that acted the ended episode's last step."""
         if self.num_policies == 1:
             return 0
-        self.next[j] = self._rng.integers(self.num_policies)
+        self._episode[j] += 1
+        self.next[j] = self._perm(int(self._episode[j]))[self._entry[j]]
         return int(self.current[j])
 
     def begin(self, local: list[int], env_ids: list[int], rnn_state: np.ndarray) -> tuple[int, ...]:
