@@ -142,6 +142,25 @@ def test_a_split_draws_together_and_its_agents_meet_other_policies():
     assert counts.min() > 420 and counts.max() < 580, counts
 
 
+def test_a_split_of_envs_in_step_asks_for_one_policy_per_request():
+    worker, envs, buffers, rnn_state = make_single_worker(num_envs=4, splits=2, rnn=RNN,
+                                                          num_policies=4, policy_seed=1)
+    seen = []
+
+    def recording(call):  # record every request the worker makes
+        def wrapped(*args):
+            out = call(*args)
+            seen.extend(policy_of(req) for req in out.requests)
+            return out
+        return wrapped
+
+    worker.on_actions = recording(worker.on_actions)
+    worker.add_free_buffers = recording(worker.add_free_buffers)
+    completed, episodes = drive_policies(worker, buffers, rnn_state, turns=400)
+    assert len(seen) > 300 and all(len(set(p)) == 1 for p in seen), seen[:5]
+    assert {ep.policy for ep in episodes} == set(range(4))  # yet every policy acts
+
+
 def test_slots_whose_episodes_drift_apart_still_draw_uniformly():
     assign = PolicyAssignment(4, num_policies=3, seed=5, num_splits=1)
     counts = np.zeros((4, 3), dtype=np.int64)
