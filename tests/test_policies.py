@@ -161,6 +161,22 @@ def test_a_split_of_envs_in_step_asks_for_one_policy_per_request():
     assert {ep.policy for ep in episodes} == set(range(4))  # yet every policy acts
 
 
+def test_the_workers_of_a_run_share_the_draws_and_spread_their_splits_over_the_policies():
+    # 2 workers x 2 splits of 2 envs, 4 policies, one seed for the run
+    workers = [PolicyAssignment(4, num_policies=4, seed=11, num_splits=2, first_split=2 * w)
+               for w in range(2)]
+    for _ in range(50):
+        per_split = [int(k) for a in workers for k in a.current[::2]]
+        assert sorted(per_split) == [0, 1, 2, 3]  # each policy acts for one split
+        for a in workers:
+            for j in range(4):
+                a.episode_ended(j)
+            a.begin(list(range(4)), list(range(4)), np.zeros((4, RNN), np.float32))
+    other_run = PolicyAssignment(4, num_policies=4, seed=12, num_splits=2)
+    assert any(PolicyAssignment(4, 4, 11, 2)._perm(n).tolist() != other_run._perm(n).tolist()
+               for n in range(5))
+
+
 def test_slots_whose_episodes_drift_apart_still_draw_uniformly():
     assign = PolicyAssignment(4, num_policies=3, seed=5, num_splits=1)
     counts = np.zeros((4, 3), dtype=np.int64)

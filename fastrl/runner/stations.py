@@ -95,7 +95,7 @@ class RolloutStation:
             decorrelate=cfg.decorrelate_envs_on_one_worker, generation=self.generation,
             epoch=int(w.policy_epoch.value), action_bounds=cfg.action_bounds,
             env_check=cfg.env_check, num_policies=w.num_policies,
-            policy_seed=None if cfg.seed is None else [cfg.seed, self.worker_id, self.generation])
+            policy_seed=w.assign_seed)
         self.envs = self.worker.envs  # the worker replaces faulty envs in this very list
         try:
             self._route(self.worker.start(lambda: w.beat(self.worker_id)))

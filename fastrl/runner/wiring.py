@@ -32,6 +32,7 @@ plain tensors and :class:`~fastrl.transport.queues.LocalQueue` queues, and drive
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -97,6 +98,9 @@ class Wiring:
     # weights themselves); filled in by __post_init__ for one policy.
     learner_queues: list[MessageQueue] = field(default_factory=list)
     policy_weights: list[WeightsSource] = field(default_factory=list)
+    # --num_policies: the seed of the policy draws, which every rollout worker shares
+    # (fastrl.sampling.trajectories.PolicyAssignment): --seed, or drawn once for the run.
+    assign_seed: int = 0
 
     def __post_init__(self):
         if not self.learner_queues:
@@ -216,6 +220,7 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
         learner_port=ports[0], learner_ports=ports,
         learner_queues=learner_queues, policy_weights=policy_weights,
         replay_columns=replay_columns,
+        assign_seed=cfg.seed if cfg.seed is not None else secrets.randbits(63),
     )
 
 

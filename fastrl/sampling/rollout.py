@@ -87,9 +87,8 @@ class RolloutWorker:
         env_check: ``"warn"``: bad env output is a fault like any other; ``"strict"``: it
             raises :class:`~fastrl.errors.EnvOutputError` at once, naming the env.
         num_policies, policy_seed: ``--num_policies``: each slot's policy, drawn per episode
-            from a generator seeded with ``policy_seed``
-            (``fastrl.sampling.trajectories.PolicyAssignment``); a trajectory goes to the
-            learner of the policy that acted it (``TrajectoriesReady.policy``).
+            (``fastrl.sampling.trajectories.PolicyAssignment``, seeded with ``policy_seed``,
+            the same for every worker of a run); a trajectory goes to its policy's learner.
 
     A time limit (``truncated`` without ``terminated``) ends the episode for the learner like
     a termination (``dones``), but the episode's last observation is kept in the slot's
@@ -159,7 +158,8 @@ class RolloutWorker:
         self._versions_np = buffers.policy_versions.numpy()
         self._faults_in_a_row = [0] * len(envs)  # since each env last finished an episode
         self.num_policies, self.policy_seed = num_policies, policy_seed
-        self.assign = PolicyAssignment(len(envs), num_policies, policy_seed, num_splits)
+        self.assign = PolicyAssignment(len(envs), num_policies, policy_seed, num_splits,
+                                       first_split=worker_id * num_splits)
 
     # -- public API ---------------------------------------------------------------------
 

@@ -5,16 +5,19 @@ records; :class:`PolicyAssignment` is ``--num_policies``: which policy acts for 
 worker's env slots, drawn per episode.
 
 **Which policy a slot draws.** Slots of one split are drawn together: the slots' episode
-numbers index a permutation of the ``P`` policies, drawn once per episode number from the
-worker's seeded generator, and a slot of split ``s`` takes the permutation's entry ``(s *
-A + a) mod P``, where ``a`` is the slot's agent in its env and ``A`` the env's agents. The
-envs of a split usually begin their episodes together (fixed-length matches, fixed-length
-resets), so a split's request is acted by ``A`` policies rather than by up to all ``P``:
-the policy worker runs fewer models on more rows each, which is what several policies
-cost on a few cores. Over episodes every policy acts for every slot with the same
-probability; the agents of one env are acted by different policies where ``A <= P``
-(self-play meets other policies); slots whose episodes drift apart draw from different
-permutations, each one still uniform.
+numbers index a permutation of the ``P`` policies, one per episode number, drawn from a seed
+that every rollout worker of the run shares, and a slot of the run's split ``s`` (worker
+``w``'s split ``i`` is ``w * --worker_num_splits + i``) takes the permutation's entry ``(s
+* A + a) mod P``, where ``a`` is the slot's agent in its env and ``A`` the env's agents.
+The envs of a split usually begin their episodes together (fixed-length matches,
+fixed-length resets), so a split's request is acted by ``A`` policies rather than by up to
+all ``P``: the policy worker runs fewer models on more rows each, which is what several
+policies cost on a few cores. While the run's envs are in step, the splits spread over the
+policies as evenly as the permutation allows (with 4 splits and 4 policies, one each);
+over episodes every policy acts for every slot with the same probability; the agents of one
+env are acted by different policies where ``A <= P`` (self-play meets other policies).
+Slots whose episodes drift apart (a restarted worker, episodes of varying length) draw from
+different permutations, each one still uniform.
 
 **When a new policy takes over** (``--num_policies P > 1``). Every trajectory is acted by
 one policy, so that it can go whole to that policy's learner. When a slot's episode ends
@@ -75,17 +78,23 @@ class PolicyAssignment:
     With one policy nothing is drawn and every method is a constant."""
 
     _KEEP = 64  # permutations kept behind the newest episode number drawn
+    _STREAM = 0x9011C7  # keeps the permutations apart from whatever else the seed seeds
 
     def __init__(self, num_slots: int, num_policies: int = 1, seed=None, num_splits: int = 1,
-                 agents: int = 1):
+                 agents: int = 1, first_split: int = 0):
+        """``seed``: an int or a list of ints, the same for every worker of a run (None:
+        random, this worker's own); ``first_split``: the run's index of this worker's first
+        split."""
         if num_policies < 1:
             raise ValueError(f"num_policies={num_policies}: must be >= 1")
         self.num_policies = num_policies
-        self._rng = np.random.default_rng(seed)
+        self._seed = ([np.random.SeedSequence().entropy] if seed is None
+                      else [int(x) for x in np.atleast_1d(seed)])
         per_split = max(1, num_slots // max(1, num_splits))
         slot = np.arange(num_slots)
         # each slot's entry in an episode number's permutation
-        self._entry = ((slot // per_split) * agents + slot % agents) % num_policies
+        split = first_split + slot // per_split
+        self._entry = (split * agents + slot % agents) % num_policies
         self._episode = np.zeros(num_slots, dtype=np.int64)  # each slot's episode number
         self._perms: dict[int, np.ndarray] = {}
         self.current = (self._perm(0)[self._entry] if num_policies > 1
@@ -94,11 +103,11 @@ class PolicyAssignment:
         self.changes = 0  # slots whose policy changed at a trajectory boundary
 
     def _perm(self, n: int) -> np.ndarray:
-        """The policies' permutation of episode number ``n``, drawn the first time a slot
-        asks for it."""
+        """The policies' permutation of episode number ``n`` (the same in every worker)."""
         perm = self._perms.get(n)
         if perm is None:
-            perm = self._perms[n] = self._rng.permutation(self.num_policies)
+            rng = np.random.default_rng([*self._seed, self._STREAM, n])
+            perm = self._perms[n] = rng.permutation(self.num_policies)
             for old in [m for m in self._perms if m < n - self._KEEP]:
                 del self._perms[old]
         return perm
