@@ -49,6 +49,14 @@ def test_every_bad_value_is_reported_at_once():
         assert needle in text
 
 
+@pytest.mark.parametrize("seed", ["-3", str(2**32)])
+def test_a_seed_out_of_range_is_refused_naming_the_range(seed):
+    with pytest.raises(ConfigError) as info:
+        parse_config(["--seed", seed, "--train_dir", "/nonexistent"])
+    assert info.value.errors == [f"--seed={seed}: must be from 0 to 4294967295 (or None: random)"]
+    assert parse_config(["--seed", str(2**32 - 1), "--train_dir", "/nonexistent"]).seed == 2**32 - 1
+
+
 def test_a_choice_from_config_json_is_checked_like_a_flag(tmp_path):
     exp = tmp_path / "x"
     exp.mkdir()

@@ -60,6 +60,8 @@ def _values(cfg: Config) -> list[str]:
 
 def _env(cfg: Config) -> list[str]:
     errors = []
+    if cfg.seed is not None and not 0 <= cfg.seed < 2**32:
+        errors.append(f"--seed={cfg.seed}: must be from 0 to {2**32 - 1} (or None: random)")
     if cfg.reward_scale is not None and not math.isfinite(cfg.reward_scale):
         errors.append(f"--reward_scale={cfg.reward_scale}: must be a finite number")
     if cfg.env_frameskip is not None and cfg.env_frameskip < 1:
