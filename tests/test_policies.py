@@ -128,7 +128,8 @@ def test_a_new_draw_takes_effect_at_the_next_trajectory_boundary():
 def test_a_split_draws_together_and_its_agents_meet_other_policies():
     # 2 splits of 3 envs, 2 agents per env: 12 slots, 4 policies
     P, A = 4, 2
-    assign = PolicyAssignment(12, num_policies=P, seed=3, num_splits=2, agents=A)
+    assign = PolicyAssignment(12, num_policies=P, seed=3, splits=[range(6), range(6, 12)],
+                              agents=A)
     counts = np.zeros((12, P), dtype=np.int64)
     for _ in range(2000):
         policies = assign.current.reshape(2, 3, A)  # [split, env, agent]
@@ -163,7 +164,8 @@ def test_a_split_of_envs_in_step_asks_for_one_policy_per_request():
 
 def test_the_workers_of_a_run_share_the_draws_and_spread_their_splits_over_the_policies():
     # 2 workers x 2 splits of 2 envs, 4 policies, one seed for the run
-    workers = [PolicyAssignment(4, num_policies=4, seed=11, num_splits=2, first_split=2 * w)
+    halves = [[0, 1], [2, 3]]
+    workers = [PolicyAssignment(4, num_policies=4, seed=11, splits=halves, first_split=2 * w)
                for w in range(2)]
     for _ in range(50):
         per_split = [int(k) for a in workers for k in a.current[::2]]
@@ -172,13 +174,13 @@ def test_the_workers_of_a_run_share_the_draws_and_spread_their_splits_over_the_p
             for j in range(4):
                 a.episode_ended(j)
             a.begin(list(range(4)), list(range(4)), np.zeros((4, RNN), np.float32))
-    other_run = PolicyAssignment(4, num_policies=4, seed=12, num_splits=2)
-    assert any(PolicyAssignment(4, 4, 11, 2)._perm(n).tolist() != other_run._perm(n).tolist()
+    other_run = PolicyAssignment(4, num_policies=4, seed=12, splits=halves)
+    assert any(PolicyAssignment(4, 4, 11, halves)._perm(n).tolist() != other_run._perm(n).tolist()
                for n in range(5))
 
 
 def test_slots_whose_episodes_drift_apart_still_draw_uniformly():
-    assign = PolicyAssignment(4, num_policies=3, seed=5, num_splits=1)
+    assign = PolicyAssignment(4, num_policies=3, seed=5)
     counts = np.zeros((4, 3), dtype=np.int64)
     for step in range(6000):
         j = step % 4 if step % 7 else 0  # slot 0 ends its episodes faster

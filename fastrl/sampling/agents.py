@@ -73,7 +73,8 @@ class MultiAgentRolloutWorker(RolloutWorker):
         self._ep_start = self._ep_start.repeat(n)
         self._faults_in_a_row = [0] * slots
         self.assign = PolicyAssignment(slots, self.num_policies, self.policy_seed,  # per agent
-                                       len(self.splits), n, worker_id * len(self.splits))
+                                       [s.local for s in self.splits], n,
+                                       worker_id * len(self.splits))
         self.inactive_steps = 0  # agent steps sat out (written as left-out samples)
 
     def start(self, beat: Callable[[], None] = lambda: None) -> StepOutput:

@@ -158,8 +158,8 @@ class RolloutWorker:
         self._versions_np = buffers.policy_versions.numpy()
         self._faults_in_a_row = [0] * len(envs)  # since each env last finished an episode
         self.num_policies, self.policy_seed = num_policies, policy_seed
-        self.assign = PolicyAssignment(len(envs), num_policies, policy_seed, num_splits,
-                                       first_split=worker_id * num_splits)
+        self.assign = PolicyAssignment(len(envs), num_policies, policy_seed,
+                                       [s.local for s in self.splits], 1, worker_id * num_splits)
 
     # -- public API ---------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ starts the new policy's trajectory with a zero recurrent state. An episode is at
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -72,16 +73,16 @@ class PolicyAssignment:
     """The policy of each of ``num_slots`` env slots (the worker's local slot indices): the
     one acting now (``current``) and the one drawn for the slot's next episode (``next``),
     which takes over at the slot's next trajectory boundary (the module's docstring).
-    ``num_splits`` consecutive ranges of slots are the worker's splits, ``agents`` slots in
-    a row one env's agents.
+    ``splits``: the slots of each of the worker's splits (``Split.local``; default: one split
+    of every slot); ``agents`` slots in a row are one env's agents.
 
     With one policy nothing is drawn and every method is a constant."""
 
     _KEEP = 64  # permutations kept behind the newest episode number drawn
     _STREAM = 0x9011C7  # keeps the permutations apart from whatever else the seed seeds
 
-    def __init__(self, num_slots: int, num_policies: int = 1, seed=None, num_splits: int = 1,
-                 agents: int = 1, first_split: int = 0):
+    def __init__(self, num_slots: int, num_policies: int = 1, seed=None,
+                 splits: Sequence[Sequence[int]] = (), agents: int = 1, first_split: int = 0):
         """``seed``: an int or a list of ints, the same for every worker of a run (None:
         random, this worker's own); ``first_split``: the run's index of this worker's first
         split."""
@@ -90,11 +91,11 @@ class PolicyAssignment:
         self.num_policies = num_policies
         self._seed = ([np.random.SeedSequence().entropy] if seed is None
                       else [int(x) for x in np.atleast_1d(seed)])
-        per_split = max(1, num_slots // max(1, num_splits))
-        slot = np.arange(num_slots)
+        split = np.full(num_slots, first_split, dtype=np.int64)  # each slot's, in the run
+        for i, local in enumerate(splits):
+            split[list(local)] += i
         # each slot's entry in an episode number's permutation
-        split = first_split + slot // per_split
-        self._entry = (split * agents + slot % agents) % num_policies
+        self._entry = (split * agents + np.arange(num_slots) % agents) % num_policies
         self._episode = np.zeros(num_slots, dtype=np.int64)  # each slot's episode number
         self._perms: dict[int, np.ndarray] = {}
         self.current = (self._perm(0)[self._entry] if num_policies > 1
