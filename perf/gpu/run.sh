@@ -10,7 +10,12 @@
 #   bash perf/gpu/run.sh infer    one inference call alone (perf/hot_path.py) by batch size,
 #                                 and training with 1 policy worker against run.sh train's 2
 #   bash perf/gpu/run.sh graphs   --policy_cuda_graphs: its tests, inference and training
-#                                 against the eager acting step
+#                                 against the eager acting step (the three parts alone:
+#                                 graphs-train, graphs-infer, graphs-test)
+#   bash perf/gpu/run.sh sf       Sample Factory 2.1.1 training doom_basic on this machine with
+#                                 run.sh train's settings (needs .sfsite, perf/gpu/sf_site.sh)
+#   bash perf/gpu/run.sh bundle   pack everything under $OUT into one all.tgz (the device
+#                                 tool brings back at most 8 files)
 #
 # Results land in $OUT (the device tool brings that folder back), one JSON per run and a
 # log per stage. The image's python3 (itself a venv) holds CUDA torch; the carried wheels go
@@ -95,32 +100,64 @@ infer)
             > "$OUT/train_fps_fp32_${pw}pw.json"
     done
     ;;
-graphs)
+graphs|graphs-test|graphs-infer|graphs-train)
     # --policy_cuda_graphs: its CUDA tests, then one inference call and training with 1 and
     # 2 policy workers against the eager acting step, side by side in one call.
-    "$PY" -m pytest -q -rs -p no:cacheprovider -k "graphed" tests/test_graphed.py \
-        tests/test_cuda.py 2>&1 | tee "$log" || true
-    for batch in 56 112 224; do
-        for graphs in False True; do
-            prof=()
-            [ "$batch" = 112 ] && [ "$graphs" = True ] \
-                && prof=(--profile "$OUT/infer_profile_${batch}_graphs.txt")
-            "$PY" perf/hot_path.py --env doom_basic --device cuda --repeats 40 \
-                --infer_batch "$batch" --precision fp32 --policy_cuda_graphs "$graphs" \
-                "${prof[@]}" 2>&1 | tee -a "$log" | tail -1 \
-                > "$OUT/hot_path_${batch}_graphs_${graphs}.json"
+    if [ "$stage" = graphs ] || [ "$stage" = graphs-train ]; then
+        for run in "1 False" "1 True" "2 False" "2 True"; do
+            set -- $run
+            "$PY" perf/train_fps.py --env doom_basic --device cuda --precision fp32 \
+                --num_workers $((CORES - 2)) --num_envs_per_worker 8 --num_policy_workers "$1" \
+                --policy_cuda_graphs "$2" --seconds "$SECONDS_MEASURED" --warmup 20 2>&1 \
+                | tee -a "$log" | tail -1 > "$OUT/train_fps_fp32_${1}pw_graphs_${2}.json"
         done
-    done
-    for run in "1 False" "1 True" "2 False" "2 True"; do
-        set -- $run
-        "$PY" perf/train_fps.py --env doom_basic --device cuda --precision fp32 \
-            --num_workers $((CORES - 2)) --num_envs_per_worker 8 --num_policy_workers "$1" \
-            --policy_cuda_graphs "$2" --seconds "$SECONDS_MEASURED" --warmup 20 2>&1 \
-            | tee -a "$log" | tail -1 > "$OUT/train_fps_fp32_${1}pw_graphs_${2}.json"
-    done
+    fi
+    if [ "$stage" = graphs ] || [ "$stage" = graphs-infer ]; then
+        for batch in ${BATCHES:-56 112 224}; do
+            for graphs in False True; do
+                prof=()
+                [ "$batch" = 112 ] && [ "$graphs" = True ] \
+                    && prof=(--profile "$OUT/infer_profile_${batch}_graphs.txt")
+                "$PY" perf/hot_path.py --env doom_basic --device cuda --repeats 40 \
+                    --infer_batch "$batch" --precision fp32 --policy_cuda_graphs "$graphs" \
+                    "${prof[@]}" 2>&1 | tee -a "$log" | tail -1 \
+                    > "$OUT/hot_path_${batch}_graphs_${graphs}.json"
+            done
+        done
+    fi
+    if [ "$stage" = graphs ] || [ "$stage" = graphs-test ]; then
+        "$PY" -m pytest -q -rs -p no:cacheprovider -k "graphed" tests/test_graphed.py \
+            tests/test_cuda.py 2>&1 | tee -a "$log" || true
+    fi
+    ;;
+sf)
+    # Sample Factory 2.1.1 (pins numpy<2, gymnasium<1) from .sfsite: its packages unpacked
+    # (perf/gpu/sf_site.sh) and a numpy 1.26 wheel installed here. Settings as run.sh train's:
+    # CORES - 2 workers x 8 envs, 2 splits, batches of 1,024, rollout 32, its other defaults
+    # (one policy worker). Its --train_for_seconds does not stop it: SIGINT does. Its FPS
+    # counts frames with frameskip 4, as ours does; the "60 sec" figure is read at the end.
+    NP=/tmp/fastrl-sf-numpy
+    [ -d "$NP/numpy" ] || "$PY" -m pip install --quiet --no-index --no-deps --no-compile \
+        --target "$NP" .sfsite/numpy-*.whl
+    rm -rf /tmp/fastrl-sf
+    PYTHONPATH="$NP:$PWD/.sfsite/site:$SITE" timeout -s INT -k 20 "${SF_SECONDS:-100}" \
+        "$PY" -m sf_examples.vizdoom.train_vizdoom --env=doom_basic --experiment=sf \
+        --train_dir=/tmp/fastrl-sf --device=gpu --seed=1 --num_workers=$((CORES - 2)) \
+        --num_envs_per_worker=8 --worker_num_splits=2 --batch_size=1024 --rollout=32 \
+        --policy_workers_per_policy="${SF_POLICY_WORKERS:-1}" > "$log" 2>&1 || true
+    # Its VizDoom engines outlive a SIGINT (shared/SF_BASELINE.md): end them before the next
+    # stage, whose runs they would slow.
+    sleep 5; pkill -9 -f 'vizdoom' || true; sleep 1
+    grep -E "Fps is" "$log" | tail -3 || true
+    grep -E "Error|Traceback" "$log" | head -5 || true
+    ;;
+bundle)
+    (cd "$OUT" && tar czf /tmp/fastrl-all.tgz --exclude all.tgz . && rm -rf ./* \
+        && mv /tmp/fastrl-all.tgz all.tgz && ls -l)
     ;;
 *)
-    echo "unknown stage '$stage': check, resume, envs, sample, train, infer or graphs" >&2
+    echo "unknown stage '$stage': check, resume, envs, sample, train, infer, graphs," \
+        "graphs-train, graphs-infer, graphs-test, sf or bundle" >&2
     exit 2
     ;;
 esac
