@@ -80,8 +80,8 @@ class Config:
     max_policy_lag: int = _f(100, "Samples acted by weights more than this many versions old are "
                              "masked out of the loss", "sampling")
     policy_threads: int = _f(1, "Torch threads of each policy worker process", "sampling")
-    policy_cuda_graphs: bool = _f(False, "On CUDA, the policy workers replay their acting step "
-                                  "from CUDA graphs (not with --algo apex/r2d2)", "sampling")
+    policy_cuda_graphs: bool = _f(True, "On CUDA, the policy workers replay their acting step "
+                                  "from CUDA graphs (not apex/r2d2; False: eager)", "sampling")
     learner_threads: int = _f(1, "Torch threads of the learner process (in serial mode: of the "
                               "one process)", "sampling")
     num_learners: int = _f(1, "Learner processes training as one torch.distributed group "

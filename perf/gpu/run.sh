@@ -147,7 +147,7 @@ sf)
         --policy_workers_per_policy="${SF_POLICY_WORKERS:-1}" > "$log" 2>&1 || true
     # Its VizDoom engines outlive a SIGINT (shared/SF_BASELINE.md): end them before the next
     # stage, whose runs they would slow.
-    sleep 5; pkill -9 -f 'vizdoom' || true; sleep 1
+    sleep 5; pkill -9 -x vizdoom || true; sleep 1
     grep -E "Fps is" "$log" | tail -3 || true
     grep -E "Error|Traceback" "$log" | head -5 || true
     ;;
