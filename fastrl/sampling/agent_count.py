@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+INACTIVE = "inactive"  # infos[a][INACTIVE] = True: agent a has no step this time
+FINAL_OBS = "final_obs"  # infos[a][FINAL_OBS]: agent a's last observation at a time limit
+
 
 def is_multi_agent(env: Any) -> bool:
     """Whether ``env`` follows the multi-agent contract (an int ``num_agents``)."""

@@ -41,14 +41,16 @@ import gymnasium as gym
 
 from fastrl.errors import EnvOutputError
 from fastrl.policy.obs import random_legal_action
-from fastrl.sampling.agent_count import is_multi_agent, num_agents  # noqa: F401 - the contract, here too
+from fastrl.sampling.agent_count import (  # noqa: F401 - the contract, here too
+    FINAL_OBS,
+    INACTIVE,
+    is_multi_agent,
+    num_agents,
+)
 from fastrl.sampling.buffers import INVALID_VERSION
 from fastrl.sampling.env_faults import check_reward, write_reward_terms
 from fastrl.sampling.rollout import ENV_FAULTS_IN_A_ROW, RolloutWorker
 from fastrl.sampling.trajectories import PolicyAssignment, Split, StepOutput
-
-INACTIVE = "inactive"  # infos[a][INACTIVE] = True: agent a has no step this time
-FINAL_OBS = "final_obs"  # infos[a][FINAL_OBS]: agent a's last observation at a time limit
 
 
 class MultiAgentRolloutWorker(RolloutWorker):

@@ -1,6 +1,6 @@
 """Envs as the config asks for them: options, observations in the form the model takes
-(``ObsAdapter``), frame stacking, reward scale, and the spaces (``EnvInfo``) that size the
-model and the shared buffers."""
+(``ObsAdapter``; a multi-agent env's agent by agent: ``AgentsObsAdapter``), frame stacking,
+reward scale, and the spaces (``EnvInfo``) that size the model and the shared buffers."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from fastrl.env_registry import import_env_packages, make_env, recommended_setti
 from fastrl.errors import EnvSettingsError
 from fastrl.policy.obs import as_dict_space
 from fastrl.policy.spaces import ObsPlan
-from fastrl.sampling.agent_count import is_multi_agent, num_agents
+from fastrl.sampling.agent_count import FINAL_OBS, is_multi_agent, num_agents
 from fastrl.transport.signals import held
 
 
@@ -58,6 +58,33 @@ class ObsAdapter(gym.ObservationWrapper):
         return self.plan.convert(observation)
 
 
+class AgentsObsAdapter(ObsAdapter):
+    """:class:`ObsAdapter` for a multi-agent env (fastrl/sampling/agents.py): ``plan`` is one
+    agent's, and each agent's observation, and its ``info["final_obs"]``, is converted on its
+    own. The env's own attributes stay visible: ``num_agents`` and whatever else an env family
+    tells of its agents (gymnasium's wrappers no longer pass attributes on)."""
+
+    def __getattr__(self, name: str):
+        env = self.__dict__.get("env")  # (None while unpickling: no recursion)
+        if env is None or name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(env, name)
+
+    def observation(self, observation):
+        return [self.plan.convert(o) for o in observation]
+
+    def step(self, action):
+        obs, rewards, terminated, truncated, infos = super().step(action)
+        if isinstance(infos, (list, tuple)):  # (anything else is the worker's to report)
+            infos = [self._final_obs(info) for info in infos]
+        return obs, rewards, terminated, truncated, infos
+
+    def _final_obs(self, info):
+        if not isinstance(info, dict) or info.get(FINAL_OBS) is None:
+            return info
+        return {**info, FINAL_OBS: self.plan.convert(info[FINAL_OBS])}
+
+
 def obs_plan(cfg: Config, space: spaces.Space) -> ObsPlan:
     """How ``space`` becomes the model's observation (``--env_obs_layout``, ``--obs_keys``);
     a space that cannot be encoded is an ``EnvSettingsError`` naming it."""
@@ -77,7 +104,7 @@ def create_env(cfg: Config, **extra) -> gym.Env:
         env = make_env(cfg.env, **env_options(cfg), **extra)
     plan = obs_plan(cfg, env.observation_space)
     if not plan.identity:  # an env the model takes as it is keeps exactly its own path
-        env = ObsAdapter(env, plan)
+        env = (AgentsObsAdapter if is_multi_agent(env) else ObsAdapter)(env, plan)
     if cfg.env_framestack > 1:
         if is_multi_agent(env):
             env.close()
