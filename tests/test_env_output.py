@@ -13,8 +13,14 @@ import torch
 from fastrl.errors import EnvOutputError
 from fastrl.runner.fault_log import FaultLog
 from fastrl.sampling.buffers import INVALID_VERSION
-from fastrl.sampling.env_faults import EnvBroken, EnvFault, ObsCheck, check_reward
-from fastrl.sampling.rollout import ENV_FAULTS_IN_A_ROW
+from fastrl.sampling.env_faults import (
+    ENV_FAULTS_IN_A_ROW,
+    ENV_GOOD_STEPS,
+    EnvBroken,
+    EnvFault,
+    ObsCheck,
+    check_reward,
+)
 from fastrl.transport.messages import ENV_FAULT_KINDS
 from tests.counting_env import MisbehavingCountingEnv
 from tests.test_rollout import T, fake_policy, make_worker
@@ -166,9 +172,9 @@ def test_env_whose_every_episode_faults_stops_the_worker_with_the_cause():
     worker, envs, buffers, _ = misbehaving_worker(
         "none_reward", every=1,
         env_factory=lambda: MisbehavingCountingEnv(bad="none_reward", every=1))
-    with pytest.raises(EnvBroken, match=f"env 0 faulted {ENV_FAULTS_IN_A_ROW} times in a row "
-                       "without finishing an episode; the last fault: step returned the reward "
-                       r"None \(NoneType\)"):
+    with pytest.raises(EnvBroken, match=f"env 0 faulted {ENV_FAULTS_IN_A_ROW} times in a row, "
+                       f"each after fewer than {ENV_GOOD_STEPS} good steps; the last fault: step "
+                       r"returned the reward None \(NoneType\)"):
         Run(worker, buffers, steps=4 * ENV_FAULTS_IN_A_ROW)
 
 

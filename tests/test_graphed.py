@@ -7,7 +7,6 @@ worker with graphs writes what the eager one writes, follows new weights, and sa
 
 from __future__ import annotations
 
-import functools
 import multiprocessing
 
 import numpy as np
@@ -23,6 +22,8 @@ from fastrl.sampling.graphed import GraphedActor, buckets
 from fastrl.sampling.inference import PolicyWorker
 from fastrl.sampling.weights import SharedWeights
 from fastrl.transport.messages import InferenceRequest
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 def test_buckets_are_powers_of_two_up_to_the_first_that_holds_max_rows():
@@ -101,9 +102,64 @@ def test_a_failed_capture_is_logged_once_and_acting_goes_on_eagerly(capsys):
     assert actor.failed and actor.captured == ()
 
 
+def test_static_inputs_begin_at_the_fill_and_padding_rows_keep_it():
+    seen = []
+
+    def step(obs, h):
+        seen.append(obs["pos"].clone())
+        return (obs["pos"].float(), h)
+
+    actor = GraphedActor(step, torch.device("cpu"), max_rows=8, capture=_EagerCapture(step),
+                         fill={"pos": np.array(3)})
+    got = actor({"pos": torch.tensor([5, 6], dtype=torch.int16)}, torch.zeros(2, 1))
+    assert seen[0].tolist() == [3] * 8, "warmed up and captured on the fill"
+    assert seen[-1].tolist() == [5, 6] + [3] * 6 and got[0].tolist() == [5.0, 6.0]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_graphs_warm_up_on_observations_of_the_space_not_on_zeros(device):
+    # A Discrete observation from 3 (and a MultiDiscrete one from 1): an all-zero input is
+    # out of range, an index error in the one-hot (a device-side assert on CUDA). The capture
+    # used to fail on it (then the worker acted eagerly); a padding row of zeros would fail
+    # in every replay.
+    space = spaces.Dict({"pos": spaces.Discrete(5, start=3),
+                         "cell": spaces.MultiDiscrete([2, 3], start=[1, 1]),
+                         "v": spaces.Box(-1, 1, (2,), np.float32)})
+    cfg = Config(rnn_size=16, encoder_mlp_layers=[16], encoder_fc_size=16, device=device)
+    torch.manual_seed(0)
+    model = ActorCritic(space, ACTIONS, cfg).to(device)
+    shared = SharedWeights(model, multiprocessing.get_context("spawn"))
+    shared.publish(model, 0)
+    layout = BufferLayout.from_spaces(space, ACTIONS, num_buffers=12, rollout=2,
+                                      rnn_size=model.rnn_state_size)
+    gen = torch.Generator().manual_seed(2)
+    workers = []
+    for graphs in (False, True):
+        buffers = TrajectoryBuffers(layout)
+        buffers.obs["pos"].copy_(torch.randint(3, 8, buffers.obs["pos"].shape, generator=gen))
+        buffers.obs["cell"].copy_(torch.randint(1, 3, buffers.obs["cell"].shape, generator=gen))
+        buffers.obs["v"].uniform_(-1, 1, generator=gen)
+        if workers:  # the same observations for both
+            for key, values in workers[0][1].obs.items():
+                buffers.obs[key].copy_(values)
+        worker = PolicyWorker(ActorCritic(space, ACTIONS, cfg).to(device), ACTIONS, buffers,
+                              torch.zeros(12, model.rnn_state_size), torch.device(device),
+                              shared, deterministic=True, cuda_graphs=graphs)
+        if graphs and device == "cpu":
+            worker._graphed = worker.graphed_actors(capture=_EagerCapture)
+        workers.append((worker, buffers))
+    for t, n in enumerate((5, 12)):  # buckets 8 and 16, each with padding rows
+        for worker, _ in workers:
+            worker.infer(_request(n, t))
+        (_, eager), (graphed, buffers) = workers
+        assert torch.equal(buffers.actions[:n, t], eager.actions[:n, t])
+        torch.testing.assert_close(buffers.values[:n, t], eager.values[:n, t], atol=2e-3,
+                                   rtol=2e-2)  # (cuDNN's choices differ by batch size)
+    assert graphed._graphed[0].failed is None and graphed._graphed[0].captured == (8, 16)
+
+
 # --- on a CUDA device ----------------------------------------------------------------------
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 PIXELS = spaces.Box(0, 255, (3, 36, 48), np.uint8)
 ACTIONS = spaces.MultiDiscrete([3, 2])
 
@@ -132,9 +188,7 @@ def _workers(precision: str, deterministic: bool, envs: int = 24, device: str = 
                               deterministic=deterministic, precision=precision,
                               cuda_graphs=graphs)
         if graphs and device == "cpu":
-            step = functools.partial(worker._act_eager, 0, e_idx=None)  # as the worker wraps it
-            worker._graphed = [GraphedActor(step, torch.device("cpu"), envs,
-                                            capture=_EagerCapture(step))]
+            worker._graphed = worker.graphed_actors(capture=_EagerCapture)
         out.append((worker, buffers, rnn))
     return learner_model, shared, out
 

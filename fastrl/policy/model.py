@@ -74,6 +74,7 @@ class ActorCritic(nn.Module):
         super().__init__()
         make_nonlinearity(cfg.nonlinearity)  # fail early, before building anything
         obs_space = as_dict_space(obs_space)
+        self.obs_space = obs_space
         self.action_space = action_space
         self.action_spec = ActionSpec(action_space, str(getattr(cfg, "action_bounds", "clip")))
         spec = self.action_spec

@@ -12,8 +12,8 @@ import numpy as np
 from gymnasium import spaces
 
 __all__ = [
-    "ACTION_MASK_KEY", "as_dict_space", "flat_action_mask", "has_action_mask", "mask_logits",
-    "obs_to_dict", "random_legal_action",
+    "ACTION_MASK_KEY", "as_dict_space", "flat_action_mask", "has_action_mask", "integer_range",
+    "lowest_obs", "mask_logits", "obs_to_dict", "random_legal_action",
 ]
 
 # An observation key under this name is not encoded: it is the env's legal-action mask, a Box
@@ -78,3 +78,30 @@ def random_legal_action(action_space: spaces.Space, obs: Any) -> Any:
         return action_space.sample(mask=legal) if legal.any() else action_space.sample()
     heads = np.split(legal, np.cumsum(action_space.nvec)[:-1])
     return action_space.sample(mask=tuple(h if h.any() else np.ones_like(h) for h in heads))
+
+
+def integer_range(space: spaces.Space) -> tuple[np.ndarray, np.ndarray] | None:
+    """The lowest and highest value a ``Discrete`` (0-d arrays) or ``MultiDiscrete`` (arrays
+    of its shape) space holds; None for a space of any other kind."""
+    if isinstance(space, spaces.Discrete):
+        return np.asarray(space.start), np.asarray(space.start + space.n - 1)
+    if isinstance(space, spaces.MultiDiscrete):
+        return np.asarray(space.start), np.asarray(space.start + space.nvec - 1)
+    return None
+
+
+def lowest_obs(space: spaces.Dict) -> dict[str, np.ndarray]:
+    """An observation every key's space holds, at its low end: a ``Discrete`` or
+    ``MultiDiscrete`` key at its first value (``start``), a ``Box`` key at the value nearest
+    0 within its bounds, a ``MultiBinary`` key at 0 (what a CUDA graph warms up on: an
+    all-zero input is out of range for a ``Discrete`` space with ``start > 0``)."""
+    out = {}
+    for key, sub in space.spaces.items():
+        bounds = integer_range(sub)
+        if bounds is not None:
+            out[key] = bounds[0]
+        elif isinstance(sub, spaces.Box):
+            out[key] = np.clip(np.zeros(sub.shape), sub.low, sub.high).astype(sub.dtype)
+        else:
+            out[key] = np.zeros(sub.shape, np.uint8)
+    return out

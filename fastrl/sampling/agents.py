@@ -30,7 +30,8 @@ slot). A split holds whole envs, so all agents of an env step together. Everythi
 rollout worker (policy workers, learner, nodes) sees slots only and does not know agents exist.
 
 An env that faults (raises, times out or returns bad output) loses every agent's unfinished
-episode, as a single-agent env loses its one, and is recreated.
+episode, as a single-agent env loses its one, and is recreated. Every agent's output of a
+step (its ``final_obs`` included) is checked before any agent's step is recorded.
 """
 
 from __future__ import annotations
@@ -48,10 +49,13 @@ from fastrl.sampling.agent_count import (  # noqa: F401 - the contract, here too
     num_agents,
 )
 from fastrl.sampling.buffers import INVALID_VERSION
-from fastrl.sampling.env_faults import check_reward, write_reward_terms
-from fastrl.sampling.rollout import ENV_FAULTS_IN_A_ROW, RolloutWorker
+from fastrl.sampling.env_faults import brief, check_step, write_reward_terms
+from fastrl.sampling.rollout import RolloutWorker
 from fastrl.sampling.trajectories import PolicyAssignment, Split, StepOutput
 
+# What step returns, each a sequence of one item per agent, and the kind of fault when it is not
+_STEP_ITEMS = (("observations", "obs_shape"), ("rewards", "reward"), ("terminated", "flags"),
+               ("truncated", "flags"), ("infos", "info"))
 
 class MultiAgentRolloutWorker(RolloutWorker):
     """A :class:`RolloutWorker` for multi-agent envs (see the module's docstring): the same
@@ -108,49 +112,56 @@ class MultiAgentRolloutWorker(RolloutWorker):
         """Env ``i`` (its agents: global slots ``e0...``, filling slots ``bufs``) takes step
         ``t``; record each agent's step and return each agent's next observation."""
         n = self.num_agents
-        try:
+        try:  # every agent's output is checked before any is written: none is half-recorded
             obs, rewards, terminated, truncated, infos = self._timer.call(self.envs[i].step,
                                                                           actions)
             self._check_lengths(obs, rewards, terminated, truncated, infos)
             obs = [self._check_obs(o) for o in obs]
-            rewards = [check_reward(r) for r in rewards]
+            steps = [check_step(*item) for item in zip(rewards, terminated, truncated, infos)]
+            finals = [self._final_obs(*step) for step in steps]
             if self._terms_np is not None:  # (fastrl/algo/shaping.py)
-                for b, info in zip(bufs, infos, strict=True):
-                    write_reward_terms(self._terms_np[b, t], info.get("reward_terms"))
+                for b, step in zip(bufs, steps, strict=True):
+                    write_reward_terms(self._terms_np[b, t], step[3].get("reward_terms"))
         except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
             return self._cut_env_episode(i, bufs, t, exc, out)
+        self._good_steps[i] += 1
         clip = self.reward_clip
-        for a in range(n):
-            j, b, info = i * n + a, bufs[a], infos[a]
+        for a, (reward, term, trunc, info) in enumerate(steps):
+            j, b = i * n + a, bufs[a]
             if info.get(INACTIVE):
                 self._sit_out(j, e0 + a, b, t)
                 continue
-            self._rewards_np[b, t] = max(-clip, min(clip, rewards[a] * self.reward_scale))
-            self._ep_return[j] += rewards[a]
+            self._rewards_np[b, t] = max(-clip, min(clip, reward * self.reward_scale))
+            self._ep_return[j] += reward
             self._ep_len[j] += 1
-            done = bool(terminated[a] or truncated[a])
+            done = term or trunc
             self._dones_np[b, t] = done
             if done:
-                time_limit = bool(truncated[a] and not terminated[a])
-                final = info.get(FINAL_OBS) if time_limit else None
-                if final is not None:
-                    final = self._check_obs(final, "step (final_obs)")
-                elif time_limit:  # no last observation to bootstrap from: a plain end
+                if trunc and not term and finals[a] is None:  # nothing to bootstrap from
                     self.truncations_not_bootstrapped += 1
-                    time_limit = False
-                self._end_episode(j, e0 + a, b, t, final, time_limit, info, out)
+                self._end_episode(j, e0 + a, b, t, finals[a], finals[a] is not None, info, out)
                 self._start_agent_episode(j, e0 + a, t + 1)
         return obs
 
+    def _final_obs(self, reward: float, terminated: bool, truncated: bool,
+                   info: dict) -> dict | None:
+        """An agent's last observation at a time limit, checked; None without one (then the
+        time limit is a plain end of its episode)."""
+        final = info.get(FINAL_OBS) if truncated and not terminated else None
+        return None if final is None else self._check_obs(final, "step (final_obs)")
+
     def _check_lengths(self, *items) -> None:
         n = self.num_agents
-        for name, item in zip(("observations", "rewards", "terminated", "truncated", "infos"),
-                              items):
-            if len(item) != n:
-                raise EnvOutputError(f"step returned {len(item)} {name}, expected one per agent "
-                                     f"(num_agents={n})", "obs_shape")
-        if not all(isinstance(info, dict) for info in items[4]):
-            raise EnvOutputError("step returned infos that are not one dict per agent", "obs_shape")
+        for (name, kind), item in zip(_STEP_ITEMS, items, strict=True):
+            try:
+                count = len(item)
+            except TypeError:
+                raise EnvOutputError(f"step returned the {name} as {brief(item)} "
+                                     f"({type(item).__name__}), expected a sequence of one per "
+                                     f"agent (num_agents={n})", kind) from None
+            if count != n:
+                raise EnvOutputError(f"step returned {count} {name}, expected one per agent "
+                                     f"(num_agents={n})", kind)
 
     def _sit_out(self, j: int, e: int, b: int, t: int) -> None:
         """Slot ``j`` (global ``e``) has no step ``t``: a done step the learner leaves out."""
@@ -218,11 +229,5 @@ class MultiAgentRolloutWorker(RolloutWorker):
         except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
             return self._replace_env(i, exc, out)
 
-    def _faulted_too_often(self, i: int) -> bool:
-        """A fault of env ``i`` counts against each of its agents; the env is broken when
-        ``ENV_FAULTS_IN_A_ROW`` faults came with no agent finishing an episode."""
-        n = self.num_agents
-        counts = self._faults_in_a_row
-        for j in range(i * n, (i + 1) * n):
-            counts[j] += 1
-        return min(counts[i * n:(i + 1) * n]) >= ENV_FAULTS_IN_A_ROW
+    def _slots_of(self, i: int) -> range:  # a fault of env i counts against each agent
+        return range(i * self.num_agents, (i + 1) * self.num_agents)

@@ -17,13 +17,20 @@ first time a call needs it. Weights change in place (``SharedWeights.load_into``
 newest loaded weights; random draws advance on every replay (PyTorch registers the CUDA
 generator with the graph).
 
+The static inputs begin at a valid observation (``fill``: each key at the low end of its
+space, ``fastrl.policy.obs.lowest_obs``), not at zeros: the step is warmed up and captured
+on them, and the rows a smaller batch leaves unused keep them. Zero is out of range for a
+``Discrete`` observation that starts above 0, and a one-hot of an out-of-range index is a
+device-side assert on CUDA.
+
 A step that cannot be captured (a model that reads the device from the host, say) fails at
 capture: the actor logs that once, with the cause, and acts eagerly from then on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -70,11 +77,14 @@ class GraphedActor:
         name: what the one log line on a failed capture calls this actor.
         capture: where graphs come from; ``torch.cuda.CUDAGraph`` by default (tests hand in
             an eager stand-in to check the bucketing on a CPU).
+        fill: observation key -> one valid row (an array or tensor that broadcasts to it),
+            where every static input row begins; a key without one begins at zero.
     """
 
     def __init__(self, fn: ActFn, device: torch.device, max_rows: int, name: str = "policy",
-                 capture: Callable | None = None):
+                 capture: Callable | None = None, fill: Mapping[str, Any] | None = None):
         self.fn = fn
+        self.fill = dict(fill or {})
         self.device = torch.device(device)
         self.buckets = buckets(max_rows)
         self.name = name
@@ -102,6 +112,9 @@ class GraphedActor:
     def _capture(self, size: int, obs: dict[str, torch.Tensor], h: torch.Tensor
                  ) -> _Replay | None:
         static_obs = {key: rows.new_zeros((size, *rows.shape[1:])) for key, rows in obs.items()}
+        for key, rows in static_obs.items():
+            if key in self.fill:
+                rows.copy_(torch.as_tensor(self.fill[key]))  # broadcast to every row
         static_h = h.new_zeros((size, *h.shape[1:]))
         try:
             graph, outputs = self._capture_fn(static_obs, static_h)

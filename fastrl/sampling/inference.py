@@ -19,6 +19,7 @@ from fastrl.policy.distributions import ActionDistribution
 from fastrl.policy.dueling import chosen_q, dueling_heads, greedy_q
 from fastrl.policy.lowp import lowp_encoders, refresh
 from fastrl.policy.model import ActorCritic
+from fastrl.policy.obs import lowest_obs
 from fastrl.sampling.buffers import TrajectoryBuffers
 from fastrl.sampling.graphed import GraphedActor
 from fastrl.sampling.staging import Staging
@@ -79,10 +80,20 @@ class PolicyWorker:
         self._steps = buffers.layout.rollout + 1  # observation rows per slot
         self._graphed = None
         if cuda_graphs and self.device.type == "cuda" and epsilons is None:
-            self._graphed = [
-                GraphedActor(functools.partial(self._act_eager, k, e_idx=None), self.device,
-                             max_rows=rnn_state.shape[0], name=f"policy {k} acting")
-                for k in range(len(self.models))]
+            self._graphed = self.graphed_actors()
+
+    def graphed_actors(self, capture=None) -> list[GraphedActor]:
+        """Each policy's acting step replayed from CUDA graphs, whose inputs begin at the
+        lowest observation of the model's space (``capture(step)``: tests' stand-in for the
+        capture of ``step``, on a CPU)."""
+        fill = lowest_obs(self.model.obs_space)
+        actors = []
+        for k in range(len(self.models)):
+            step = functools.partial(self._act_eager, k, e_idx=None)
+            actors.append(GraphedActor(step, self.device, max_rows=self.rnn_state.shape[0],
+                                       name=f"policy {k} acting", fill=fill,
+                                       capture=None if capture is None else capture(step)))
+        return actors
 
     def maybe_update_weights(self) -> None:
         """Load the newest published weights if their version differs from the loaded ones

@@ -18,7 +18,7 @@ import torch
 from gymnasium import spaces
 
 from fastrl.policy.actions import ActionSpec
-from fastrl.policy.obs import random_legal_action
+from fastrl.policy.obs import as_dict_space, random_legal_action
 from fastrl.sampling.buffers import INVALID_VERSION, TrajectoryBuffers
 from fastrl.sampling.env_faults import (
     CallTimer,
@@ -26,7 +26,8 @@ from fastrl.sampling.env_faults import (
     EnvFault,
     EnvOutputError,
     ObsCheck,
-    check_reward,
+    check_step,
+    count_in_row,
     describe,
     fault_kind,
     write_reward_terms,
@@ -48,10 +49,6 @@ from fastrl.transport.messages import (
 # An env that fails this many times in a row while being recreated is beyond repair: the
 # worker stops with the cause (and the runner decides whether to restart the worker).
 ENV_RESTART_ATTEMPTS = 3
-# An env that faults this many times in a row without finishing an episode would be recreated
-# forever and train on nothing: the worker stops with the last fault. (One that faults in half
-# of its episodes gets there once in 2,046 episodes on average; the runner restarts it.)
-ENV_FAULTS_IN_A_ROW = 10
 ENV_CHECKS = ("warn", "strict")  # --env_check
 
 
@@ -76,8 +73,9 @@ class RolloutWorker:
             ``fastrl.sampling.env_faults``) is closed and recreated: the steps of its
             unfinished episode in the current trajectory are marked invalid (the learner
             leaves them out), the episode is not reported, and the fault is counted by kind.
-            Without it, the fault propagates. An env that faults ``ENV_FAULTS_IN_A_ROW``
-            times without finishing an episode stops the worker (:class:`EnvBroken`).
+            Without it, the fault propagates. An env that faults ``ENV_FAULTS_IN_A_ROW`` times
+            in a row, each after fewer than ``ENV_GOOD_STEPS`` good steps, stops the worker
+            (:class:`EnvBroken`; both in ``fastrl.sampling.env_faults``).
         env_timeout: seconds one env call may take (0 = no limit; SIGALRM: see CallTimer).
         generation, epoch: stamped on every request (see ``InferenceRequest``).
         decorrelate: at :meth:`start`, env ``e`` (global id) first takes ``e * rollout``
@@ -139,7 +137,7 @@ class RolloutWorker:
         self._final_obs_np = {k: v.numpy() for k, v in buffers.final_obs.items()}
         self._final_step_np = buffers.final_step.numpy()
         self._tags = TrajectoryTags(buffers.traj_ids.numpy(), generation)
-        self._check_obs = ObsCheck(self._obs_np)
+        self._check_obs = ObsCheck(self._obs_np, as_dict_space(envs[0].observation_space))
         self._has_rnn = buffers.layout.rnn_size > 0
         first = worker_id * len(envs)
         per_split = len(envs) // num_splits
@@ -156,7 +154,8 @@ class RolloutWorker:
         # the step where each env's episode began in its current trajectory
         self._ep_start = np.zeros(len(envs), dtype=np.int64)
         self._versions_np = buffers.policy_versions.numpy()
-        self._faults_in_a_row = [0] * len(envs)  # since each env last finished an episode
+        self._faults_in_a_row = [0] * len(envs)  # per slot: see env_faults.count_in_row
+        self._good_steps = [0] * len(envs)  # each env's, since its last fault
         self.num_policies, self.policy_seed = num_policies, policy_seed
         self.assign = PolicyAssignment(len(envs), num_policies, policy_seed,
                                        [s.local for s in self.splits], 1, worker_id * num_splits)
@@ -257,13 +256,15 @@ class RolloutWorker:
         """Env ``i`` (global id ``e``, filling slot ``b``) takes step ``t`` with ``action``;
         record it and return the observation that comes next (a new episode's first when
         this step ended one or faulted)."""
-        try:
+        try:  # all is checked before anything is written: no step is half-recorded
             obs, reward, terminated, truncated, info = self._timer.call(self.envs[i].step, action)
-            obs, reward = self._check_obs(obs), check_reward(reward)
+            obs = self._check_obs(obs)
+            reward, terminated, truncated, info = check_step(reward, terminated, truncated, info)
             if self._terms_np is not None:
                 write_reward_terms(self._terms_np[b, t], info.get("reward_terms"))
         except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
             return self._cut_episode(i, e, b, t, exc, out)
+        self._good_steps[i] += 1
         clip = self.reward_clip  # the training reward; the episode's return stays native
         self._rewards_np[b, t] = max(-clip, min(clip, reward * self.reward_scale))
         self._ep_return[i] += reward
@@ -272,7 +273,7 @@ class RolloutWorker:
         self._dones_np[b, t] = done
         if not done:
             return obs
-        self._end_episode(i, e, b, t, obs, bool(truncated and not terminated), info, out)
+        self._end_episode(i, e, b, t, obs, truncated and not terminated, info, out)
         return self._new_episode(i, e, t + 1, out)
 
     def _cut_episode(self, i: int, e: int, b: int, t: int, fault: Exception,
@@ -415,13 +416,11 @@ class RolloutWorker:
             raise cause
         fault = EnvFault(env_id, fault_kind(cause), describe(cause), type(cause).__name__)
         out.faults.append(fault)
-        if self._faulted_too_often(i):
-            raise EnvBroken(f"env {env_id} faulted {ENV_FAULTS_IN_A_ROW} times in a row without "
-                            f"finishing an episode; the last fault: {fault.message}") from cause
+        good, self._good_steps[i] = self._good_steps[i], 0
+        count_in_row(self._faults_in_a_row, self._slots_of(i), good, fault, cause)  # or broken
 
-    def _faulted_too_often(self, i: int) -> bool:  # count a fault; whether it is too many
-        self._faults_in_a_row[i] += 1
-        return self._faults_in_a_row[i] >= ENV_FAULTS_IN_A_ROW
+    def _slots_of(self, i: int) -> range:  # env i's slots (in _faults_in_a_row)
+        return range(i, i + 1)
 
     def _stop_if_strict(self, env_id: int, cause: Exception) -> None:
         if self.strict and isinstance(cause, EnvOutputError):

@@ -199,10 +199,12 @@ class PbtReplaced(NamedTuple):
 
 # What went wrong in an env fault (``RolloutReport.faults``): it raised, it ran past
 # --env_timeout, or its output did not fit what the worker writes it into (a reward that is
-# not a finite real number; an observation key missing, of the wrong shape or dtype, or a
-# float observation with NaN or inf).
+# not a finite real number; an observation key missing, of the wrong shape or dtype, a float
+# observation with NaN or inf, or a Discrete or MultiDiscrete one out of its range; a
+# terminated or truncated flag that is no bool; an info that is no dict, or whose episode
+# figures are not numbers: fastrl/sampling/env_faults.py).
 ENV_FAULT_KINDS = ("exception", "timeout", "reward", "obs_missing", "obs_shape", "obs_dtype",
-                   "obs_nonfinite")
+                   "obs_nonfinite", "obs_range", "flags", "info")
 
 
 class RolloutReport(NamedTuple):
