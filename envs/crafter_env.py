@@ -59,6 +59,7 @@ class CrafterEnv(gym.Env):
 
     def step(self, action):
         obs, reward, done, info = self._env.step(int(action))
+        info["player_pos"] = np.array(info["player_pos"])  # crafter returns its own array
         self._unlocked |= {name for name, count in info["achievements"].items() if count > 0}
         terminated = bool(done) and info["discount"] == 0
         truncated = bool(done) and not terminated

@@ -214,6 +214,7 @@ class FakeCrafter:
     def __init__(self, area=(64, 64), view=(9, 9), size=(64, 64), reward=True, length=10000,
                  seed=None):
         self.size, self.length, self.seed, self.t = size, length, seed, 0
+        self.pos = np.zeros(2, np.int64)
         self.action_space = namedtuple("DiscreteSpace", "n")(17)
         FakeCrafter.made.append(seed)
 
@@ -226,7 +227,7 @@ class FakeCrafter:
         dead = self.seed == 1 and self.t == self.DIES_AT
         done = dead or self.t >= self.length
         info = {"achievements": {"collect_wood": int(self.t >= 2), "eat_cow": 0},
-                "discount": 0.0 if dead else 1.0}
+                "discount": 0.0 if dead else 1.0, "player_pos": self.pos}
         return np.full((*self.size, 3), self.t, np.uint8), 0.5, done, info
 
 
@@ -243,6 +244,7 @@ def test_crafter_dying_terminates_and_the_length_truncates(fake_crafter):
     steps = [env.step(0) for _ in range(FakeCrafter.DIES_AT)]
     assert [s[2:4] for s in steps] == [(False, False)] * 2 + [(True, False)]
     assert steps[-1][4]["episode_metrics"] == {"achievements": 1}
+    assert steps[0][4]["player_pos"] is not steps[1][4]["player_pos"]  # gymnasium's checker
     env.reset(seed=2)
     steps = [env.step(0) for _ in range(5)]
     assert [s[2:4] for s in steps][-1] == (False, True) and steps[-1][1] == 0.5
