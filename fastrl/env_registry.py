@@ -5,7 +5,7 @@ from fastrl.env_registry import make_env, register_env
 
 env = make_env("doom_basic", frameskip=4)      # a built-in VizDoom scenario
 env = make_env("CartPole-v1")                  # any gymnasium id works too
-env = make_env("MiniGrid-Empty-5x5-v0")        # imports minigrid first (KNOWN_PACKAGES)
+env = make_env("MiniGrid-Empty-5x5-v0")        # imports minigrid first (a known family)
 env = make_env("minigrid:MiniGrid-Empty-5x5-v0")  # any package: imported, then the id made
 register_env("my_env", lambda **options: MyEnv(**options), recommended={"reward_scale": 0.1})
 env = make_env("my_env")
@@ -17,9 +17,13 @@ scale, time limit, model...). ``train.py`` applies them unless the same flag is 
 Built-in names come from a static table of env families (``BUILTIN_FAMILIES``): each is a
 plain-data module of `envs` whose ``builtin_envs()`` gives name -> (factory, recommended
 settings), and/or whose ``match_env(name)`` recognises a whole family of names by their form
-(the Atari ids ``ALE/<Game>-v5``...). It is read the first time a name is looked up; reading
-it imports no simulator (vizdoom loads when a doom env is made, ale_py when an Atari env is)
-and nothing of fastrl, so there is no import circle.
+(the Atari ids ``ALE/<Game>-v5``, the ids of other packages' families in
+``envs.package_envs``...). It is read the first time a name is looked up; reading it imports
+no simulator (vizdoom loads when a doom env is made, ale_py when an Atari env is) and nothing
+of fastrl, so there is no import circle.
+
+Without a display, making an env first chooses the headless OpenGL paths
+(:func:`use_headless_gl`), so that envs rendering through pyglet or MuJoCo run on a server.
 
 Options are passed to the factory as keyword arguments. When the factory's signature
 does not accept an option, an option left at None is dropped and any other value is a
@@ -33,7 +37,9 @@ import functools
 import importlib
 import importlib.util
 import inspect
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import gymnasium as gym
@@ -48,7 +54,7 @@ EnvFactory = Callable[..., gym.Env]
 # that row for a name of the family's form, else None (for families named by a pattern, whose
 # names are not listed by ``registered_envs``; matched before gymnasium's registry).
 BUILTIN_FAMILIES = ("envs.doom_scenarios", "envs.atari_games", "envs.pettingzoo_env",
-                    "envs.memory_tasks")
+                    "envs.memory_tasks", "envs.package_envs")
 # Any gymnasium id, through the adapter; and the frame-stacking wrapper for --env_framestack.
 GYM_FACTORY = "envs.gym_env:make_gym_env"
 FRAMESTACK = "envs.wrappers:FrameStack"
@@ -163,62 +169,78 @@ def _is_gym_id(name: str) -> bool:
     return name in gym_registry or (":" in name and not name.startswith(":"))
 
 
-# Env families that other packages register with gymnasium when imported: an id that begins
-# with the prefix imports the package first (when it is installed), so that the bare id works.
-# (prefix, module to import, what to pip install).
-KNOWN_PACKAGES: tuple[tuple[str, str, str], ...] = (
-    ("MiniGrid-", "minigrid", "minigrid"),
-    ("BabyAI-", "minigrid", "minigrid"),
-    ("MiniWorld-", "miniworld", "miniworld"),
-    ("ALE/", "ale_py", "ale-py"),
-    ("highway-", "highway_env", "highway-env"),
-    ("merge-", "highway_env", "highway-env"),
-    ("roundabout-", "highway_env", "highway-env"),
-    ("parking-", "highway_env", "highway-env"),
-    ("intersection-", "highway_env", "highway-env"),
-    ("racetrack-", "highway_env", "highway-env"),
-    ("Crafter", "crafter", "crafter"),
-    ("procgen", "procgen", "procgen"),
-    ("Fetch", "gymnasium_robotics", "gymnasium-robotics"),
-    ("AntMaze", "gymnasium_robotics", "gymnasium-robotics"),
-    ("PointMaze", "gymnasium_robotics", "gymnasium-robotics"),
-    ("Adroit", "gymnasium_robotics", "gymnasium-robotics"),
-    ("FrankaKitchen", "gymnasium_robotics", "gymnasium-robotics"),
-    ("flappy-bird", "flappy_bird_gymnasium", "flappy-bird-gymnasium"),
-)
+def use_headless_gl(environ: MutableMapping[str, str] = os.environ) -> list[str]:
+    """On a machine without a display (``DISPLAY`` and ``WAYLAND_DISPLAY`` unset), choose the
+    headless OpenGL paths before an env imports its renderer, unless the variable is set
+    already: ``PYGLET_HEADLESS=True`` (pyglet renders through EGL: MiniWorld) and, where
+    libEGL is installed, ``MUJOCO_GL=egl`` (MuJoCo and dm_control; without it they try GLFW,
+    which needs a display). Returns the names set. A pyglet imported already, with no window
+    module yet, is switched too; one with a window module can no longer switch (the env then
+    fails in one line that says how: ``envs.package_envs.GL_HINT``)."""
+    if environ.get("DISPLAY") or environ.get("WAYLAND_DISPLAY"):
+        return []
+    chosen = {"PYGLET_HEADLESS": "True"}
+    if _has_egl():
+        chosen["MUJOCO_GL"] = "egl"
+    set_now = [name for name in chosen if name not in environ]
+    for name in set_now:
+        environ[name] = chosen[name]
+    pyglet = sys.modules.get("pyglet")
+    if "PYGLET_HEADLESS" in set_now and environ is os.environ and pyglet is not None and \
+            "pyglet.window" not in sys.modules:
+        pyglet.options["headless"] = True
+    return set_now
 
 
-def likely_package(name: str) -> tuple[str, str] | None:
-    """(module, pip name) of the package that registers env ``name``, when fastrl knows it."""
-    for prefix, module, pip_name in KNOWN_PACKAGES:
-        if name.startswith(prefix):
-            return module, pip_name
-    return None
+EGL_LIBRARY = "libEGL.so.1"
+
+
+@functools.cache
+def _has_egl() -> bool:
+    """Whether the dynamic loader finds libEGL: in its cache (what ``ldconfig -p`` lists; read
+    as a file, since ``ctypes.util.find_library`` starts a process) or in LD_LIBRARY_PATH."""
+    folders = [f for f in os.environ.get("LD_LIBRARY_PATH", "").split(":") if f]
+    if any(os.path.exists(os.path.join(f, EGL_LIBRARY)) for f in folders):
+        return True
+    try:
+        with open("/etc/ld.so.cache", "rb") as fh:
+            return EGL_LIBRARY.encode() in fh.read()
+    except OSError:
+        return False
 
 
 def import_env_packages(names: str | list[str]) -> None:
     """Import each package of ``names`` (``--env_packages``: comma-separated module names),
     so that the gymnasium ids they register on import can be made. A package that cannot be
-    imported is an ``UnknownEnvError`` naming it."""
+    imported, or fails while it is, is an ``UnknownEnvError`` naming it (one line)."""
     if isinstance(names, str):
         names = names.split(",")
-    for module in (n.strip() for n in names):
-        if not module:
-            continue
+    names = [n.strip() for n in names if n.strip()]
+    if names:
+        use_headless_gl()
+    for module in names:
         try:
             importlib.import_module(module)
-        except ImportError as exc:
-            raise UnknownEnvError(f"--env_packages {module}: cannot import it ({exc})") from None
+        except Exception as exc:  # noqa: BLE001 - ImportError, or a package broken on import
+            reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            raise UnknownEnvError(f"--env_packages {module}: cannot import it ({reason})"
+                                  ) from None
 
 
-def _import_likely_package(name: str) -> None:
-    """Import the package that registers ``name`` when fastrl knows it and it is installed."""
-    found = likely_package(name)
-    if found is not None and name not in gym_registry:
-        try:
-            importlib.import_module(found[0])
-        except ImportError:
-            pass  # the unknown-env error says what to install
+def _old_gym_hint(name: str) -> str | None:
+    """What to say about an id that only the old ``gym`` registers (a family of
+    ``OLD_GYM_ONLY`` in an env module, or an id in an installed gym's registry)."""
+    for family in _families():
+        for prefix, package in getattr(family, "OLD_GYM_ONLY", ()):
+            if name.startswith(prefix):
+                return f"{package} registers its ids with the old gym package only"
+    try:
+        import gym as old_gym  # only where it is installed
+
+        registered = name in old_gym.envs.registry
+    except Exception:  # noqa: BLE001 - no gym, or one that does not import under this numpy
+        return None
+    return f"{name!r} is registered with the old gym package only" if registered else None
 
 
 def _family_suggestions() -> list[str]:
@@ -239,10 +261,11 @@ def _unknown_env_error(name: str) -> UnknownEnvError:
         if close
         else f"registered: {', '.join(fastrl_names)}."
     )
-    package = likely_package(name)
-    if package is not None and importlib.util.find_spec(package[0]) is None:
-        hint = (f"it looks like an env of the package {package[0]!r}, which is not installed "
-                f"(pip install {package[1]}).")
+    old_gym = _old_gym_hint(name)
+    if old_gym is not None:
+        hint = (f"{old_gym}, not with gymnasium, whose envs fastrl makes: wrap it in an "
+                "adapter to gymnasium's API and register that with fastrl.register_env "
+                "(envs/crafter_env.py is one).")
     return UnknownEnvError(
         f"unknown env {name!r}: {hint} Any gymnasium id (e.g. 'CartPole-v1') works too, "
         "Atari games as 'ALE/<Game>-v5' (with ale-py installed), and the envs another package "
@@ -295,11 +318,10 @@ def make_env(name: str, **options: Any) -> gym.Env:
     Raises `UnknownEnvError` (a `ValueError`) listing close matches when `name` is
     unknown, and `ValueError` for an option the factory does not support.
     """
+    use_headless_gl()
     entry = _entry(name) if isinstance(name, str) else None
     factory = entry[0] if entry is not None else None
     if factory is None:
-        if isinstance(name, str) and not _is_gym_id(name):
-            _import_likely_package(name)
         if not isinstance(name, str) or not _is_gym_id(name):
             raise _unknown_env_error(str(name))
         factory = _gym_factory(name)

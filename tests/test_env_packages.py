@@ -9,9 +9,8 @@ import sys
 import pytest
 from gymnasium.envs.registration import registry as gym_registry
 
-from fastrl import env_registry
 from fastrl.config.load import parse_config
-from fastrl.env_registry import UnknownEnvError, make_env
+from fastrl.env_registry import MissingExtraError, UnknownEnvError, make_env
 from fastrl.sampling.env_setup import create_env, env_info
 
 PACKAGE = "tests.spaces_env"
@@ -25,38 +24,43 @@ def unimported(monkeypatch):
         monkeypatch.delitem(gym_registry, env_id, raising=False)
 
 
+def _families(monkeypatch, *rows):
+    """``envs.package_envs.FAMILIES`` replaced by ``rows`` of (prefix, module, install)."""
+    from envs import package_envs
+
+    monkeypatch.setattr(package_envs, "FAMILIES", tuple(
+        package_envs.Family(module, (prefix,), module, install)
+        for prefix, module, install in rows))
+
+
 def test_a_known_family_imports_its_package(unimported, monkeypatch):
-    monkeypatch.setattr(env_registry, "KNOWN_PACKAGES",
-                        (("SpacesGrid-", PACKAGE, "fastrl-test-spaces"),))
+    _families(monkeypatch, ("SpacesGrid-", PACKAGE, "pip install fastrl-test-spaces"))
     env = make_env("SpacesGrid-v0")
     assert PACKAGE in sys.modules
     assert set(env.observation_space.spaces) == {"image", "direction", "mission"}
 
 
-def test_unknown_id_of_a_family_whose_package_is_missing(monkeypatch):
-    monkeypatch.setattr(env_registry, "KNOWN_PACKAGES",
-                        (("NoSuch-", "fastrl_no_such_package", "no-such-package"),))
-    with pytest.raises(UnknownEnvError) as err:
+def test_an_id_of_a_family_whose_package_is_missing_names_the_install(monkeypatch):
+    _families(monkeypatch, ("NoSuch-", "fastrl_no_such_package", "pip install no-such-package"))
+    with pytest.raises(MissingExtraError) as err:
         make_env("NoSuch-Grid-v0")
     message = str(err.value)
-    assert "the package 'fastrl_no_such_package', which is not installed" in message
-    assert "pip install no-such-package" in message
-    assert "'package:EnvId'" in message and "--env_packages" in message
-    assert "\n" not in message
+    assert "needs fastrl_no_such_package, which is not installed" in message
+    assert message.endswith("pip install no-such-package") and "\n" not in message
 
 
 def test_misspelled_id_of_an_installed_package_suggests_the_id(unimported, monkeypatch):
-    monkeypatch.setattr(env_registry, "KNOWN_PACKAGES",
-                        (("SpacesGrid", PACKAGE, "fastrl-test-spaces"),))
+    _families(monkeypatch, ("SpacesGrid", PACKAGE, "pip install fastrl-test-spaces"))
     with pytest.raises(UnknownEnvError, match="did you mean 'SpacesGrid-v0'"):
         make_env("SpacesGrid-v1")
 
 
-def test_minigrid_names_its_package_when_missing_or_works_when_installed():
+def test_minigrid_names_its_extra_when_missing_or_works_when_installed():
     try:
         import minigrid  # noqa: F401
     except ImportError:
-        with pytest.raises(UnknownEnvError, match=r"package 'minigrid'.*pip install minigrid"):
+        with pytest.raises(MissingExtraError, match=r"needs minigrid, which is not installed: "
+                                                    r"pip install .*\[minigrid\]"):
             make_env("MiniGrid-Empty-5x5-v0")
         return
     cfg = parse_config(["--env", "MiniGrid-Empty-5x5-v0", "--train_dir", "/nonexistent"])

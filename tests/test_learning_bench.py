@@ -133,3 +133,31 @@ def test_the_classic_and_mujoco_suites_hold_issue_25s_envs():
     assert {s.env for s in ls.SUITES["mujoco"]} == {"HalfCheetah-v5", "Walker2d-v5",
                                                     "Hopper-v5"}
     assert all(s.needs == "mujoco" for s in ls.SUITES["mujoco"])
+
+
+def test_the_outside_suite_holds_issue_41s_envs_and_their_wall_budgets(tmp_path, monkeypatch):
+    import argparse
+
+    import learning_suites as ls
+
+    assert [s.env for s in ls.SUITES["outside"]] == [
+        "MiniWorld-OneRoom-v0", "CrafterReward-v1",
+        "pettingzoo:butterfly.knights_archers_zombies_v11", "pettingzoo:butterfly.pistonball_v6",
+        "pettingzoo:classic.connect_four_v3", "popgym-RepeatPreviousEasy-v0", "highway-v0",
+        "dm_control/cartpole-swingup-v0"]
+    monkeypatch.setitem(ls.SUITES, "t", [ls.SuiteEnv("A-v0", 1_000, 1.0, seconds=600),
+                                         ls.SuiteEnv("B-v0", 1_000, 1.0)])
+    budgets = []
+
+    def run_seed(env_args, seed, extra):
+        budgets.append((env_args.env, env_args.frames, env_args.seconds))
+        return {"seed": seed, "exit_code": 0, "final_frames": 1, "final_return": 0.0,
+                "curve": {"frames": [], "return": []}, "frames_to_target": None,
+                "minutes_to_target": None, "run_minutes": 0.1}
+
+    for cap, expected in ((None, [600, None]), (60.0, [60.0, 60.0])):
+        budgets.clear()
+        args = argparse.Namespace(suite="t", only=None, seeds=[1], frames=None, seconds=cap,
+                                  out=str(tmp_path), interrupted=False)
+        assert ls.run_suite(args, [], run_seed, lambda *a: False) == 0
+        assert [b[2] for b in budgets] == expected and budgets[0][1] == 1_000

@@ -220,6 +220,12 @@ def recipe_line(env_name: str, recipe: str, obs_space: gym.Space, action_space: 
             if set(entry) - {"recipe"} else "")
     elif recipe != by_spaces:
         why = f"--recipe {recipe}; the spaces call for {by_spaces}"
+    own = {k: v for k, v in entry.items() if k != "recipe"}
+    if own and entry.get("recipe") != recipe:  # a family's settings over the spaces' recipe
+        why += f"; {env_name}'s registry entry recommends " + ", ".join(
+            f"{k}={v}" + (f" (this run: {getattr(cfg, k)})"
+                          if cfg is not None and getattr(cfg, k, v) != v else "")
+            for k, v in sorted(own.items()))
     return (f"recipe {recipe} ({why}): {describe(recipe, cfg)}; --recipe chooses another, "
             "any flag overrides a setting")
 
