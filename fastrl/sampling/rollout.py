@@ -126,6 +126,7 @@ class RolloutWorker(EnvStartup):
         self.epoch = epoch
         self.decorrelate = decorrelate
         self.activity = activity if activity is not None else Activity()
+        self._stepping = [Activity.code(STEPPING, i) for i in range(len(envs))]
         self.truncations_not_bootstrapped = 0
         self.free: deque[int] = deque(free_buffers)
         self._timer = CallTimer(env_timeout)
@@ -199,9 +200,9 @@ class RolloutWorker(EnvStartup):
     def _step_split(self, split: Split, t: int, bufs: list[int], actions: list,
                     out: StepOutput) -> list[dict]:
         """Step the split's envs with one action per slot; each slot's next observation."""
-        next_obs, doing = [], self.activity
+        next_obs, cells, at = [], self.activity.cells, self.activity.index
         for i, e, b, action in zip(split.local, split.env_ids, bufs, actions):
-            doing(STEPPING, i)
+            cells[at] = self._stepping[i]  # what the runner names if this step hangs
             next_obs.append(self._step(i, e, b, t, action, out))
         return next_obs
 

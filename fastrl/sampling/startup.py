@@ -13,10 +13,9 @@ doing (:class:`Activity`: one shared int64 per rollout worker, which the runner 
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections.abc import Callable, Iterator
-
-import numpy as np
 
 from fastrl.policy.obs import random_legal_action
 from fastrl.sampling.trajectories import StepOutput
@@ -35,20 +34,24 @@ DECORRELATE_SECONDS = 5.0
 
 
 class Activity:
-    """What one rollout worker is doing: cell ``index`` of ``cells`` (an int64 buffer shared
-    with the runner, ``Wiring.activity``; a cell of its own by default). Written on every env
-    call, so it is a single store into memory."""
+    """What one rollout worker is doing: ``cells[index]`` (``cells``: an int64 array shared
+    with the runner, ``Wiring.activity``; one of its own by default). Written at every env
+    call: the stepping loop writes ``cells[index] = code(STEPPING, i)`` itself, one store."""
 
     def __init__(self, cells=None, index: int = 0):
-        self._cells = np.zeros(1, np.int64) if cells is None else np.frombuffer(cells, np.int64)
-        self._index = index
+        self.cells = (ctypes.c_int64 * 1)() if cells is None else cells
+        self.index = index
 
     def __call__(self, what: int, env: int = -1) -> None:
-        self._cells[self._index] = what * _SPAN + env + 1
+        self.cells[self.index] = what * _SPAN + env + 1
+
+    @staticmethod
+    def code(what: int, env: int = -1) -> int:
+        return what * _SPAN + env + 1
 
     @property
     def value(self) -> int:
-        return int(self._cells[self._index])
+        return int(self.cells[self.index])
 
 
 def describe_activity(value: int, first_env: int = 0) -> tuple[int, str]:
