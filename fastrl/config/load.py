@@ -107,8 +107,8 @@ def apply_recommended(cfg: Config, keep: set[str]) -> list[str]:
     """Set the recipe for the env's kind (``fastrl.config.recipes``) and over it the env's
     recommended settings (``fastrl.env_registry.recommended_settings``) on ``cfg``, except the
     fields in ``keep`` (given as flags, or saved by an earlier run); ``cfg.recipe`` names the
-    recipe chosen; then resolve ``reward_scale`` None to 1.0. Returns errors for unknown
-    settings."""
+    recipe chosen; lower the env count to the memory budget (``fastrl.runner.memory``); then
+    resolve ``reward_scale`` None to 1.0. Returns errors for unknown settings."""
     from fastrl.config.recipes import (
         RECIPES,
         choose_recipe,
@@ -142,6 +142,13 @@ def apply_recommended(cfg: Config, keep: set[str]) -> list[str]:
         cfg.env_action_mask_from_info = True
     if not errors:
         fit_round(cfg, keep, agents)
+    if not errors and probe is not None:  # the env's spaces size the buffers
+        from fastrl.log import log
+        from fastrl.runner.memory import fit_memory
+
+        note = fit_memory(cfg, keep, probe.obs_space, probe.action_space, agents)
+        if note:
+            log(note)
     if cfg.reward_scale is None:
         cfg.reward_scale = 1.0
     return errors

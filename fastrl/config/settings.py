@@ -102,8 +102,8 @@ class Config:
     node_port: int = _f(0, "TCP port on which this learner node waits for its sampler nodes "
                         "(0: a free port, printed at start)", "nodes")
     decorrelate_envs_on_one_worker: bool = _f(True, "At start, env number e takes e x rollout "
-                                              "random actions so that episodes do not end in "
-                                              "lock-step", "sampling")
+                                              "random actions (5 s of them per worker at most) so "
+                                              "that episodes do not end in lock-step", "sampling")
     sampling_only: bool = _f(False, "Act with the policy but never train (measures how fast the "
                              "pipeline can feed a learner)", "sampling")
 

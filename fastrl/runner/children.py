@@ -11,6 +11,7 @@ import torch
 from fastrl.algo.learner_group import LearnerGroup
 from fastrl.config.settings import Config
 from fastrl.device import learner_device, resolve_device, resolve_precision
+from fastrl.log import log
 from fastrl.runner.common import LEARNER_STREAM, POLICY_STREAM, build_model, seed_everything
 from fastrl.runner.replay_station import make_learner_station, make_rank_station
 from fastrl.runner.stations import (
@@ -21,6 +22,7 @@ from fastrl.runner.stations import (
 )
 from fastrl.runner.supervisor import Child, Supervisor
 from fastrl.runner.wiring import Wiring
+from fastrl.sampling.startup import CLOSING, WAITING
 
 POLL = 0.05  # seconds every blocking get waits before checking for stop
 REPORT_EVERY = {"rollout": 0.5, "policy": 1.0, "learner": 0.5}  # seconds between reports
@@ -31,10 +33,15 @@ def rollout_worker_main(wiring: Wiring, worker_id: int) -> None:
     station = RolloutStation(wiring, worker_id, REPORT_EVERY["rollout"])
     try:
         station.start()
+        decorrelation = station.worker.decorrelation
+        if decorrelation.cut and station.generation == 0:  # said once, not on restarts
+            log(f"{station.name}: {decorrelation.summary()}")
         while not wiring.should_stop():
             wiring.beat(worker_id)
+            station.activity(WAITING)  # until actions come
             station.poll(POLL)
     finally:
+        station.activity(CLOSING)
         station.close()
 
 

@@ -47,6 +47,7 @@ from fastrl.runner.common import (
 )
 from fastrl.runner.link import NodeLink, host_store, publish_config
 from fastrl.runner.loop import RunLoop
+from fastrl.runner.memory import MemoryBudget, memory_budget
 from fastrl.runner.node import local_node_main
 from fastrl.runner.pbt import Population
 from fastrl.runner.supervisor import Child, ChildError, Supervisor
@@ -75,6 +76,7 @@ class ParallelRunner:
         self.signals = LauncherSignals(self._quit_now)
         self.store = None  # the learner node's store, where sampler nodes connect
         self.links: list[NodeLink] = []
+        self.budget: MemoryBudget | None = None  # the trajectory buffers' (runner/memory.py)
 
     # The tests drive these directly (they play the learner).
     @property
@@ -105,6 +107,7 @@ class ParallelRunner:
         # Only a run that passed its checks gets a folder and a config.json (a refused one
         # would leave a config that the next bare command resumes).
         self.exp_dir = prepare_experiment_dir(cfg)
+        self.budget = memory_budget()  # before the buffers take their share (for the log)
         if cfg.num_sampler_nodes:
             # Sampler node k plays rollout worker k: it owns the slots of a node's envs. Each
             # node fills one slot per env of its own, so together they hold what one machine's
@@ -252,7 +255,9 @@ class ParallelRunner:
             + (f"{cfg.num_learners} learners, " if cfg.num_learners > 1 else "")
             + (f"{cfg.num_policies} policies, " if cfg.num_policies > 1 else "")
             + f"device {ready.device} ({ready.precision}), {layout.num_buffers} trajectory "
-            f"buffers ({layout.nbytes() / 2**20:.0f} MiB), experiment {self.exp_dir}")
+            f"buffers ({layout.nbytes() / 2**20:.0f} MiB"
+            + (f"; memory budget {self.budget.describe(': ')}" if self.budget else "")
+            + f"), experiment {self.exp_dir}")
 
     # -- signals ------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from fastrl.sampling.env_setup import EnvInfo, create_env, reward_scale, weighed
 from fastrl.sampling.inference import PolicyWorker, ape_x_epsilons
 from fastrl.sampling.rollout import RolloutWorker
 from fastrl.sampling.staging import Staging
+from fastrl.sampling.startup import CREATING, Activity
 from fastrl.sampling.trajectories import StepOutput
 from fastrl.transport.messages import (
     ActionsReady,
@@ -69,13 +70,15 @@ class RolloutStation:
         self._report = RolloutReport([], 0, 0, {})
         self._last_report = time.monotonic()
         self.fault_log = FaultLog(self.name)
+        self.activity = Activity(wiring.activity, worker_id)  # what it does, for the runner
 
     def start(self, envs: list | None = None) -> None:
         """Create the envs (unless given) and the worker; send the first requests."""
         w, cfg = self.wiring, self.wiring.cfg
-        if envs is None:
-            for _ in range(w.envs_per_worker // w.info.num_agents):
-                w.beat(self.worker_id)
+        if envs is None:  # (the heartbeat ends the start when the run stops meanwhile)
+            for i in range(w.envs_per_worker // w.info.num_agents):
+                w.beat_or_stop(self.worker_id)
+                self.activity(CREATING, i)
                 self.envs.append(create_env(cfg))
         else:
             self.envs = envs
@@ -83,9 +86,8 @@ class RolloutStation:
         per_round = None
         if not cfg.async_rl:  # sync mode: one learner batch per round, shared by every env
             per_round = cfg.trajectories_per_batch // w.num_envs
-        seed = None
-        if cfg.seed is not None:  # a restarted worker must not replay its predecessor's episodes
-            seed = cfg.seed + 1_000_003 * self.generation
+        # (a restarted worker must not replay its predecessor's episodes)
+        seed = None if cfg.seed is None else cfg.seed + 1_000_003 * self.generation
         worker_type = MultiAgentRolloutWorker if w.info.multi_agent else RolloutWorker
         self.worker = worker_type(
             self.worker_id, self.envs, w.buffers, w.rnn_state,
@@ -95,10 +97,10 @@ class RolloutStation:
             decorrelate=cfg.decorrelate_envs_on_one_worker, generation=self.generation,
             epoch=int(w.policy_epoch.value), action_bounds=cfg.action_bounds,
             env_check=cfg.env_check, num_policies=w.num_policies,
-            policy_seed=w.assign_seed)
+            policy_seed=w.assign_seed, activity=self.activity)
         self.envs = self.worker.envs  # the worker replaces faulty envs in this very list
         try:
-            self._route(self.worker.start(lambda: w.beat(self.worker_id)))
+            self._route(self.worker.start(lambda: w.beat_or_stop(self.worker_id)))
         except EnvOutputError as exc:
             self._stop_run(exc)
 

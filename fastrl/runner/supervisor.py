@@ -29,6 +29,14 @@ import torch
 
 from fastrl.log import log
 from fastrl.runner.wiring import Wiring
+from fastrl.sampling.startup import (
+    CREATING,
+    DECORRELATING,
+    RESETTING,
+    STEPPING,
+    WAITING,
+    describe_activity,
+)
 from fastrl.transport.malloc import keep_freed_memory
 from fastrl.transport.messages import ChildFailed, Fence, Fenced, Reissue
 from fastrl.transport.procs import (
@@ -39,8 +47,20 @@ from fastrl.transport.procs import (
     release_queue_locks,
 )
 from fastrl.transport.signals import held, leave_to_launcher
+from fastrl.transport.stopping import (
+    StopInterrupt,
+    StopRequested,
+    busy_in,
+    interrupt_when_stopped,
+)
 
 LOCK_WATCH_INTERVAL = 0.1  # seconds between the watchdog's looks at the children
+# Seconds the children have to exit once told to stop, after which they are killed; a child
+# still busy STOP_GRACE seconds after the stop is interrupted (fastrl.transport.stopping),
+# which leaves it the rest to finish its native call (an env step, a layer of a learner
+# step) and close its envs.
+STOP_TIME = 10.0
+STOP_GRACE = 3.0
 
 
 class ChildError(RuntimeError):
@@ -101,17 +121,51 @@ def _child_setup(name: str, threads: int, session: bool, parent: Lifeline) -> No
 
 def run_child(name: str, threads: int, target, wiring: Wiring, index: int,
               session: bool = False) -> None:
-    """A child process's entry point: set up, run ``target``, report a failure and exit 1."""
+    """A child process's entry point: set up, run ``target``, report a failure and exit 1.
+    A stop that found it busy ends it quietly (a sampler node stops its own children)."""
     _child_setup(name, threads, session, wiring.parent)
+    if not session:
+        threading.Thread(target=interrupt_when_stopped,
+                         args=(wiring.stop, lambda: wiring.stop_seen, STOP_GRACE),
+                         name="fastrl-stop-watch", daemon=True).start()
     try:
         target(wiring, index)
+    except StopInterrupt as exc:
+        log(f"{name} was still busy {STOP_GRACE:g} s after the stop, in {busy_in(exc)}: "
+            "interrupted it")
+    except StopRequested:
+        pass
     except BaseException as exc:  # noqa: BLE001 - report everything, then exit non-zero
+        wiring.stop_seen = True  # (a stop meanwhile must not interrupt the report)
         try:
             wiring.runner_queue.put(ChildFailed(name, f"{type(exc).__name__}: {exc}",
                                                 traceback.format_exc()), timeout=5)
         except Exception:  # noqa: BLE001
             pass
         raise SystemExit(1) from None
+
+
+def hung_message(code: int | None, doing: str, worker_timeout: float,
+                 env_timeout: float) -> str:
+    """Why a child was killed as hung: ``doing`` (an Activity's ``code`` and words, or None and
+    "" for a child that records none), and the flag that would help."""
+    limit = f"--worker_timeout (now {worker_timeout:g} s)"
+    if code == CREATING:
+        hint = f"an env this slow to make needs a longer {limit}"
+    elif code == DECORRELATING:
+        hint = (f"--decorrelate_envs_on_one_worker False skips the random start-up steps; an "
+                f"env this slow needs a longer {limit}")
+    elif code in (STEPPING, RESETTING) and 0 < env_timeout < worker_timeout:
+        hint = (f"the env call outlasted --env_timeout ({env_timeout:g} s) without returning to "
+                f"Python, so nothing could stop it; a slow env needs a longer {limit}")
+    elif code in (STEPPING, RESETTING):
+        hint = f"a slow env needs a longer {limit}; --env_timeout recreates a stuck one"
+    elif code == WAITING:
+        hint = f"it was in no env call; {limit} allows longer waits"
+    else:
+        hint = f"{limit} allows longer"
+    return (f"sent no heartbeat for {worker_timeout:.0f} s (hung" + (f", {doing}" if doing else "")
+            + f") and was killed ({hint})")
 
 
 class Supervisor:
@@ -188,10 +242,23 @@ class Supervisor:
             if self.check_exit(child):
                 continue
             if child.kind != "learner" and now - self.wiring.heartbeat[self.slot(child)] > timeout:
+                how = self.hung(child)  # (read before the kill, which a restart follows)
                 child.kill()
                 child.proc.join(timeout=5)
-                self._on_death(child, f"sent no heartbeat for {timeout:.0f} s (hung) and was "
-                                      "killed", reported=False)
+                self._on_death(child, how, reported=False)
+
+    def doing(self, child: Child) -> tuple[int | None, str]:
+        """What a rollout worker is doing (its Activity code and words); (None, "") for the
+        other children."""
+        w = self.wiring
+        if child.kind != "rollout" or w.activity is None:
+            return None, ""
+        return describe_activity(w.activity[child.index],
+                                 child.index * (w.envs_per_worker // w.info.num_agents))
+
+    def hung(self, child: Child) -> str:
+        """How ``child`` was found hung: what it was doing, and the flag that would help."""
+        return hung_message(*self.doing(child), self.cfg.worker_timeout, self.cfg.env_timeout)
 
     def check_exit(self, child: Child) -> bool:
         """If ``child`` has exited, handle its death (raises, or restarts it); say whether
@@ -320,13 +387,15 @@ class Supervisor:
         if not self.children:
             return
         self.wiring.stop.set()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + STOP_TIME
         children = list(self.children.values())
         for child in children:
             child.proc.join(timeout=max(0.1, deadline - time.monotonic()))
         for child in children:
             if child.proc.is_alive():
-                log(f"{child.name} did not stop in time; killing it")
+                doing = self.doing(child)[1]
+                log(f"{child.name} did not stop within {STOP_TIME:g} s"
+                    + (f" ({doing})" if doing else "") + "; killing it")
             child.kill()
             child.proc.join(timeout=3)
         self.children = {}

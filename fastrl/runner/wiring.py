@@ -53,6 +53,7 @@ from fastrl.sampling.weights import LocalWeights, SharedWeights, WeightsSource
 from fastrl.transport.mailbox import Mailbox
 from fastrl.transport.procs import Lifeline
 from fastrl.transport.queues import LocalQueue, MessageQueue
+from fastrl.transport.stopping import StopRequested
 
 QUEUE_BYTES = 4 * 1024 * 1024
 
@@ -101,6 +102,12 @@ class Wiring:
     # --num_policies: the seed of the policy draws, which every rollout worker shares
     # (fastrl.sampling.trajectories.PolicyAssignment): --seed, or drawn once for the run.
     assign_seed: int = 0
+    # int64 per rollout worker: what it is doing (fastrl.sampling.startup.Activity), for the
+    # runner to say when it kills the worker as hung.
+    activity: Any = None
+    # This process's own: whether its main thread has seen the stop flag (a child that has
+    # not within a grace time is interrupted: fastrl.transport.stopping).
+    stop_seen: bool = False
 
     def __post_init__(self):
         if not self.learner_queues:
@@ -134,14 +141,21 @@ class Wiring:
     def beat(self, slot: int) -> None:
         self.heartbeat[slot] = time.monotonic()
 
+    def beat_or_stop(self, slot: int) -> None:
+        """A heartbeat from long work (a worker's start) that the stop flag ends at once."""
+        self.heartbeat[slot] = time.monotonic()
+        if self.should_stop():
+            raise StopRequested("the run is stopping")
+
     def policy_slot(self, policy_id: int) -> int:
         """Heartbeat slot of a policy worker (rollout worker ``w`` has slot ``w``)."""
         return self.num_workers + policy_id
 
     def should_stop(self) -> bool:
-        if self.stop.is_set():
+        if self.stop.is_set() or (self.parent is not None and not self.parent.alive()):
+            self.stop_seen = True
             return True
-        return self.parent is not None and not self.parent.alive()
+        return False
 
     def queues(self) -> list[MessageQueue]:
         return [self.policy_queue, *self.learner_queues, self.runner_queue, *self.worker_queues,
@@ -215,6 +229,7 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
         worker_gen=sharedctypes.RawArray("q", num_workers),
         policy_epoch=sharedctypes.RawValue("q", 0) if parallel else _Counter(),
         heartbeat=sharedctypes.RawArray("d", num_workers + n_policy),
+        activity=sharedctypes.RawArray("q", num_workers),
         policy_ticks=sharedctypes.RawArray("q", n_policy),
         rank_queues=rank_queues,
         learner_port=ports[0], learner_ports=ports,

@@ -51,6 +51,7 @@ from fastrl.sampling.agent_count import (  # noqa: F401 - the contract, here too
 from fastrl.sampling.buffers import INVALID_VERSION
 from fastrl.sampling.env_faults import brief, check_step, write_reward_terms
 from fastrl.sampling.rollout import RolloutWorker
+from fastrl.sampling.startup import STEPPING
 from fastrl.sampling.trajectories import PolicyAssignment, Split, StepOutput
 
 # What step returns, each a sequence of one item per agent, and the kind of fault when it is not
@@ -86,6 +87,7 @@ class MultiAgentRolloutWorker(RolloutWorker):
     def start(self, beat: Callable[[], None] = lambda: None) -> StepOutput:
         out = StepOutput()
         n = self.num_agents
+        self.decorrelation.beat = beat
         for s, split in enumerate(self.splits):
             envs = [split.local[k] // n for k in range(0, len(split.local), n)]
             split.pending_obs = []
@@ -101,6 +103,7 @@ class MultiAgentRolloutWorker(RolloutWorker):
         n = self.num_agents
         next_obs = []
         for k in range(0, len(bufs), n):
+            self.activity(STEPPING, split.local[k] // n)
             next_obs.extend(self._step_env(split.local[k] // n, split.env_ids[k], bufs[k:k + n],
                                            t, actions[k:k + n], out))
         return next_obs
@@ -216,13 +219,13 @@ class MultiAgentRolloutWorker(RolloutWorker):
 
     def _random_steps(self, i: int, steps: int, obs: list[dict], seed: int | None,
                       out: StepOutput) -> list[dict]:
-        """Env ``i`` takes ``steps`` random steps (the env restarts agents itself); nothing is
-        recorded. A fault ends them with a new env."""
+        """Env ``i`` takes up to ``steps`` random steps (the env restarts agents itself; fewer
+        when the time budget runs out); nothing is recorded. A fault ends them with a new env."""
         env = self.envs[i]
         if seed is not None:
             env.action_space.seed(seed)
         try:
-            for _ in range(steps):
+            for _ in self.decorrelation.steps(i, steps):
                 actions = [random_legal_action(env.action_space, o) for o in obs]
                 obs = self._timer.call(env.step, actions)[0]
             return [self._check_obs(o) for o in obs]

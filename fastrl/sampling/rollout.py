@@ -18,7 +18,7 @@ import torch
 from gymnasium import spaces
 
 from fastrl.policy.actions import ActionSpec
-from fastrl.policy.obs import as_dict_space, random_legal_action
+from fastrl.policy.obs import as_dict_space
 from fastrl.sampling.buffers import INVALID_VERSION, TrajectoryBuffers
 from fastrl.sampling.env_faults import (
     CallTimer,
@@ -32,6 +32,7 @@ from fastrl.sampling.env_faults import (
     fault_kind,
     write_reward_terms,
 )
+from fastrl.sampling.startup import CREATING, STEPPING, Activity, Decorrelation, EnvStartup
 from fastrl.sampling.trajectories import (
     PolicyAssignment,
     Split,
@@ -52,7 +53,7 @@ ENV_RESTART_ATTEMPTS = 3
 ENV_CHECKS = ("warn", "strict")  # --env_check
 
 
-class RolloutWorker:
+class RolloutWorker(EnvStartup):
     """Owns ``len(envs)`` envs (global ids ``worker_id * len(envs) + i``) and buffer slots.
 
     Args:
@@ -78,8 +79,8 @@ class RolloutWorker:
             (:class:`EnvBroken`; both in ``fastrl.sampling.env_faults``).
         env_timeout: seconds one env call may take (0 = no limit; SIGALRM: see CallTimer).
         generation, epoch: stamped on every request (see ``InferenceRequest``).
-        decorrelate: at :meth:`start`, env ``e`` (global id) first takes ``e * rollout``
-            random actions, unreported: no lock-step resets.
+        decorrelate: at :meth:`start`, env ``e`` (global id) first takes up to ``e * rollout``
+            random actions, unreported, within a time budget: no lock-step resets.
         action_bounds: how continuous actions are bounded for the env
             (``fastrl.policy.actions.ActionSpec``).
         env_check: ``"warn"``: bad env output is a fault like any other; ``"strict"``: it
@@ -87,6 +88,7 @@ class RolloutWorker:
         num_policies, policy_seed: ``--num_policies``: each slot's policy, drawn per episode
             (``fastrl.sampling.trajectories.PolicyAssignment``, seeded with ``policy_seed``,
             the same for every worker of a run); a trajectory goes to its policy's learner.
+        activity: where it records what it is doing (``fastrl.sampling.startup.Activity``).
 
     A time limit (``truncated`` without ``terminated``) ends the episode for the learner like
     a termination (``dones``), but the episode's last observation is kept in the slot's
@@ -103,7 +105,7 @@ class RolloutWorker:
                  env_factory: Callable[[], gym.Env] | None = None, env_timeout: float = 0.0,
                  generation: int = 0, epoch: int = 0, decorrelate: bool = False,
                  action_bounds: str = "clip", env_check: str = "warn", num_policies: int = 1,
-                 policy_seed=None):
+                 policy_seed=None, activity: Activity | None = None):
         if len(envs) % num_splits:
             raise ValueError(f"{len(envs)} envs cannot be split into {num_splits} equal groups")
         if env_check not in ENV_CHECKS:
@@ -122,6 +124,8 @@ class RolloutWorker:
         self.generation = generation
         self.epoch = epoch
         self.decorrelate = decorrelate
+        self.activity = activity if activity is not None else Activity()
+        self._stepping = [Activity.code(STEPPING, i) for i in range(len(envs))]
         self.truncations_not_bootstrapped = 0
         self.free: deque[int] = deque(free_buffers)
         self._timer = CallTimer(env_timeout)
@@ -140,6 +144,8 @@ class RolloutWorker:
         self._check_obs = ObsCheck(self._obs_np, as_dict_space(envs[0].observation_space))
         self._has_rnn = buffers.layout.rnn_size > 0
         first = worker_id * len(envs)
+        self.decorrelation = Decorrelation(  # global env e asks for e x rollout random steps
+            self.rollout * sum(range(first, first + len(envs))) * decorrelate, self.activity)
         per_split = len(envs) // num_splits
         self.splits = [
             Split(env_ids=[first + i for i in range(s * per_split, (s + 1) * per_split)],
@@ -161,25 +167,6 @@ class RolloutWorker:
                                        [s.local for s in self.splits], 1, worker_id * num_splits)
 
     # -- public API ---------------------------------------------------------------------
-
-    def start(self, beat: Callable[[], None] = lambda: None) -> StepOutput:
-        """Reset every env, write the first observations; return a request per split.
-        ``beat`` is called before each env's reset (the worker's heartbeat: resetting many
-        multiplayer matches can outlast --worker_timeout)."""
-        out = StepOutput()
-        for s, split in enumerate(self.splits):
-            split.pending_obs = []
-            for i, e in zip(split.local, split.env_ids):
-                beat()
-                split.pending_obs.append(self._first_obs(i, e, out))
-            self._begin_trajectories(s, out)
-        return out
-
-    def _first_obs(self, i: int, e: int, out: StepOutput):
-        """Env ``i`` (global id ``e``) starts: its first observation (after random steps)."""
-        seed = None if self.seed is None else self.seed + e
-        obs = self._new_episode(i, e, 0, out, seed=seed)
-        return self._random_steps(i, e * self.rollout, obs, seed, out) if self.decorrelate else obs
 
     def accepts(self, ready: ActionsReady) -> bool:
         """Whether ``ready`` answers the request now in flight for its split (a message for
@@ -213,8 +200,11 @@ class RolloutWorker:
     def _step_split(self, split: Split, t: int, bufs: list[int], actions: list,
                     out: StepOutput) -> list[dict]:
         """Step the split's envs with one action per slot; each slot's next observation."""
-        return [self._step(i, e, b, t, action, out)
-                for i, e, b, action in zip(split.local, split.env_ids, bufs, actions)]
+        next_obs, cells, at = [], self.activity.cells, self.activity.index
+        for i, e, b, action in zip(split.local, split.env_ids, bufs, actions):
+            cells[at] = self._stepping[i]  # what the runner names if this step hangs
+            next_obs.append(self._step(i, e, b, t, action, out))
+        return next_obs
 
     def _stepped(self, split_id: int, next_obs: list[dict], out: StepOutput) -> StepOutput:
         """The split stepped: ask for the next actions, or hand the full trajectories over."""
@@ -342,25 +332,6 @@ class RolloutWorker:
             for j, b in enumerate(bufs):
                 arr[b, t] = obs[j][key]
 
-    def _random_steps(self, i: int, steps: int, obs: dict, seed: int | None,
-                      out: StepOutput) -> dict:
-        """Env ``i`` takes ``steps`` random actions (resetting when an episode ends); return
-        the observation it is left at. Nothing is recorded or reported; an env fault ends
-        the random steps with a new env, as in training."""
-        env = self.envs[i]
-        if seed is not None:
-            env.action_space.seed(seed)
-        try:
-            for _ in range(steps):
-                action = random_legal_action(env.action_space, obs)
-                obs, _, terminated, truncated, _ = self._timer.call(env.step, action)
-                if terminated or truncated:
-                    obs = self._timer.call(env.reset)[0]
-                    self._faults_in_a_row[i] = 0
-            return self._check_obs(obs)
-        except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
-            return self._replace_env(i, exc, out)
-
     def _request(self, split_id: int) -> InferenceRequest:
         split = self.splits[split_id]
         split.request_epoch = self.epoch
@@ -401,6 +372,7 @@ class RolloutWorker:
                 pass
             out.env_restarts += 1
             try:
+                self.activity(CREATING, i)
                 self.envs[i] = self.env_factory()
                 return self._reset(i)
             except Exception as exc:  # noqa: BLE001

@@ -1,0 +1,136 @@
+"""The memory budget of the trajectory buffers: a bare command allocates what the machine
+can spare.
+
+The buffers hold ``env slots x slots per env`` trajectories of ``rollout + 2`` observations
+each (``fastrl.sampling.buffers``), allocated at start in shared memory (``/dev/shm``, which
+is RAM). An env of many agents with large images makes them large: pistonball_v6 (20 agents,
+457x120x3 bytes each) with the pixel recipe's 2 workers x 8 envs made 320 slots and 640
+trajectories, 3.4 GiB. The budget is the smaller of :data:`RAM_SHARE` of the RAM available
+and :data:`SHM_SHARE` of the free space of ``/dev/shm`` (RAM only in serial mode); what the
+user did not set (``--num_envs_per_worker``, then ``--num_workers``) is scaled down until the
+buffers fit (async mode only: a sync-mode round is sized by the env count). Flags given win:
+when they do not fit, a line names them and the sizes. Decided when the config is parsed,
+where the env's spaces are probed (``fastrl.config.load.apply_recommended``); the result is
+saved in ``config.json``, so a resumed run keeps it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gymnasium import spaces
+
+from fastrl.config.settings import Config
+from fastrl.policy.obs import as_dict_space
+from fastrl.policy.recurrent import state_size
+from fastrl.policy.spaces import ObsPlan
+from fastrl.runner.common import buffers_per_env
+from fastrl.sampling.buffers import BufferLayout
+from fastrl.sampling.replay import available_memory, shm_free
+
+# The trajectory buffers may take 1/RAM_SHARE of the RAM available at start: the rest of a
+# run (a torch process per worker, env engines, the learner's batches and activations) takes
+# a few times as much again. And 1/SHM_SHARE of /dev/shm's free space (64 MiB in a default
+# Docker container), which env engines use too.
+RAM_SHARE = 8
+SHM_SHARE = 2
+SCALED = ("num_envs_per_worker", "num_workers")  # what the budget may lower, in this order
+
+
+def _gib(nbytes: float) -> str:
+    if nbytes >= 2**30:
+        return f"{nbytes / 2**30:.1f} GiB"
+    return f"{nbytes / 2**20:.{1 if nbytes < 10 * 2**20 else 0}f} MiB"
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    nbytes: int
+    parts: tuple[str, ...]  # where it comes from, in words
+
+    def describe(self, sep: str = " (") -> str:
+        """``2.7 GiB (1/8 of ..., 1/2 of ...)``; with ``sep=": "``, no parentheses."""
+        return f"{_gib(self.nbytes)}{sep}{', '.join(self.parts)}" + (")" if sep == " (" else "")
+
+
+def memory_budget(shared: bool = True) -> MemoryBudget | None:
+    """The budget now (``shared``: the buffers go to /dev/shm); None when nothing is known."""
+    limits = []
+    ram = available_memory()
+    if ram:
+        limits.append((ram // RAM_SHARE, f"1/{RAM_SHARE} of the {_gib(ram)} of RAM available"))
+    shm = shm_free() if shared else None
+    if shm:
+        limits.append((shm // SHM_SHARE, f"1/{SHM_SHARE} of the {_gib(shm)} free in /dev/shm"))
+    if not limits:
+        return None
+    return MemoryBudget(min(n for n, _ in limits), tuple(words for _, words in limits))
+
+
+def buffers_nbytes(cfg: Config, obs_space: spaces.Dict, action_space: spaces.Space,
+                   agents: int, num_workers: int, envs_per_worker: int) -> tuple[int, int]:
+    """(bytes, trajectories) of the buffers for ``obs_space`` (the model's) with these counts,
+    as ``build_wiring`` makes them (frame stacking counted as that many times the bytes)."""
+    slots = num_workers * envs_per_worker * agents
+    n = slots * buffers_per_env(cfg, slots)
+    rnn = state_size(cfg.rnn_type, cfg.rnn_size) if cfg.use_rnn else 0
+    layout = BufferLayout.from_spaces(obs_space, action_space, n, cfg.rollout, rnn)
+    return layout.nbytes() * max(1, cfg.env_framestack), n
+
+
+def fit_memory(cfg: Config, keep: set[str], obs_space: spaces.Space,
+               action_space: spaces.Space, agents: int,
+               budget: MemoryBudget | None = None) -> str | None:
+    """Lower the settings of :data:`SCALED` not in ``keep`` until the buffers of an env with
+    these spaces (as made, before adapting: ``obs_space`` is planned here) fit ``budget``
+    (default: :func:`memory_budget` now); return the line to say, or None when they fit."""
+    if cfg.num_sampler_nodes:  # each node sizes its own buffers
+        return None
+    budget = budget or memory_budget(shared=not cfg.serial_mode)
+    try:
+        keys = [k.strip() for k in cfg.obs_keys.split(",") if k.strip()]
+        model_space = as_dict_space(ObsPlan(obs_space, cfg.env_obs_layout, keys).model_space())
+        need, n = buffers_nbytes(cfg, model_space, action_space, agents, cfg.num_workers,
+                                 cfg.num_envs_per_worker)
+    except ValueError:  # a space the run refuses anyway, in its own words
+        return None
+    if budget is None or need <= budget.nbytes:
+        return None
+    size = f"{n:,} trajectories of {_gib(need / n)}, {_gib(need)}"
+    before = {k: getattr(cfg, k) for k in SCALED}
+    smallest = None
+    for workers, envs in _smaller(cfg, keep):
+        smallest = (workers, envs, *buffers_nbytes(cfg, model_space, action_space, agents,
+                                                   workers, envs))
+        if smallest[2] <= budget.nbytes:
+            break
+    if smallest is not None:  # the first that fits, else the smallest there is
+        cfg.num_workers, cfg.num_envs_per_worker, need, n = smallest
+    changes = ", ".join(f"--{k} {before[k]} -> {getattr(cfg, k)}" for k in SCALED
+                        if getattr(cfg, k) != before[k])
+    now = f"{n:,} trajectories, {_gib(need)}"
+    if need <= budget.nbytes:
+        return (f"memory: the trajectory buffers would hold {size}, over the budget of "
+                f"{budget.describe()}: {changes} ({now}); flags given are kept")
+    settings = " ".join(f"--{k}={getattr(cfg, k)}" + (" (given)" if k in keep else "")
+                        for k in (*SCALED, "worker_num_splits", "rollout", "batch_size"))
+    return (f"memory: the trajectory buffers hold {now if changes else size}, over the budget "
+            f"of {budget.describe()}" + (f" even with {changes}" if changes else "")
+            + f"; set by {settings}" + ("" if cfg.async_rl else " (sync mode: not scaled)")
+            + ": lower them if the run runs out of memory")
+
+
+def _smaller(cfg: Config, keep: set[str]):
+    """(workers, envs per worker) to try, largest first: fewer envs per worker (in whole
+    splits), then fewer workers, each only when not in ``keep``."""
+    if not cfg.async_rl:
+        return
+    split = cfg.worker_num_splits
+    envs = ([cfg.num_envs_per_worker] if "num_envs_per_worker" in keep else
+            range(cfg.num_envs_per_worker - split, split - 1, -split))
+    for e in envs:
+        yield cfg.num_workers, e
+    if "num_workers" not in keep:
+        e = cfg.num_envs_per_worker if "num_envs_per_worker" in keep else split
+        for w in range(cfg.num_workers - 1, 0, -1):
+            yield w, e
