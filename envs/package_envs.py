@@ -71,7 +71,13 @@ FAMILIES: tuple[Family, ...] = (
            opengl=True, notes="OpenGL; headless through EGL when DISPLAY is unset"),
     Family("highway-env", ("highway-", "merge-", "roundabout-", "parking-", "intersection-",
                            "racetrack-", "exit-", "two-way-", "lane-keeping-", "u-turn-"),
-           "highway_env", _extra("highway"), notes="slow steps (about 15 ms)"),
+           "highway_env", _extra("highway"),
+           # highway-v0 steps at 2-14 a second per core here (15 simulation frames, 50 cars,
+           # in Python): the classic recipe's sync round of 2 x 8 envs x 64 steps took minutes
+           # before the first update; 2 x 4 envs x 16 steps is one 128-step batch a round.
+           recommended={"num_envs_per_worker": 4, "rollout": 16, "batch_size": 32,
+                        "num_batches_per_epoch": 4},
+           notes="slow steps (70-500 ms for highway-v0): 4 envs a worker, rollout 16"),
     Family("Crafter", ("CrafterReward-", "CrafterNoReward-"), "crafter", _extra("crafter"),
            factory=CRAFTER_FACTORY, notes="crafter registers with the old gym only: "
                                           "fastrl's adapter makes its two ids"),
