@@ -26,6 +26,7 @@ import contextlib
 import difflib
 import importlib
 import io
+import re
 import sys
 from typing import Any, NamedTuple
 
@@ -54,10 +55,14 @@ def _extra(name: str) -> str:
     return f"pip install -c constraints.txt -e '.[{name}]'"
 
 
-# What to do when an OpenGL family cannot open a context.
-GL_HINT = ("it renders with OpenGL: with DISPLAY unset fastrl takes pyglet's and MuJoCo's "
-           "headless EGL path (PYGLET_HEADLESS=True, MUJOCO_GL=egl), which needs libEGL "
-           "(apt-get install libegl1), or run under xvfb-run")
+# What to do when OpenGL cannot start (no display, no EGL driver, no context).
+GL_HINT = ("without a display fastrl takes pyglet's headless EGL path (PYGLET_HEADLESS=True) "
+           "and, for envs that render frames, MuJoCo's (MUJOCO_GL=egl), which need libEGL and a "
+           "driver for it (apt-get install libegl1 libegl-mesa0, or the GPU's); else unset "
+           "MUJOCO_GL (state-only MuJoCo envs need no OpenGL), set MUJOCO_GL=osmesa, or run "
+           "under xvfb-run")
+# Words of an error that is about OpenGL (not "GLIBC_2.38 not found").
+_GL_WORDS = re.compile(r"EGL|OpenGL|GLFW|GLX|libGL\b|\bGL\b")
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -135,8 +140,10 @@ def suggestions() -> list[str]:
 def import_package(module: str, env_name: str, install: str, opengl: bool = False) -> None:
     """Import ``module`` for env ``env_name``; any failure is one ``MissingExtraError`` line
     naming ``install`` (not installed, or broken: a clash of versions shows as an
-    AttributeError or an OSError while it is imported; ``opengl``: or no OpenGL context,
-    which MiniWorld opens on import)."""
+    AttributeError or an OSError while it is imported), or saying how to get OpenGL where
+    that is what failed: the EGL that MUJOCO_GL names (dm_control loads it on import), a
+    library of OpenGL's, or (``opengl``) any failure of pyglet's, whose context MiniWorld
+    opens on import."""
     from fastrl.errors import MissingExtraError
 
     if module in sys.modules:
@@ -151,7 +158,7 @@ def import_package(module: str, env_name: str, install: str, opengl: bool = Fals
         raise MissingExtraError(f"env {env_name!r} needs {module}, which is not installed: "
                                 f"{install}") from None
     except Exception as exc:  # noqa: BLE001 - a package broken on import: say which and how
-        how = GL_HINT if opengl and _is_gl_failure(exc) else \
+        how = f"OpenGL could not start: {GL_HINT}" if _is_gl_failure(exc, opengl) else \
             f"reinstall it with the pinned versions: {install}"
         raise MissingExtraError(f"env {env_name!r} needs {module}, which failed to import "
                                 f"({_reason(exc)}); {how}") from None
@@ -249,7 +256,7 @@ def make_package_env(name: str, **options: Any):
     except gym.error.UnregisteredEnv:
         raise _unregistered(name, env_id, package) from None
     except Exception as exc:
-        if opengl and _is_gl_failure(exc):
+        if opengl and _is_gl_failure(exc, opengl):
             from fastrl.errors import MissingExtraError
 
             raise MissingExtraError(f"env {name!r} could not open an OpenGL context "
@@ -257,7 +264,9 @@ def make_package_env(name: str, **options: Any):
         raise
 
 
-def _is_gl_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` says OpenGL is not to be had (no display, no EGL, no context)."""
-    return type(exc).__module__.startswith(("pyglet", "OpenGL")) or \
-        isinstance(exc, ImportError | OSError) and "GL" in str(exc)
+def _is_gl_failure(exc: BaseException, opengl: bool = False) -> bool:
+    """Whether ``exc`` says OpenGL is not to be had (no display, no EGL, no context): an
+    ImportError or OSError about OpenGL, or (``opengl``: a family that renders through
+    pyglet) an error of pyglet's or PyOpenGL's."""
+    return opengl and type(exc).__module__.startswith(("pyglet", "OpenGL")) or \
+        isinstance(exc, ImportError | OSError) and _GL_WORDS.search(str(exc)) is not None

@@ -23,7 +23,8 @@ no simulator (vizdoom loads when a doom env is made, ale_py when an Atari env is
 of fastrl, so there is no import circle.
 
 Without a display, making an env first chooses the headless OpenGL paths
-(:func:`use_headless_gl`), so that envs rendering through pyglet or MuJoCo run on a server.
+(:func:`use_headless_gl`), so that envs rendering through pyglet or MuJoCo run on a server
+(MuJoCo's only when the env renders frames: its ``render_mode``).
 
 Options are passed to the factory as keyword arguments. When the factory's signature
 does not accept an option, an option left at None is dropped and any other value is a
@@ -169,18 +170,23 @@ def _is_gym_id(name: str) -> bool:
     return name in gym_registry or (":" in name and not name.startswith(":"))
 
 
-def use_headless_gl(environ: MutableMapping[str, str] = os.environ) -> list[str]:
+def use_headless_gl(environ: MutableMapping[str, str] = os.environ, render: bool = False
+                    ) -> list[str]:
     """On a machine without a display (``DISPLAY`` and ``WAYLAND_DISPLAY`` unset), choose the
     headless OpenGL paths before an env imports its renderer, unless the variable is set
-    already: ``PYGLET_HEADLESS=True`` (pyglet renders through EGL: MiniWorld) and, where
-    libEGL is installed, ``MUJOCO_GL=egl`` (MuJoCo and dm_control; without it they try GLFW,
-    which needs a display). Returns the names set. A pyglet imported already, with no window
-    module yet, is switched too; one with a window module can no longer switch (the env then
-    fails in one line that says how: ``envs.package_envs.GL_HINT``)."""
+    already: ``PYGLET_HEADLESS=True`` (pyglet renders through EGL: MiniWorld's observations)
+    and, when frames are to be rendered (``render``: a ``render_mode`` such as ``rgb_array``,
+    enjoy.py's video) and libEGL is installed, ``MUJOCO_GL=egl`` (MuJoCo and dm_control;
+    unset, they try GLFW first, which needs a display). State-only MuJoCo envs keep
+    MUJOCO_GL unset: dm_control imports the backend it names when it is imported, and an EGL
+    that cannot start (libglvnd's libEGL without a driver, in a container) would fail it,
+    where unset it falls back. Returns the names set. A pyglet imported already, with no
+    window module yet, is switched too; one with a window module can no longer switch (the
+    env then fails in one line that says how: ``envs.package_envs.GL_HINT``)."""
     if environ.get("DISPLAY") or environ.get("WAYLAND_DISPLAY"):
         return []
     chosen = {"PYGLET_HEADLESS": "True"}
-    if _has_egl():
+    if render and _has_egl():
         chosen["MUJOCO_GL"] = "egl"
     set_now = [name for name in chosen if name not in environ]
     for name in set_now:
@@ -190,6 +196,13 @@ def use_headless_gl(environ: MutableMapping[str, str] = os.environ) -> list[str]
             "pyglet.window" not in sys.modules:
         pyglet.options["headless"] = True
     return set_now
+
+
+def renders_frames(options: dict[str, Any]) -> bool:
+    """Whether an env made with ``options`` renders frames off screen (its ``render_mode``
+    is one of gymnasium's arrays: ``rgb_array``, ``depth_array``...)."""
+    mode = options.get("render_mode")
+    return isinstance(mode, str) and mode.endswith(("_array", "_array_list"))
 
 
 EGL_LIBRARY = "libEGL.so.1"
@@ -209,15 +222,16 @@ def _has_egl() -> bool:
         return False
 
 
-def import_env_packages(names: str | list[str]) -> None:
+def import_env_packages(names: str | list[str], render: bool = False) -> None:
     """Import each package of ``names`` (``--env_packages``: comma-separated module names),
-    so that the gymnasium ids they register on import can be made. A package that cannot be
-    imported, or fails while it is, is an ``UnknownEnvError`` naming it (one line)."""
+    so that the gymnasium ids they register on import can be made (``render``: for an env
+    that renders frames, :func:`use_headless_gl`). A package that cannot be imported, or
+    fails while it is, is an ``UnknownEnvError`` naming it (one line)."""
     if isinstance(names, str):
         names = names.split(",")
     names = [n.strip() for n in names if n.strip()]
     if names:
-        use_headless_gl()
+        use_headless_gl(render=render)
     for module in names:
         try:
             importlib.import_module(module)
@@ -318,7 +332,7 @@ def make_env(name: str, **options: Any) -> gym.Env:
     Raises `UnknownEnvError` (a `ValueError`) listing close matches when `name` is
     unknown, and `ValueError` for an option the factory does not support.
     """
-    use_headless_gl()
+    use_headless_gl(render=renders_frames(options))
     entry = _entry(name) if isinstance(name, str) else None
     factory = entry[0] if entry is not None else None
     if factory is None:

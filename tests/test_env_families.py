@@ -135,6 +135,32 @@ def test_an_opengl_family_without_a_display_says_how(tmp_path, monkeypatch):
     assert "PYGLET_HEADLESS=True" in message and "xvfb-run" in message
 
 
+@pytest.mark.parametrize("error", [
+    "ImportError('Cannot initialize a headless EGL display.')",
+    "OSError('libGL.so.1: cannot open shared object file')",
+])
+def test_a_package_without_opengl_on_import_names_the_headless_path(tmp_path, monkeypatch,
+                                                                     error):
+    """dm_control imports the OpenGL backend MUJOCO_GL names when it is imported: an EGL that
+    cannot start is not a broken install (no "reinstall"), whatever the family."""
+    _module_file(tmp_path, monkeypatch, "fastrl_egl_pkg", f"raise {error}\n")
+    _family(monkeypatch, "Egl-", "fastrl_egl_pkg", "pip install egl")
+    with pytest.raises(MissingExtraError) as err:
+        make_env("Egl-v0")
+    message = one_line(err)
+    assert "failed to import" in message and "reinstall" not in message
+    assert "MUJOCO_GL" in message and "xvfb-run" in message
+
+
+def test_a_glibc_clash_on_import_is_no_opengl_failure(tmp_path, monkeypatch):
+    _module_file(tmp_path, monkeypatch, "fastrl_glibc_pkg",
+                 "raise OSError(\"libc.so.6: version `GLIBC_2.38' not found\")\n")
+    _family(monkeypatch, "Glibc-", "fastrl_glibc_pkg", "pip install glibc", opengl=True)
+    with pytest.raises(MissingExtraError) as err:
+        make_env("Glibc-v0")
+    assert one_line(err).endswith("reinstall it with the pinned versions: pip install glibc")
+
+
 def test_env_packages_broken_on_import_is_one_line(tmp_path, monkeypatch):
     _module_file(tmp_path, monkeypatch, "fastrl_broken_pkg", "raise RuntimeError('no GPU')\n")
     with pytest.raises(UnknownEnvError) as err:
@@ -167,17 +193,41 @@ def test_noise_lines_are_dropped_and_others_pass(capsys):
 
 # ----- headless OpenGL ---------------------------------------------------------------------
 
-def test_no_display_chooses_the_headless_paths(monkeypatch):
+def test_no_display_chooses_pyglets_headless_path_and_leaves_mujoco_alone(monkeypatch):
+    """State-only MuJoCo envs (dm_control's, Hopper's) render nothing: MUJOCO_GL stays unset,
+    so that dm_control, which imports the backend MUJOCO_GL names when it is imported, still
+    falls back where libEGL is listed but no EGL driver starts (a container)."""
     monkeypatch.setattr(env_registry, "_has_egl", lambda: True)
     environ: dict[str, str] = {}
-    assert sorted(use_headless_gl(environ)) == ["MUJOCO_GL", "PYGLET_HEADLESS"]
+    assert use_headless_gl(environ) == ["PYGLET_HEADLESS"]
+    assert environ == {"PYGLET_HEADLESS": "True"}
+
+
+def test_rendering_frames_without_a_display_chooses_mujocos_egl(monkeypatch):
+    monkeypatch.setattr(env_registry, "_has_egl", lambda: True)
+    environ: dict[str, str] = {}
+    assert sorted(use_headless_gl(environ, render=True)) == ["MUJOCO_GL", "PYGLET_HEADLESS"]
     assert environ == {"PYGLET_HEADLESS": "True", "MUJOCO_GL": "egl"}
 
 
 def test_without_egl_mujoco_keeps_its_own_choice(monkeypatch):
     monkeypatch.setattr(env_registry, "_has_egl", lambda: False)
     environ: dict[str, str] = {}
-    assert use_headless_gl(environ) == ["PYGLET_HEADLESS"] and "MUJOCO_GL" not in environ
+    assert use_headless_gl(environ, render=True) == ["PYGLET_HEADLESS"]
+    assert "MUJOCO_GL" not in environ
+
+
+@pytest.mark.parametrize("options, mujoco_gl", [({}, None), ({"render_mode": None}, None),
+                                                ({"render_mode": "rgb_array"}, "egl")])
+def test_make_env_chooses_mujocos_egl_only_to_render_frames(monkeypatch, options, mujoco_gl):
+    monkeypatch.setattr(env_registry, "_has_egl", lambda: True)
+    for name in ("DISPLAY", "WAYLAND_DISPLAY", "PYGLET_HEADLESS", "MUJOCO_GL"):
+        monkeypatch.setenv(name, "x")  # recorded, so that the test leaves os.environ as it was
+        monkeypatch.delenv(name)
+    make_env("CartPole-v1", **options).close()
+    import os
+
+    assert os.environ.get("MUJOCO_GL") == mujoco_gl
 
 
 @pytest.mark.parametrize("environ", [{"DISPLAY": ":0"}, {"WAYLAND_DISPLAY": "wayland-0"}])
@@ -189,7 +239,7 @@ def test_a_display_changes_nothing(environ):
 def test_the_users_choice_stays(monkeypatch):
     monkeypatch.setattr(env_registry, "_has_egl", lambda: True)
     environ = {"PYGLET_HEADLESS": "False", "MUJOCO_GL": "osmesa"}
-    assert use_headless_gl(environ) == []
+    assert use_headless_gl(environ, render=True) == []
     assert environ == {"PYGLET_HEADLESS": "False", "MUJOCO_GL": "osmesa"}
 
 

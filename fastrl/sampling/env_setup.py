@@ -10,7 +10,13 @@ import gymnasium as gym
 from gymnasium import spaces
 
 from fastrl.config.settings import Config
-from fastrl.env_registry import import_env_packages, make_env, recommended_settings, stack_frames
+from fastrl.env_registry import (
+    import_env_packages,
+    make_env,
+    recommended_settings,
+    renders_frames,
+    stack_frames,
+)
 from fastrl.errors import EnvSettingsError
 from fastrl.policy.obs import as_dict_space
 from fastrl.policy.spaces import ObsPlan
@@ -96,7 +102,7 @@ def obs_plan(cfg: Config, space: spaces.Space) -> ObsPlan:
 
 
 def create_env(cfg: Config, **extra) -> gym.Env:
-    import_env_packages(cfg.env_packages)
+    import_env_packages(cfg.env_packages, render=renders_frames(extra))
     # The processes an env starts (VizDoom's engine) never see the launcher's signals: a
     # scheduler's SIGTERM to the whole job must not kill them mid-step; they are closed in
     # order (fastrl.transport.signals).
