@@ -6,7 +6,9 @@ its ``crafter.Env`` speaks gym's old API: ``reset() -> obs``, ``step(a) -> (obs,
 info)``, spaces of gym's or, without gym, plain named tuples. :class:`CrafterEnv` adapts it:
 
 - ``reset(seed=s)`` makes a new world generator seeded with ``s`` (crafter takes its seed at
-  construction and derives each episode's world from it and the episode count);
+  construction and derives each episode's world from it and the episode count); without a
+  seed, the first comes from OS entropy (crafter's own draw, from numpy's global generator,
+  is the same in every process forked from one parent);
 - ``done`` is split: ``terminated`` when the player died (crafter's ``discount`` is 0),
   ``truncated`` at the episode length (10,000 steps, crafter's own);
 - spaces: ``Box(0, 255, (64, 64, 3), uint8)`` (channels last) and ``Discrete(17)``;
@@ -45,6 +47,10 @@ class CrafterEnv(gym.Env):
         self.render_mode = render_mode
         self._options = {"reward": reward, "length": length, "size": (size, size)}
         self._make = crafter.Env
+        if seed is None:
+            # crafter would draw it from numpy's global generator, whose state every rollout
+            # worker forked from the fork server shares: the same worlds in every worker.
+            seed = int(np.random.SeedSequence().generate_state(1)[0] % (2**31 - 1))
         self._env = self._make(**self._options, seed=seed)
         self.observation_space = spaces.Box(0, 255, (size, size, 3), np.uint8)
         self.action_space = spaces.Discrete(self._env.action_space.n)

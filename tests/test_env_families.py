@@ -300,6 +300,22 @@ def test_crafter_dying_terminates_and_the_length_truncates(fake_crafter):
     assert [s[2:4] for s in steps][-1] == (False, True) and steps[-1][1] == 0.5
 
 
+def test_crafter_worlds_without_a_seed_differ_across_forked_workers(fake_crafter):
+    """crafter.Env(seed=None) draws its world seed from numpy's global generator, the same in
+    every child of the fork server: without a seed the adapter draws one from OS entropy."""
+    state = np.random.get_state()
+    try:
+        for _ in range(2):
+            np.random.seed(0)  # as every rollout worker forked from the fork server starts
+            crafter_env.CrafterEnv()
+    finally:
+        np.random.set_state(state)
+    first, second = FakeCrafter.made
+    assert isinstance(first, int) and isinstance(second, int) and first != second
+    crafter_env.CrafterEnv(seed=7).reset(seed=9)
+    assert FakeCrafter.made[2:] == [7, 9]  # a seed given is used as it is
+
+
 def test_crafter_ids_through_make_env(fake_crafter):
     env = make_env("CrafterReward-v1")
     assert env.observation_space.shape == (64, 64, 3) and env.action_space.n == 17

@@ -1,6 +1,8 @@
 """Each process draws its own random numbers: fastrl.runner.common.seed_everything with a
 stream, and the policy workers' use of it (issue 23, defect 4: every policy worker, on every
-node and after every restart, drew the same action-sampling stream)."""
+node and after every restart, drew the same action-sampling stream) and the rollout workers'
+(issue 41: envs drawing from numpy's global generator, crafter's without a seed, made the
+same worlds in every rollout worker)."""
 
 from types import SimpleNamespace
 
@@ -9,7 +11,12 @@ import torch
 
 from fastrl.config.settings import Config
 from fastrl.runner import children
-from fastrl.runner.common import POLICY_STREAM, seed_everything
+from fastrl.runner.common import (
+    LEARNER_STREAM,
+    POLICY_STREAM,
+    ROLLOUT_STREAM,
+    seed_everything,
+)
 
 
 def _draw(seed, *stream) -> torch.Tensor:
@@ -41,22 +48,44 @@ class _Seeded(Exception):
     pass
 
 
-@pytest.mark.parametrize("seed", [3, None])
-def test_each_policy_worker_seeds_from_its_id_and_restarts(monkeypatch, seed):
+def _seeds_of(monkeypatch, main, wirings) -> list[tuple]:
+    """What ``main(wiring, id)`` of each ``(wiring, id)`` passes to seed_everything, which
+    then stops it (before the worker builds its model or makes its envs)."""
     seen = []
 
     def record(*args):
         seen.append(args)
-        raise _Seeded  # stop before the worker builds its model
+        raise _Seeded
 
     monkeypatch.setattr(children, "seed_everything", record)
-    for policy_id, epoch in [(0, 0), (1, 0), (1, 2)]:
-        wiring = SimpleNamespace(cfg=Config(seed=seed), policy_slot=lambda p: 10 + p,
-                                 beat=lambda slot: None, policy_epoch=SimpleNamespace(value=epoch))
+    for wiring, place in wirings:
         with pytest.raises(_Seeded):
-            children.policy_worker_main(wiring, policy_id)
-    assert seen == [(seed, POLICY_STREAM, 0, 0), (seed, POLICY_STREAM, 1, 0),
-                    (seed, POLICY_STREAM, 1, 2)]
+            main(wiring, place)
+    return seen
+
+
+PLACES = [(0, 0), (1, 0), (1, 2)]  # (worker id, restarts)
+
+
+@pytest.mark.parametrize("seed", [3, None])
+def test_each_policy_worker_seeds_from_its_id_and_restarts(monkeypatch, seed):
+    wirings = [(SimpleNamespace(cfg=Config(seed=seed), policy_slot=lambda p: 10 + p,
+                                beat=lambda slot: None,
+                                policy_epoch=SimpleNamespace(value=epoch)), policy_id)
+               for policy_id, epoch in PLACES]
+    assert _seeds_of(monkeypatch, children.policy_worker_main, wirings) == \
+        [(seed, POLICY_STREAM, *place) for place in PLACES]
+
+
+@pytest.mark.parametrize("seed", [3, None])
+def test_each_rollout_worker_seeds_from_its_id_and_restarts_before_its_envs(monkeypatch,
+                                                                            seed):
+    wirings = [(SimpleNamespace(cfg=Config(seed=seed),
+                                worker_gen=[generation if w == worker_id else 0 for w in (0, 1)]),
+                worker_id) for worker_id, generation in PLACES]
+    assert _seeds_of(monkeypatch, children.rollout_worker_main, wirings) == \
+        [(seed, ROLLOUT_STREAM, *place) for place in PLACES]
+    assert ROLLOUT_STREAM not in (POLICY_STREAM, LEARNER_STREAM)
 
 
 @pytest.mark.slow

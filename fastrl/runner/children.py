@@ -12,7 +12,13 @@ from fastrl.algo.learner_group import LearnerGroup
 from fastrl.config.settings import Config
 from fastrl.device import learner_device, resolve_device, resolve_precision
 from fastrl.log import log
-from fastrl.runner.common import LEARNER_STREAM, POLICY_STREAM, build_model, seed_everything
+from fastrl.runner.common import (
+    LEARNER_STREAM,
+    POLICY_STREAM,
+    ROLLOUT_STREAM,
+    build_model,
+    seed_everything,
+)
 from fastrl.runner.replay_station import make_learner_station, make_rank_station
 from fastrl.runner.stations import (
     PolicyStation,
@@ -30,6 +36,10 @@ REPORT_EVERY = {"rollout": 0.5, "policy": 1.0, "learner": 0.5}  # seconds betwee
 
 
 def rollout_worker_main(wiring: Wiring, worker_id: int) -> None:
+    # Envs that draw from numpy's or Python's global generator (crafter's worlds without a
+    # seed) would otherwise start from the fork server's state, the same in every worker:
+    # each worker, and each restart of one (a new generation), draws its own stream.
+    seed_everything(wiring.cfg.seed, ROLLOUT_STREAM, worker_id, int(wiring.worker_gen[worker_id]))
     station = RolloutStation(wiring, worker_id, REPORT_EVERY["rollout"])
     try:
         station.start()

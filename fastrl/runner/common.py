@@ -132,6 +132,7 @@ def process_context():
 # ``seed_everything`` streams: the kinds of process that draw random numbers of their own.
 POLICY_STREAM = 1
 LEARNER_STREAM = 2  # the learners of policies 1, 2, ... (policy 0 seeds from --seed itself)
+ROLLOUT_STREAM = 3  # envs that draw from numpy's or Python's global generator
 
 
 def seed_everything(seed: int | None, *stream: int) -> None:
