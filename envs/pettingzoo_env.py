@@ -4,8 +4,10 @@
 ``--env pettingzoo:<module>`` names a module with a ``parallel_env(**kwargs)`` function:
 ``pettingzoo:mpe2.simple_spread_v3``, ``pettingzoo:pettingzoo.butterfly.pistonball_v6``;
 a name that is not importable as it is is tried under ``pettingzoo.`` too
-(``pettingzoo:butterfly.pistonball_v6``). :func:`match_env` is what the registry reads: it
-imports nothing; pettingzoo is imported when such an env is made.
+(``pettingzoo:butterfly.pistonball_v6``). A module with ``env()`` and no ``parallel_env()``
+is a turn-based game: ``envs/pettingzoo_aec.py`` plays it (``pettingzoo:classic.connect_four_v3``).
+:func:`match_env` is what the registry reads: it imports nothing; pettingzoo is imported when
+such an env is made.
 
 How PettingZoo's episodes map onto the contract:
 
@@ -25,6 +27,7 @@ How PettingZoo's episodes map onto the contract:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 import gymnasium as gym
@@ -63,11 +66,16 @@ def _import_env_module(module: str):
         try:
             found = importlib.import_module(candidate)
         except ImportError as exc:
+            if _exists(candidate):  # there, but a package it needs is not
+                from fastrl.errors import MissingExtraError
+
+                raise MissingExtraError(f"env {PREFIX}{module}: {_missing(candidate, exc)}"
+                                        ) from None
             errors.append(f"{candidate}: {exc}")
             continue
-        if not callable(getattr(found, "parallel_env", None)):
-            raise ValueError(f"env {PREFIX}{module}: module {candidate} has no parallel_env(); "
-                             "PettingZoo envs with the parallel API have one")
+        if not any(callable(getattr(found, f, None)) for f in ("parallel_env", "env")):
+            raise ValueError(f"env {PREFIX}{module}: module {candidate} has no parallel_env() "
+                             "and no env(); PettingZoo envs have one or both")
         return found
     from fastrl.errors import UnknownEnvError
 
@@ -75,22 +83,51 @@ def _import_env_module(module: str):
                           f"{INSTALL_HINT}")
 
 
+def _exists(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # (a parent package that is not there)
+        return False
+
+
+def _missing(module: str, exc: ImportError) -> str:
+    """One line for a module that is there but cannot be imported: the package it needs."""
+    if not exc.name or module.startswith(exc.name):
+        return f"module {module} needs what is not installed: {' '.join(str(exc).split())}"
+    family = module.split(".")[1] if module.startswith("pettingzoo.") else None
+    extra = f" (or pip install 'pettingzoo[{family}]')" if family else ""
+    return (f"module {module} needs the package {exc.name!r}, which is not installed: "
+            f"pip install {exc.name.split('.')[0]}{extra}")
+
+
 def make_pettingzoo_env(module: str, *, frameskip: int | None = None,
                         max_episode_steps: int | None = None, render_mode: str | None = None,
-                        env_kwargs: dict[str, Any] | None = None) -> PettingZooEnv:
-    """``parallel_env(**env_kwargs)`` of ``module`` as a multi-agent env.
-    ``max_episode_steps`` is given as PettingZoo's ``max_cycles``; ``frameskip`` must be None
-    or 1."""
+                        env_kwargs: dict[str, Any] | None = None) -> gym.Env:
+    """``parallel_env(**env_kwargs)`` of ``module`` as a multi-agent env, or its ``env()``
+    when it has no ``parallel_env`` (a turn-based game). ``max_episode_steps`` is given as
+    PettingZoo's ``max_cycles`` (a turn-based game: a limit on turns); ``frameskip`` must be
+    None or 1."""
     kwargs = dict(env_kwargs or {})
     if frameskip not in (None, 1):
         raise ValueError(f"frameskip={frameskip!r} is not supported for PettingZoo envs: they "
                          "step one frame per agent step (use None or 1)")
     found = _import_env_module(module)
-    if max_episode_steps is not None:
-        kwargs["max_cycles"] = max_episode_steps
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
-    return PettingZooEnv(found.parallel_env(**kwargs), f"{PREFIX}{module}")
+    turn_based = not callable(getattr(found, "parallel_env", None))
+    if max_episode_steps is not None and not turn_based:
+        kwargs["max_cycles"] = max_episode_steps
+    try:  # (a game may import what it needs only here: Hanabi's open_spiel)
+        env = found.env(**kwargs) if turn_based else found.parallel_env(**kwargs)
+    except ImportError as exc:
+        from fastrl.errors import MissingExtraError
+
+        raise MissingExtraError(f"env {PREFIX}{module}: {_missing(found.__name__, exc)}") from None
+    if turn_based:
+        from envs.pettingzoo_aec import PettingZooAECEnv
+
+        return PettingZooAECEnv(env, f"{PREFIX}{module}", max_episode_steps)
+    return PettingZooEnv(env, f"{PREFIX}{module}")
 
 
 def _agent_space(space: spaces.Space) -> tuple[spaces.Space, bool]:
@@ -113,15 +150,10 @@ class PettingZooEnv(gym.Env):
         self.name = name
         self.agent_ids = list(env.possible_agents)
         self.num_agents = len(self.agent_ids)
+        from envs.pettingzoo_aec import check_one_space
+
         first = self.agent_ids[0]
-        for agent in self.agent_ids[1:]:
-            for what, get in (("observation", env.observation_space),
-                              ("action", env.action_space)):
-                if get(agent) != get(first):
-                    env.close()
-                    raise ValueError(f"env {name}: agent {agent!r} has the {what} space "
-                                     f"{get(agent)}, {first!r} has {get(first)}; fastrl needs "
-                                     "one space for every agent (one policy acts for all)")
+        check_one_space(env, self.agent_ids, name)
         self.observation_space, self._transpose = _agent_space(env.observation_space(first))
         self.action_space = env.action_space(first)
         self.metadata = {**getattr(env, "metadata", {}), "frameskip": 1}

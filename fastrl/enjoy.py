@@ -3,7 +3,9 @@
 ``python enjoy.py --env ENV --experiment NAME`` loads the newest checkpoint of the experiment
 (or ``--checkpoint PATH``), rebuilds the model from the experiment's ``config.json``, plays
 ``--max_num_episodes`` episodes in one env, prints the mean and standard deviation of the
-native return and the length, and writes them to ``<experiment>/eval.json``. With
+native return and the length, and writes them to ``<experiment>/eval.json``. In a game of
+several agents, ``--opponent random`` (or a scripted player) plays against the policy and
+its wins, draws and losses are counted (:mod:`fastrl.experiment.versus`). With
 ``--save_video`` it also writes an mp4 of what the agent saw (and, when the env can render
 it, the full-resolution screen as ``*_full.mp4``); with ``--render`` it shows a window.
 
@@ -46,6 +48,7 @@ from fastrl.experiment.checkpoint import (
 from fastrl.experiment.evaluation import EvalResult, evaluate
 from fastrl.experiment.folder import write_json_atomic
 from fastrl.experiment.match import play_match, seats_and_checkpoints
+from fastrl.experiment.versus import OPPONENT_HELP, SELF, check_opponent, play_versus
 from fastrl.experiment.video import (
     FrameSinks,
     VideoRecorder,
@@ -82,6 +85,7 @@ class EnjoyOptions:
     fps: float | None
     render: bool
     policies: str | None = None
+    opponent: str = SELF
 
 
 def add_enjoy_arguments(parser: argparse.ArgumentParser, suppress_defaults: bool = False) -> None:
@@ -110,6 +114,9 @@ def add_enjoy_arguments(parser: argparse.ArgumentParser, suppress_defaults: bool
         "number per agent of a multi-agent env (e.g. 0,1), or one for every agent (none: "
         "agent a is played by policy a %% the number of policies; a single-agent env: 0)",
         metavar="K[,K...]")
+    add("opponent", SELF, f"A game of several agents: who plays against the policy: "
+        f"{OPPONENT_HELP}; the policy takes each seat in turn and its wins, draws and losses "
+        "are counted", metavar="WHO")
 
 
 def build_enjoy_parser(suppress_defaults: bool = False) -> argparse.ArgumentParser:
@@ -134,6 +141,8 @@ def parse_args(argv: list[str]) -> tuple[dict[str, Any], dict[str, Any], EnjoyOp
             errors.append(f"--{name}={getattr(options, name)}: must be >= 1")
     if options.fps is not None and not options.fps > 0:
         errors.append(f"--fps={options.fps}: must be > 0")
+    if check_opponent(options.opponent):
+        errors.append(check_opponent(options.opponent))
     if errors:
         raise ConfigError(errors)
     return ({k: v for k, v in full.items() if k in _CONFIG_KEYS},
@@ -292,6 +301,7 @@ def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOp
     result = EvalResult()
     agents: list[EvalResult] = []  # a multi-agent env's results, per agent
     seats: list[int] = [0]
+    versus = None
     interrupted = False
     try:
         info = env_info(env, cfg.env_obs_layout)
@@ -311,10 +321,12 @@ def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOp
                        else "training frames unknown")
         who = (f"policies {','.join(map(str, seats))} in its {len(seats)} seats"
                if info.multi_agent else f"{ckpt_path} ({trained_txt})")
+        if options.opponent != SELF:
+            who = f"policy {seats[0]} ({trained_txt}) against {options.opponent}"
         log(f"playing {options.max_num_episodes} episodes of {cfg.env} with {who}, "
             f"{'deterministic' if options.deterministic else 'sampled'} actions, device {device}")
         sink = FrameSinks(sinks) if sinks else None
-        if info.multi_agent:
+        if info.multi_agent and options.opponent == SELF:
             agents = [EvalResult() for _ in seats]
 
         def on_agent_episode(a: int, i: int, ret: float, length: int, metrics: dict) -> None:
@@ -326,7 +338,11 @@ def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOp
             _episode_line(i, options, ret, length, metrics)
 
         try:
-            if info.multi_agent:
+            if options.opponent != SELF:
+                versus = play_versus(models[seats[0]], env, options.opponent,
+                                     options.max_num_episodes, options.deterministic, device,
+                                     seed=cfg.seed, on_game=on_episode)
+            elif info.multi_agent:
                 play_match([models.get(k) for k in range(max(seats) + 1)], seats, env,
                            options.max_num_episodes, options.deterministic, device,
                            frame_sink=sink, seed=cfg.seed, on_episode=on_agent_episode)
@@ -360,6 +376,7 @@ def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOp
         **result.to_dict(),
         **({"agents": [{"agent": a, "policy": seats[a], **r.to_dict()}
                        for a, r in enumerate(agents)]} if agents else {}),
+        **({"opponent": options.opponent, "versus": versus.to_dict()} if versus else {}),
         "videos": [os.path.abspath(p) for p in videos],
         "video_frames": recorder.frames if recorder is not None else 0,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -373,6 +390,8 @@ def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOp
         if r.episodes:
             log(f"agent {a} (policy {seats[a]}): return {r.mean_return:.3f} +- "
                 f"{r.std_return:.3f} over {r.episodes} episodes" + _metrics_text(r.mean_metrics))
+    if versus is not None:
+        log(f"policy {seats[0]} {versus.summary(options.opponent)}")
     for path in videos:
         log(f"video: {path} ({report['video_frames']} frames at {fps:g} fps)")
     os.makedirs(exp_dir, exist_ok=True)

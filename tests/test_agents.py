@@ -8,11 +8,11 @@ import json
 
 import pytest
 import torch
-from gymnasium import spaces
 
 from fastrl.config.load import parse_config
 from fastrl.enjoy import main as enjoy_main
 from fastrl.errors import EnvSettingsError
+from fastrl.policy.obs import as_dict_space
 from fastrl.runner.common import check_env_settings
 from fastrl.runner.serial import run_serial
 from fastrl.sampling.agents import MultiAgentRolloutWorker, is_multi_agent, num_agents
@@ -32,7 +32,7 @@ def make_worker(num_envs=4, splits=2, per_env=3, agents=2, worker_id=0, rnn=0, e
     if envs is None:
         envs = [AgentsEnv(env_tag=100 * worker_id + i + 1, num_agents=agents, **env_kwargs)
                 for i in range(num_envs)]
-    obs_space = spaces.Dict({"obs": envs[0].observation_space})
+    obs_space = as_dict_space(envs[0].observation_space)
     slots = num_envs * agents
     layout = BufferLayout.from_spaces(obs_space, envs[0].action_space, slots * per_env, T, rnn)
     buffers = TrajectoryBuffers(layout)
@@ -42,10 +42,11 @@ def make_worker(num_envs=4, splits=2, per_env=3, agents=2, worker_id=0, rnn=0, e
     return worker, envs, buffers, rnn_state
 
 
-def drive(worker, buffers, steps):
-    """The pipeline's turns (tests/test_rollout.py), slots freed at once; return the completed
-    trajectories (copied out, as the learner does) and the episodes."""
-    groups, episodes = rollout_drive(worker, buffers, steps)
+def drive(worker, buffers, steps, **kwargs):
+    """The pipeline's turns (tests/test_rollout.py, which takes ``kwargs``), slots freed at
+    once; return the completed trajectories (copied out, as the learner does) and the
+    episodes."""
+    groups, episodes = rollout_drive(worker, buffers, steps, **kwargs)
     return [buffers_data for group in groups for _, buffers_data in group], episodes
 
 

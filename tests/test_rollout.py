@@ -52,8 +52,9 @@ def fake_policy(buffers, requests, version=0, rng=_RNG):
     return ready
 
 
-def drive(worker, buffers, steps, free_immediately=True):
-    """Alternate splits like the double-buffered pipeline; return completed trajectory slots."""
+def drive(worker, buffers, steps, free_immediately=True, rng=_RNG):
+    """Alternate splits like the double-buffered pipeline; return completed trajectory slots
+    (``rng.integers(3)`` draws each action)."""
     out = worker.start()
     requests = list(out.requests)
     done_slots, episodes = [], []
@@ -61,7 +62,7 @@ def drive(worker, buffers, steps, free_immediately=True):
         if not requests:
             break
         req = requests.pop(0)
-        for split in fake_policy(buffers, [req]):
+        for split in fake_policy(buffers, [req], rng=rng):
             step = worker.on_actions(split)
             requests += step.requests
             episodes += step.episodes

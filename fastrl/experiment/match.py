@@ -4,7 +4,9 @@ Each agent of the env (its *seat*) is played by one of the experiment's policies
 (``--num_policies``): ``seats[a]`` is the policy of agent ``a``. Several seats may hold the
 same policy (self-play), and a multiplayer scenario's bots are the env's own business. The
 env follows the multi-agent contract of :mod:`fastrl.sampling.agents`: it restarts each agent
-itself, and an agent may sit out steps (``info["inactive"]``), which count for nothing.
+itself, and an agent may sit out steps (``info["inactive"]``), which count for nothing. A
+seat may instead be played by an opponent that is no policy (``opponents``: a random or a
+scripted player, :mod:`fastrl.experiment.versus`).
 
 Every agent plays until it has finished ``num_episodes`` episodes (the others go on playing
 meanwhile, since a match goes on for all of them; their further episodes are not counted).
@@ -15,6 +17,7 @@ return, the length and the env's own figures (frags, deaths, placing...) of each
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 import torch
@@ -93,9 +96,11 @@ def play_match(
     frame_sink: FrameSink | None = None,
     seed: int | None = None,
     on_episode: Callable[[int, int, float, int, dict], None] | None = None,
+    opponents: dict[int, Callable[[Any], Any]] | None = None,
 ) -> list[EvalResult]:
     """Play ``env`` with ``models[seats[a]]`` acting for agent ``a`` until every agent has
-    finished ``num_episodes`` episodes; return each agent's results.
+    finished ``num_episodes`` episodes; return each agent's results. ``opponents[a]``, where
+    given, plays agent ``a`` instead: the agent's observation -> its action.
 
     ``frame_sink`` gets agent 0's observations (the video shows what it saw). ``seed`` seeds
     the env's reset and, in a private fork of torch's RNG, the action sampling.
@@ -121,6 +126,9 @@ def play_match(
                     obs_dict = obs_to_dict(obs[a])
                     if a == 0 and frame_sink is not None:
                         frame_sink(obs_dict, env)
+                    if opponents and a in opponents:
+                        actions.append(opponents[a](obs[a]))
+                        continue
                     logits, _, states[a] = model.forward_step(obs_to_tensors(obs_dict, device),
                                                               states[a])
                     dist = ActionDistribution(logits, model.action_spec)
