@@ -29,10 +29,10 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.wrappers import RecordEpisodeStatistics, TimeLimit
 
+from envs.atari_games import OBS_SIZE
 from envs.doom_image import INTERPOLATIONS, ImageResizer
 
 DEFAULT_FRAMESKIP = 4
-OBS_SIZE = 84  # height and width of the observation (DQN's 84x84)
 EMULATOR_FPS = 60  # Atari 2600 (NTSC) frames per second of game time
 
 _INSTALL_HINT = "pip install 'fastrl[atari]' (or pip install ale-py)"

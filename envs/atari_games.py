@@ -19,6 +19,8 @@ import re
 from typing import Any
 
 FACTORY = "envs.atari:make_atari_env"
+OBS_SIZE = 84  # height and width of the observation (DQN's 84x84)
+FULL_ACTION_SET = 18  # the most actions an Atari game has
 
 # The games ale-py registers legacy (v0/v4) ids for (ale_py/registration.py,
 # register_v0_v4_envs, ale-py 0.9-0.12), in ale-py's PascalCase.
@@ -80,6 +82,20 @@ def match_env(name: str) -> tuple[str, tuple, dict[str, Any]] | None:
     if not is_atari_id(name):
         return None
     return FACTORY, (name,), dict(RECOMMENDED)
+
+
+def spaces_for_budget(name: str, cfg: Any = None) -> tuple[Any, Any, int] | None:
+    """(observation space, action space, agents) of an Atari id as ``envs.atari`` makes it, for
+    the memory budget (``fastrl.config.recipes.env_spaces``), without loading ale-py; None for
+    another name. The action space is the full set's (a game's own is smaller: one index
+    either way in the buffers)."""
+    from gymnasium import spaces
+
+    if not is_atari_id(name):
+        return None
+    channels = 3 if getattr(cfg, "env_atari_rgb", False) else 1
+    return (spaces.Box(0, 255, (channels, OBS_SIZE, OBS_SIZE), "uint8"),
+            spaces.Discrete(FULL_ACTION_SET), 1)
 
 
 def suggestions() -> list[str]:

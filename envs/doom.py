@@ -19,10 +19,9 @@ from gymnasium import spaces
 
 from envs.doom_game import SCREEN_SHAPE, button_table, default_max_episode_steps, start_game
 from envs.doom_image import INTERPOLATIONS, ImageResizer
-from envs.doom_scenarios import DoomScenario, scenario_named
+from envs.doom_scenarios import OBS_HEIGHT, OBS_WIDTH, DoomScenario, scenario_named
 
 DEFAULT_FRAMESKIP = 4
-OBS_HEIGHT, OBS_WIDTH = 72, 128
 RENDER_MODES = ("human", "rgb_array")
 
 

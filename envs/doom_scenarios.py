@@ -12,6 +12,9 @@ several heads a `MultiDiscrete` space, one sub-action per head. Choice 0 of ever
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+OBS_HEIGHT, OBS_WIDTH = 72, 128  # every scenario's observation: uint8 [3, 72, 128] (envs.doom)
 
 ButtonPress = tuple[str, float]
 """A button name (a `vizdoom.Button` member name) and the value it is set to."""
@@ -272,6 +275,22 @@ def builtin_envs() -> dict[str, tuple[str, tuple, dict]]:
     with it vizdoom) only when an env is made."""
     return {name: (factory_of(s), (name,), {"recipe": "pixels", **dict(s.recommended)})
             for name, s in SCENARIOS.items()}
+
+
+def spaces_for_budget(name: str, cfg: Any = None) -> tuple[Any, Any, int] | None:
+    """(observation space, action space, agents) of scenario ``name`` as made, for the memory
+    budget (``fastrl.config.recipes.env_spaces``), without starting an engine; None for
+    another name. With ``--env_measurements`` the observation also holds a few floats of
+    game variables, which this leaves out (the cfg file knows how many)."""
+    from gymnasium import spaces
+
+    scenario = SCENARIOS.get(name)
+    if scenario is None:
+        return None
+    nvec = [len(head.choices) for head in scenario.heads]
+    action = spaces.Discrete(nvec[0]) if len(nvec) == 1 else spaces.MultiDiscrete(nvec)
+    image = spaces.Box(0, 255, (3, OBS_HEIGHT, OBS_WIDTH), "uint8")
+    return image, action, scenario.agents or 1
 
 
 MULTIPLAYER_FACTORY = "envs.doom_multiplayer:DoomBotsEnv"

@@ -156,6 +156,20 @@ def recommended_settings(name: str) -> dict[str, Any]:
     return dict(_GYM_RECOMMENDED.get(name, {}))
 
 
+def declared_spaces(name: str, cfg: Any = None) -> tuple[gym.Space, gym.Space, int] | None:
+    """(observation space, action space, agents) of a built-in family's env ``name`` whose
+    module declares them (``spaces_for_budget(name, cfg)``: VizDoom, Atari), known without
+    making it; None for any other name (a name given to :func:`register_env` included)."""
+    if name in _REGISTRY:
+        return None
+    for family in _families():
+        declared = getattr(family, "spaces_for_budget", None)
+        row = declared(name, cfg) if declared is not None else None
+        if row is not None:
+            return row
+    return None
+
+
 def registered_envs() -> list[str]:
     """Sorted names registered with fastrl (built-ins included; gymnasium ids not listed)."""
     return sorted({*_builtins(), *_REGISTRY})

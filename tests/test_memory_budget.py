@@ -91,3 +91,70 @@ def test_sync_mode_is_not_scaled_but_said(tmp_path, budget, capsys):
     cfg = parse(tmp_path, "--async_rl", "False")
     assert (cfg.num_workers, cfg.num_envs_per_worker) == (2, 8)
     assert "(sync mode: not scaled)" in capsys.readouterr().out
+
+
+def test_the_budget_holds_when_nothing_else_needs_the_env_made(tmp_path, budget, capsys):
+    """A recipe given and the action mask decided used to skip the probe, and the budget with
+    it: pistonball's ``--recipe pixels --env_action_mask_from_info False`` made 3.3 GiB."""
+    budget(2.0)
+    cfg = parse(tmp_path, "--recipe", "pixels", "--env_action_mask_from_info", "False")
+    assert (cfg.num_workers, cfg.num_envs_per_worker) == (2, 4)
+    assert "--num_envs_per_worker 8 -> 4" in capsys.readouterr().out
+
+
+def test_an_env_registered_with_a_recipe_is_budgeted_too(tmp_path, budget, capsys):
+    from fastrl.env_registry import register_env
+    from tests.crowd_env import CrowdImageEnv
+
+    register_env("crowd_with_recipe", CrowdImageEnv, recommended={"recipe": "pixels"},
+                 overwrite=True)
+    budget(2.0)
+    cfg = parse_config(["--env", "crowd_with_recipe", "--train_dir", str(tmp_path)])
+    assert (cfg.num_workers, cfg.num_envs_per_worker) == (2, 4)
+    assert "--num_envs_per_worker 8 -> 4" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("env", ["doom_basic", "doom_deathmatch_full", "ALE/Pong-v5"])
+def test_builtin_families_are_budgeted_from_spaces_they_declare(tmp_path, budget, capsys,
+                                                                monkeypatch, env):
+    """VizDoom and Atari are not made at parse time (an engine each, four for a self-play
+    match): their declared spaces size the buffers, here against a 64 MiB Docker /dev/shm."""
+    import fastrl.config.recipes as recipes
+
+    def no_engine(*args, **kwargs):
+        raise AssertionError(f"{env} was made to size its buffers")
+
+    monkeypatch.setattr(recipes, "probe_spaces", no_engine)
+    budget(0.005)
+    parse_config(["--env", env, "--train_dir", str(tmp_path)])
+    assert "memory: the trajectory buffers" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env,rgb", [("doom_basic", False), ("doom_duel_bots", False),
+                                     ("ALE/Pong-v5", False), ("ALE/Pong-v5", True)])
+def test_the_declared_spaces_are_the_made_envs(env, rgb):
+    from types import SimpleNamespace
+
+    from fastrl.env_registry import declared_spaces, make_env
+
+    pytest.importorskip("vizdoom" if env.startswith("doom") else "ale_py")
+    obs, action, agents = declared_spaces(env, SimpleNamespace(env_atari_rgb=rgb))
+    made = make_env(env, **({"rgb": True} if rgb else {}))
+    try:
+        assert obs == made.observation_space and agents == getattr(made, "num_agents", 1)
+        if env.startswith("doom"):
+            assert action == made.action_space
+        else:
+            assert action.n >= made.action_space.n
+    finally:
+        made.close()
+
+
+@pytest.mark.parametrize("flag", ["--num_workers", "--rollout", "--worker_num_splits"])
+def test_a_bad_count_is_refused_in_one_line_not_divided_by(tmp_path, budget, flag):
+    from fastrl.config.settings import ConfigError
+
+    budget(2.0)
+    with pytest.raises(ConfigError, match=f"{flag}=0"):
+        parse(tmp_path, flag, "0")

@@ -112,19 +112,19 @@ def apply_recommended(cfg: Config, keep: set[str]) -> list[str]:
     from fastrl.config.recipes import (
         RECIPES,
         choose_recipe,
+        env_spaces,
         fit_round,
         replay_layer,
-        try_probe,
     )
     from fastrl.env_registry import recommended_settings
 
     known = {f.name for f in _fields()}
     errors = []
     entry = recommended_settings(cfg.env)
-    # The env is made once (recipes.probe_spaces) when the recipe or the mask needs it.
     mask_open = _mask_undecided(cfg, keep, entry)
-    probe = (try_probe(cfg.env, cfg.env_packages)
-             if "recipe" not in entry and (cfg.recipe == "auto" or mask_open) else None)
+    # The env's spaces size the buffers, whatever else is decided already: VizDoom and Atari
+    # declare them, any other env is made once (recipes.probe_spaces).
+    probe = env_spaces(cfg)
     if cfg.recipe == "auto":
         cfg.recipe = choose_recipe(entry, probe)
     agents = probe.agents if probe is not None else 1
@@ -142,7 +142,7 @@ def apply_recommended(cfg: Config, keep: set[str]) -> list[str]:
         cfg.env_action_mask_from_info = True
     if not errors:
         fit_round(cfg, keep, agents)
-    if not errors and probe is not None:  # the env's spaces size the buffers
+    if not errors and probe is not None and not validate(cfg):  # the spaces size the buffers
         from fastrl.log import log
         from fastrl.runner.memory import fit_memory
 

@@ -20,7 +20,8 @@ resumed experiment's ``config.json``, and last the flags given on the command li
   560K steps); with both changed it passed 880 by 160K.
 
 ``--recipe auto`` (the default) looks at the env's spaces, unless its registry entry names a
-recipe (the VizDoom and Atari families do: no engine is started to find out). How each
+recipe (the VizDoom and Atari families do, and declare their spaces for the memory budget: no
+engine is started to find out). How each
 recipe was measured: perf/RESULTS.md, "Default recipes".
 """
 
@@ -165,6 +166,19 @@ def try_probe(env_name: str, packages: str = "") -> EnvProbe | None:
         return probe_spaces(env_name, packages)
     except Exception:  # noqa: BLE001 - the run itself reports a bad env, in one line
         return None
+
+
+def env_spaces(cfg) -> EnvProbe | None:
+    """What the run's env ``cfg.env`` is, for its recipe, its action mask and the memory
+    budget: the spaces its built-in family declares (VizDoom and Atari, whose registry entries
+    name their recipe: no engine is started at parse time, four for a self-play match), else
+    :func:`try_probe`."""
+    from fastrl.env_registry import declared_spaces
+
+    declared = declared_spaces(cfg.env, cfg)
+    if declared is not None:
+        return EnvProbe(*declared, info_action_mask=False)
+    return try_probe(cfg.env, cfg.env_packages)
 
 
 def publishes_action_mask(env: gym.Env) -> bool:

@@ -5,15 +5,19 @@ a ``Discrete``...) is handled as ``Dict({"obs": space})``, and its observations 
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
+from fastrl.errors import EnvOutputError
+
 __all__ = [
-    "ACTION_MASK_KEY", "as_dict_space", "flat_action_mask", "has_action_mask", "integer_range",
-    "lowest_obs", "mask_logits", "obs_to_dict", "random_legal_action",
+    "ACTION_MASK_KEY", "as_dict_space", "brief", "flat_action_mask", "has_action_mask",
+    "integer_range", "lowest_obs", "mask_logits", "obs_array", "obs_to_dict",
+    "random_legal_action",
 ]
 
 # An observation key under this name is not encoded: it is the env's legal-action mask, a Box
@@ -28,6 +32,22 @@ def as_dict_space(space: spaces.Space) -> spaces.Dict:
     if isinstance(space, spaces.Dict):
         return space
     return spaces.Dict({"obs": space})
+
+
+_short = reprlib.Repr()
+_short.maxstring = _short.maxother = 60
+brief = _short.repr  # a value in a message: its repr, cut short
+
+
+def obs_array(value: Any, key: str, shape: tuple[int, ...], what: str) -> np.ndarray:
+    """The observation ``key`` as an array; an ``obs_shape``
+    :class:`~fastrl.errors.EnvOutputError` when it is none (a ragged list has no one shape)
+    (``shape``: the one expected; ``what``: the call that returned it)."""
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError):
+        raise EnvOutputError(f"{what} returned the observation {key!r} as {brief(value)}, "
+                             f"which is no array, expected shape {shape}", "obs_shape") from None
 
 
 def obs_to_dict(obs: Any) -> dict[str, Any]:

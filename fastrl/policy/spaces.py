@@ -26,6 +26,12 @@ The model sees a ``Dict`` whose values are *leaves* (:func:`leaf_kind`):
 
 When every leaf is taken as it comes and the space is a leaf or a flat ``Dict``, the plan is
 the identity (:attr:`ObsPlan.identity`): no adapter is put around the env at all.
+
+:meth:`ObsPlan.convert` checks what it converts, before it converts it: a ``Tuple`` item or a
+``Dict`` key that is not there is an ``obs_missing`` :class:`~fastrl.errors.EnvOutputError`
+naming it, and a leaf that is reshaped or transposed must have its space's shape first (a
+tuple comparison), else ``obs_shape`` (a (5, 27) array would flatten as well as a (27, 5)
+one). What it passes on as it comes, the rollout worker's ``ObsCheck`` checks.
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from fastrl.policy.obs import ACTION_MASK_KEY
+from fastrl.errors import EnvOutputError
+from fastrl.policy.obs import ACTION_MASK_KEY, brief, obs_array
 
 __all__ = ["LAYOUTS", "ObsPlan", "image_layout", "is_image", "leaf_kind", "pixel_scale",
            "storage"]
@@ -128,25 +135,30 @@ def _flat_box(space: spaces.Box) -> spaces.Box:
                       dtype=dtype)
 
 
+def _flatten(value: np.ndarray) -> np.ndarray:
+    return value.reshape(-1)
+
+
 def _adapt_leaf(space: spaces.Space, layout: str
                 ) -> tuple[spaces.Space, Callable[[Any], Any] | None, str] | None:
     """(model space, conversion or None for none, a note) for a leaf, or None when
-    ``space`` is of no kind fastrl encodes."""
+    ``space`` is of no kind fastrl encodes. A conversion takes an array of the shape of
+    ``space`` (``ObsPlan.convert`` makes sure of it)."""
     if isinstance(space, spaces.Box) and is_image(space):
         if len(space.shape) == 2:
             box = spaces.Box(space.low[None], space.high[None], dtype=space.dtype)
-            return box, lambda v: np.asarray(v)[None], "one-channel image"
+            return box, lambda v: v[None], "one-channel image"
         if image_layout(space.shape, layout) == "hwc":
             box = spaces.Box(np.transpose(space.low, (2, 0, 1)),
                              np.transpose(space.high, (2, 0, 1)), dtype=space.dtype)
-            return box, lambda v: np.asarray(v).transpose(2, 0, 1), "image, channels last"
+            return box, lambda v: v.transpose(2, 0, 1), "image, channels last"
         return space, None, "image, channels first"
     if isinstance(space, spaces.Box):
         if not (np.issubdtype(space.dtype, np.number) or space.dtype == np.bool_):
             return None
         if len(space.shape) == 1:
             return space, None, "vector"
-        return _flat_box(space), lambda v: np.asarray(v).reshape(-1), "flattened to a vector"
+        return _flat_box(space), _flatten, "flattened to a vector"
     if isinstance(space, spaces.Discrete):
         return space, None, "one-hot"
     if isinstance(space, spaces.MultiDiscrete):
@@ -154,12 +166,12 @@ def _adapt_leaf(space: spaces.Space, layout: str
             return space, None, "one-hot per dimension"
         flat = spaces.MultiDiscrete(space.nvec.reshape(-1), dtype=space.dtype,
                                     start=space.start.reshape(-1))
-        return flat, lambda v: np.asarray(v).reshape(-1), "flattened, one-hot per dimension"
+        return flat, _flatten, "flattened, one-hot per dimension"
     if isinstance(space, spaces.MultiBinary):
         if len(space.shape) == 1:
             return space, None, "binary vector"
         flat = spaces.MultiBinary(int(np.prod(space.shape)))
-        return flat, lambda v: np.asarray(v).reshape(-1), "flattened binary vector"
+        return flat, _flatten, "flattened binary vector"
     return None
 
 
@@ -170,6 +182,7 @@ class _Leaf:
     space: spaces.Space  # what the model sees
     convert: Callable[[Any], Any] | None
     note: str
+    shape: tuple[int, ...] = ()  # the env's shape of it (what ``convert`` takes)
 
 
 @dataclass
@@ -189,6 +202,7 @@ class ObsPlan:
     leaves: list[_Leaf] = field(init=False)
     dropped: list[str] = field(init=False)  # "name (space)" of what cannot be encoded
     unselected: list[str] = field(init=False)  # names left out by ``keys``
+    _route: tuple = field(init=False, repr=False)  # what ``convert`` reads of each leaf
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -215,6 +229,8 @@ class ObsPlan:
             self.unselected = [n for n in names if n not in wanted and n != ACTION_MASK_KEY]
             self.leaves = [leaf for leaf in self.leaves
                            if leaf.name in wanted or leaf.name == ACTION_MASK_KEY]
+        self._route = tuple((leaf.name, leaf.path, leaf.convert, leaf.shape, leaf)
+                            for leaf in self.leaves)
 
     def _walk(self, space: spaces.Space, name: str, path: tuple) -> None:
         if isinstance(space, spaces.Dict):
@@ -229,7 +245,7 @@ class ObsPlan:
         if adapted is None:
             self.dropped.append(f"{name} ({type(space).__name__})")
             return
-        self.leaves.append(_Leaf(name, path, *adapted))
+        self.leaves.append(_Leaf(name, path, *adapted, tuple(getattr(space, "shape", ()))))
 
     @property
     def identity(self) -> bool:
@@ -244,16 +260,46 @@ class ObsPlan:
         """The flat ``Dict`` the buffers and the model are built from."""
         return spaces.Dict({leaf.name: leaf.space for leaf in self.leaves})
 
-    def convert(self, obs: Any) -> dict[str, Any]:
+    def convert(self, obs: Any, what: str = "step", agent: int | None = None
+                ) -> dict[str, Any]:
         """One env observation -> ``{name: value}`` of the model's space (views where the
-        conversion is a transpose or a reshape: no copy)."""
+        conversion is a transpose or a reshape: no copy). An item or key that is not there,
+        or a leaf to convert whose shape is not its space's, is an
+        :class:`~fastrl.errors.EnvOutputError` (``what``: the call that returned ``obs``,
+        ``agent``: whose it is, for the message)."""
         out = {}
-        for leaf in self.leaves:
+        for name, path, convert, shape, leaf in self._route:
             value = obs
-            for step in leaf.path:
-                value = value[step]
-            out[leaf.name] = value if leaf.convert is None else leaf.convert(value)
+            try:
+                for step in path:
+                    value = value[step]
+            except (KeyError, IndexError, TypeError):
+                raise self._missing(obs, leaf, _who(what, agent)) from None
+            if convert is not None:
+                if type(value) is not np.ndarray:
+                    value = obs_array(value, name, shape, _who(what, agent))
+                if value.shape != shape:
+                    raise EnvOutputError(
+                        f"{_who(what, agent)} returned the observation {name!r} with shape "
+                        f"{value.shape}, expected {shape} (its declared space "
+                        f"{_one_line(_source_space(self.space, path))})", "obs_shape")
+                value = convert(value)
+            out[name] = value
         return out
+
+    def _missing(self, obs: Any, leaf: _Leaf, who: str) -> EnvOutputError:
+        """The error for an observation in which ``leaf``'s path breaks off."""
+        value = obs
+        for step in leaf.path:
+            try:
+                value = value[step]
+            except (KeyError, IndexError, TypeError):
+                break
+        where = "key" if isinstance(step, str) else "item"
+        return EnvOutputError(f"{who} returned an observation without {leaf.name!r} "
+                              f"({_container(value)} has no {where} {step!r}), expected "
+                              f"{_one_line(_source_space(self.space, leaf.path))} there",
+                              "obs_missing")
 
     def sources(self) -> dict[str, str]:
         """Each key the model sees: the env's space there, and what was made of it."""
@@ -269,6 +315,21 @@ class ObsPlan:
         if self.unselected:
             lines.append(f"observation keys left out by --obs_keys: {', '.join(self.unselected)}")
         return lines
+
+
+def _who(what: str, agent: int | None) -> str:
+    return what if agent is None else f"{what} for agent {agent}"
+
+
+def _container(value: Any) -> str:
+    """What an observation (or a part of one) is, in a few words."""
+    if isinstance(value, dict):
+        return f"a {type(value).__name__} with the keys {brief(list(value))}"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)} item{'' if len(value) == 1 else 's'}"
+    if isinstance(value, np.ndarray):
+        return f"an array of shape {value.shape}"
+    return brief(value)
 
 
 def _source_space(space: spaces.Space, path: tuple) -> spaces.Space:

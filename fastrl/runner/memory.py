@@ -9,9 +9,10 @@ trajectories, 3.4 GiB. The budget is the smaller of :data:`RAM_SHARE` of the RAM
 and :data:`SHM_SHARE` of the free space of ``/dev/shm`` (RAM only in serial mode); what the
 user did not set (``--num_envs_per_worker``, then ``--num_workers``) is scaled down until the
 buffers fit (async mode only: a sync-mode round is sized by the env count). Flags given win:
-when they do not fit, a line names them and the sizes. Decided when the config is parsed,
-where the env's spaces are probed (``fastrl.config.load.apply_recommended``); the result is
-saved in ``config.json``, so a resumed run keeps it.
+when they do not fit, a line names them and the sizes. Decided when the config is parsed
+(``fastrl.config.load.apply_recommended``), from the env's spaces (``recipes.env_spaces``:
+declared by the VizDoom and Atari families, else read from the env made once), whatever the
+recipe and the flags; the result is saved in ``config.json``, so a resumed run keeps it.
 """
 
 from __future__ import annotations

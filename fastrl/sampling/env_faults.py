@@ -21,7 +21,6 @@ cost a type comparison each when they are a bool and a dict.
 from __future__ import annotations
 
 import math
-import reprlib
 import signal
 import threading
 from collections.abc import Callable, Mapping
@@ -31,7 +30,7 @@ import numpy as np
 from gymnasium import spaces
 
 from fastrl.errors import EnvOutputError
-from fastrl.policy.obs import integer_range, obs_to_dict
+from fastrl.policy.obs import brief, integer_range, obs_array, obs_to_dict
 
 __all__ = ["ENV_FAULTS_IN_A_ROW", "ENV_GOOD_STEPS", "CallTimer", "EnvBroken", "EnvFault",
            "EnvOutputError", "EnvTimeout", "ObsCheck", "check_flag", "check_info", "check_reward",
@@ -95,9 +94,6 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-_short = reprlib.Repr()
-_short.maxstring = _short.maxother = 60
-brief = _short.repr  # a value in a message: its repr, cut short
 
 
 def check_reward(reward: Any, what: str = "step") -> float:
@@ -112,7 +108,7 @@ def check_reward(reward: Any, what: str = "step") -> float:
         except OverflowError:  # an int beyond float's range
             r = math.inf
     else:
-        raise EnvOutputError(f"{what} returned the reward {_short.repr(reward)} "
+        raise EnvOutputError(f"{what} returned the reward {brief(reward)} "
                              f"({type(reward).__name__}), expected a finite int or float",
                              "reward")
     if r - r != 0.0:  # NaN or +-inf (cheaper than math.isfinite's call)
@@ -129,7 +125,7 @@ def check_flag(value: Any, name: str, what: str = "step") -> bool:
     flag = value.item() if isinstance(value, np.ndarray) and value.shape == () else value
     if isinstance(flag, bool | int | np.bool_ | np.integer) and flag in (0, 1):
         return bool(flag)
-    raise EnvOutputError(f"{what} returned {name}={_short.repr(value)} "
+    raise EnvOutputError(f"{what} returned {name}={brief(value)} "
                          f"({type(value).__name__}), expected a bool", "flags")
 
 
@@ -153,7 +149,7 @@ def check_info(info: Any, ended: bool, what: str = "step") -> Mapping:
     its ``"episode"`` is absent or holds a finite return ``"r"`` and a length ``"l"`` (an
     integer, at least 0) for the worker to report; :class:`EnvOutputError` otherwise."""
     if not isinstance(info, Mapping):
-        raise EnvOutputError(f"{what} returned the info {_short.repr(info)} "
+        raise EnvOutputError(f"{what} returned the info {brief(info)} "
                              f"({type(info).__name__}), expected a dict", "info")
     episode = info.get("episode") if ended else None
     if episode is not None:
@@ -163,7 +159,7 @@ def check_info(info: Any, ended: bool, what: str = "step") -> Mapping:
         except (TypeError, ValueError, KeyError, IndexError, OverflowError):
             fits = False
         if not fits:
-            raise EnvOutputError(f"{what} returned info['episode'] = {_short.repr(episode)}, "
+            raise EnvOutputError(f"{what} returned info['episode'] = {brief(episode)}, "
                                  "expected a dict with a finite return 'r' and a length 'l' "
                                  "(an integer >= 0)", "info")
     return info
@@ -206,7 +202,7 @@ class ObsCheck:
                                      f"expected the keys {[k for k, *_ in self._keys]}",
                                      "obs_missing") from None
             if type(v) is not np.ndarray:
-                v = d[key] = self._as_array(v, key, shape, what)
+                v = d[key] = obs_array(v, key, shape, what)
             if v.shape != shape:
                 raise EnvOutputError(f"{what} returned the observation {key!r} with shape "
                                      f"{v.shape}, expected {shape} (its declared space)",
@@ -239,15 +235,6 @@ class ObsCheck:
                                  f"expected {dtype} ({_KIND_WORDS.get(dtype.kind, str(dtype))} "
                                  "values)", "obs_dtype")
         self._taken[key].add(got)
-
-    @staticmethod
-    def _as_array(value: Any, key: str, shape: tuple[int, ...], what: str) -> np.ndarray:
-        try:
-            return np.asarray(value)
-        except (ValueError, TypeError):  # a ragged list has no one shape
-            raise EnvOutputError(f"{what} returned the observation {key!r} as "
-                                 f"{_short.repr(value)}, which is no array, expected shape "
-                                 f"{shape}", "obs_shape") from None
 
 
 def _outside(space: spaces.Space | None, shape: tuple[int, ...]
@@ -309,9 +296,9 @@ def write_reward_terms(out: np.ndarray, values: Any, what: str = "step") -> None
             raise ValueError
         out[:] = values
     except (TypeError, ValueError):
-        raise EnvOutputError(f"{what} returned info['reward_terms'] = {_short.repr(values)}, "
+        raise EnvOutputError(f"{what} returned info['reward_terms'] = {brief(values)}, "
                              f"expected {len(out)} numbers (the env's "
                              "metadata['reward_terms'])", "reward") from None
     if not np.isfinite(out).all():
-        raise EnvOutputError(f"{what} returned info['reward_terms'] = {_short.repr(values)}, "
+        raise EnvOutputError(f"{what} returned info['reward_terms'] = {brief(values)}, "
                              "expected finite numbers", "reward")

@@ -53,15 +53,28 @@ def env_options(cfg: Config) -> dict:
 class ObsAdapter(gym.ObservationWrapper):
     """The env's observations as the flat ``Dict`` of ``plan`` (nested keys flattened,
     channels-last images transposed as views: the rollout worker's write into the
-    channels-first buffer is the one copy)."""
+    channels-first buffer is the one copy). An observation that does not fit the env's space
+    is an ``EnvOutputError`` naming the call, the key and what was expected
+    (``ObsPlan.convert``): an env fault of its kind for the rollout worker."""
 
     def __init__(self, env: gym.Env, plan: ObsPlan):
         super().__init__(env)
         self.plan = plan
         self.observation_space = plan.model_space()
 
+    def reset(self, *, seed=None, options=None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        return self.convert(obs, "reset"), info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return self.convert(obs, "step"), reward, terminated, truncated, info
+
     def observation(self, observation):
-        return self.plan.convert(observation)
+        return self.convert(observation, "step")
+
+    def convert(self, observation, what: str):
+        return self.plan.convert(observation, what)
 
 
 class AgentsObsAdapter(ObsAdapter):
@@ -76,19 +89,20 @@ class AgentsObsAdapter(ObsAdapter):
             raise AttributeError(name)
         return getattr(env, name)
 
-    def observation(self, observation):
-        return [self.plan.convert(o) for o in observation]
+    def convert(self, observation, what: str):
+        convert = self.plan.convert
+        return [convert(o, what, agent) for agent, o in enumerate(observation)]
 
     def step(self, action):
         obs, rewards, terminated, truncated, infos = super().step(action)
         if isinstance(infos, (list, tuple)):  # (anything else is the worker's to report)
-            infos = [self._final_obs(info) for info in infos]
+            infos = [self._final_obs(info, agent) for agent, info in enumerate(infos)]
         return obs, rewards, terminated, truncated, infos
 
-    def _final_obs(self, info):
+    def _final_obs(self, info, agent: int):
         if not isinstance(info, dict) or info.get(FINAL_OBS) is None:
             return info
-        return {**info, FINAL_OBS: self.plan.convert(info[FINAL_OBS])}
+        return {**info, FINAL_OBS: self.plan.convert(info[FINAL_OBS], "step (final_obs)", agent)}
 
 
 def obs_plan(cfg: Config, space: spaces.Space) -> ObsPlan:
