@@ -1,12 +1,10 @@
 """Slow envs start (issue 41): the heartbeat goes on through env creation and the random
 start-up steps, those steps fit a time budget, a worker killed as hung is named with what it
 was doing and the flag that would help, and a busy child stops when the run does. In-process
-here; the real processes are at the end (slow tier)."""
+here (the stop's interrupt: tests/test_stopping.py); the real processes are at the end (slow
+tier)."""
 
 from __future__ import annotations
-
-import threading
-import time
 
 import pytest
 import torch
@@ -24,7 +22,7 @@ from fastrl.sampling.startup import (
     WAITING,
     describe_activity,
 )
-from fastrl.transport.stopping import StopInterrupt, StopRequested, interrupt_when_stopped
+from fastrl.transport.stopping import StopRequested
 from tests.counting_env import CountingEnv
 from tests.slow_env import ClockedCountingEnv, FakeClock
 from tests.test_rollout import T, drive, make_worker
@@ -147,30 +145,6 @@ def test_a_rollout_station_stops_making_envs_when_the_run_stops(tmp_path):
         station.start()
     assert station.envs == [] and wiring.stop_seen
     assert describe_activity(wiring.activity[0])[1] == "starting"
-
-
-def test_a_busy_main_thread_is_interrupted_after_the_grace_time():
-    stop = threading.Event()
-    watch = threading.Thread(target=interrupt_when_stopped, args=(stop, lambda: False, 0.05),
-                             daemon=True)
-    watch.start()
-    stop.set()
-    deadline = time.monotonic() + 20
-    with pytest.raises(StopInterrupt):
-        while time.monotonic() < deadline:  # busy in Python, never looking at the flag
-            sum(range(1000))
-    watch.join(5)
-
-
-def test_a_main_thread_that_saw_the_stop_is_left_alone():
-    stop = threading.Event()
-    watch = threading.Thread(target=interrupt_when_stopped, args=(stop, lambda: True, 0.01),
-                             daemon=True)
-    watch.start()
-    stop.set()
-    watch.join(5)
-    assert not watch.is_alive()
-    time.sleep(0.05)  # an interrupt would land here
 
 
 # -- real processes ------------------------------------------------------------------------

@@ -52,6 +52,7 @@ from fastrl.transport.messages import (
     TrainShare,
     TrajectoriesReady,
 )
+from fastrl.transport.stopping import interruptible
 
 
 class RolloutStation:
@@ -79,7 +80,7 @@ class RolloutStation:
             for i in range(w.envs_per_worker // w.info.num_agents):
                 w.beat_or_stop(self.worker_id)
                 self.activity(CREATING, i)
-                self.envs.append(create_env(cfg))
+                self.envs.append(interruptible(create_env, cfg))
         else:
             self.envs = envs
         first = self.worker_id * w.per_worker_buffers
@@ -100,7 +101,7 @@ class RolloutStation:
             policy_seed=w.assign_seed, activity=self.activity)
         self.envs = self.worker.envs  # the worker replaces faulty envs in this very list
         try:
-            self._route(self.worker.start(lambda: w.beat_or_stop(self.worker_id)))
+            self._route(interruptible(self.worker.start, lambda: w.beat_or_stop(self.worker_id)))
         except EnvOutputError as exc:
             self._stop_run(exc)
 
@@ -125,7 +126,7 @@ class RolloutStation:
         for msg in msgs:
             if isinstance(msg, ActionsReady):
                 if worker.accepts(msg):
-                    self._route(worker.on_actions(msg.split_id))
+                    self._route(interruptible(worker.on_actions, msg.split_id))
             elif isinstance(msg, BuffersFreed):
                 if msg.generation == self.generation:
                     self._route(worker.add_free_buffers(msg.buffers))
@@ -251,10 +252,9 @@ class LearnerStation:
         workers act only once these are there, so no worker's report reaches the runner
         before this LearnerReady."""
         learner = self.learner
-        self.wiring.runner_queue.put(LearnerReady(counters, checkpoint, learner.version,
-                                                  str(learner.device), learner.precision,
-                                                  self.policy,
-                                                  getattr(learner, "hyperparams", None)))
+        self.wiring.runner_queue.put(LearnerReady(
+            counters, checkpoint, learner.version, str(learner.device), learner.precision,
+            self.policy, getattr(learner, "hyperparams", None)))
         self.weights.publish(learner.model, learner.version)
 
     def poll(self, timeout: float) -> int:
@@ -359,7 +359,7 @@ class LearnerStation:
         else:
             batch = w.buffers.gather(slots, self.staging)
         self._free(slots)  # the data is copied out: the slots can be refilled while we train
-        self._stats = learner.train(batch)
+        self._stats = interruptible(learner.train, batch)  # (where a stop may interrupt)
         self._samples += len(slots) * w.cfg.rollout
         self.weights.publish(learner.model, learner.version)
         if not w.cfg.async_rl:
@@ -403,7 +403,7 @@ class LearnerRankStation:
                 raise TypeError(f"learner rank: unexpected message {msg!r}")
             batch = self.wiring.buffers.gather(msg.slots, self.staging)
             self.learner.group.barrier()
-            self.learner.train(batch)
+            interruptible(self.learner.train, batch)
         return len(msgs)
 
 

@@ -33,7 +33,6 @@ plain tensors and :class:`~fastrl.transport.queues.LocalQueue` queues, and drive
 from __future__ import annotations
 
 import secrets
-import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing import sharedctypes
@@ -53,7 +52,7 @@ from fastrl.sampling.weights import LocalWeights, SharedWeights, WeightsSource
 from fastrl.transport.mailbox import Mailbox
 from fastrl.transport.procs import Lifeline
 from fastrl.transport.queues import LocalQueue, MessageQueue
-from fastrl.transport.stopping import StopRequested
+from fastrl.transport.stopping import StopFlag, StopRequested
 
 QUEUE_BYTES = 4 * 1024 * 1024
 
@@ -74,7 +73,7 @@ class Wiring:
     worker_queues: list[MessageQueue]
     learner_queue: MessageQueue
     runner_queue: MessageQueue
-    stop: Any  # an Event: set when the children must stop
+    stop: StopFlag  # set when the children must stop
     # Parallel mode: the runner that built this wiring; a child stops when it goes.
     parent: Lifeline | None
     worker_gen: Any  # int64 per rollout worker: its restarts so far
@@ -203,7 +202,7 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
         learner_queues = [Mailbox(QUEUE_BYTES, doorbell=False) for _ in models]
         runner_queue = Mailbox(QUEUE_BYTES, doorbell=False)
         policy_weights: list[WeightsSource] = [SharedWeights(m, ctx) for m in models]
-        stop = ctx.Event()
+        stop = StopFlag(shared=True)
         rank_queues = [Mailbox(QUEUE_BYTES, doorbell=False)
                        for _ in range((cfg.num_learners - 1) * len(models))]
     else:
@@ -211,7 +210,7 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
         learner_queues = [LocalQueue() for _ in models]
         worker_queues = [LocalQueue() for _ in range(num_workers)]
         policy_weights = [LocalWeights(m) for m in models]
-        stop = threading.Event()
+        stop = StopFlag(shared=False)
         rank_queues = []
     rnn_state = torch.zeros((num_envs, model.rnn_state_size))
     ports = _free_ports(len(models)) if rank_queues else [0] * len(models)
