@@ -105,6 +105,15 @@ def test_a_board_of_planes_is_an_image_and_the_classic_games_get_their_settings(
     assert recommended_settings("pettingzoo:mpe2.simple_spread_v3") == {}
 
 
+def test_the_bare_command_cuts_a_sync_round_of_two_players_into_whole_batches(tmp_path):
+    from fastrl.config.load import parse_config
+
+    cfg = parse_config(["--env", "pettingzoo:classic.connect_four_v3", "--train_dir",
+                        str(tmp_path), "--experiment", "c4"])
+    assert cfg.recipe == "classic" and not cfg.async_rl
+    assert cfg.trajectories_per_batch % (cfg.num_envs * 2) == 0
+
+
 def test_the_rollout_worker_keeps_every_turn_and_both_rewards_at_the_last_one():
     from fastrl.sampling.buffers import INVALID_VERSION
     from tests.test_agents import drive, make_worker
