@@ -26,8 +26,11 @@ classic games: ``pettingzoo:classic.connect_four_v3``, ``tictactoe_v3``, ``chess
 - ``max_episode_steps`` is a limit on turns: every agent still playing is then truncated,
   with its last observation in ``info["final_obs"]``;
 - the observation, without its mask, is given as fastrl's model takes it
-  (``fastrl.policy.spaces.ObsPlan``: board planes ``[H, W, C]`` of 0 and 1 are flattened),
-  plus ``action_mask`` and ``my_turn``.
+  (``fastrl.policy.spaces.ObsPlan``), plus ``action_mask`` and ``my_turn``. A board's planes
+  (a Box ``[H, W, C]`` of 0 and 1, int8 or bool: connect_four's ``[6, 7, 2]``, go's
+  ``[19, 19, 17]``) are given as a float32 image ``[C, H, W]``, so that a conv encoder reads
+  the board: on connect_four an MLP over the flattened planes learned neither to take a
+  winning move nor to block one within 600K steps (80-90% wins against a random player).
 """
 
 from __future__ import annotations
@@ -55,6 +58,13 @@ def check_one_space(env, agents: list, name: str) -> None:
                 raise ValueError(f"env {name}: agent {agent!r} has the {what} space "
                                  f"{get(agent)}, {first!r} has {get(first)}; fastrl needs one "
                                  "space for every agent (one policy acts for all)")
+
+
+def _is_planes(space: spaces.Space) -> bool:
+    """A board's planes: a Box ``[H, W, C]`` of 0 and 1 of an integer or bool dtype."""
+    return (isinstance(space, spaces.Box) and len(space.shape) == 3
+            and not np.issubdtype(space.dtype, np.floating)
+            and bool(np.all(space.low >= 0)) and bool(np.all(space.high <= 1)))
 
 
 def _wait_mask(action_space: spaces.Space, size: int) -> np.ndarray:
@@ -86,6 +96,9 @@ class PettingZooAECEnv(gym.Env):
         space = env.observation_space(self.agent_ids[0])
         base = dict(space.spaces) if isinstance(space, spaces.Dict) else {"obs": space}
         base.pop(ACTION_MASK_KEY, None)
+        self._planes = [k for k, sub in base.items() if _is_planes(sub)]
+        for k in self._planes:
+            base[k] = spaces.Box(0.0, 1.0, base[k].shape, np.float32)
         self._plan = ObsPlan(spaces.Dict(base))
         self.observation_space = spaces.Dict({
             **self._plan.model_space().spaces,
@@ -116,6 +129,8 @@ class PettingZooAECEnv(gym.Env):
             if given is None:
                 given = self.env.infos.get(agent, {}).get(ACTION_MASK_KEY)
             mask = self._all_legal if given is None else flat_action_mask(given).astype(np.int8)
+        for k in self._planes:
+            raw[k] = np.asarray(raw[k], np.float32)
         out = self._plan.convert(raw)
         out[ACTION_MASK_KEY] = mask
         out[TURN_KEY] = np.array([int(to_move)], np.int8)

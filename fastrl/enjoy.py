@@ -341,7 +341,7 @@ def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOp
             if options.opponent != SELF:
                 versus = play_versus(models[seats[0]], env, options.opponent,
                                      options.max_num_episodes, options.deterministic, device,
-                                     seed=cfg.seed, on_game=on_episode)
+                                     seed=cfg.seed, on_game=on_episode, frame_sink=sink)
             elif info.multi_agent:
                 play_match([models.get(k) for k in range(max(seats) + 1)], seats, env,
                            options.max_num_episodes, options.deterministic, device,

@@ -89,6 +89,31 @@ def test_the_turn_limit_truncates_every_player_with_its_last_observation():
     assert obs[0]["observation"][0] == 5  # the next game
 
 
+def test_a_board_of_planes_is_an_image_and_the_classic_games_get_their_settings():
+    pytest.importorskip("pettingzoo.classic.connect_four_v3")  # (pygame)
+    from fastrl.env_registry import recommended_settings
+
+    env = make_env("pettingzoo:classic.connect_four_v3")
+    assert env.observation_space["observation"] == spaces.Box(0.0, 1.0, (2, 6, 7), np.float32)
+    obs, _ = env.reset(seed=0)
+    obs, *_ = env.step([3, 0])  # player_0 in the middle column, bottom row
+    raw = env.env.observe("player_1")["observation"]  # [6, 7, 2]: its own pieces, then hers
+    assert np.array_equal(obs[1]["observation"], raw.transpose(2, 0, 1))
+    assert obs[1]["observation"][1, 5, 3] == 1 and obs[0]["observation"][0, 5, 3] == 1
+    assert recommended_settings("pettingzoo:classic.connect_four_v3")["recipe"] == "classic"
+    assert recommended_settings("pettingzoo:pettingzoo.classic.go_v5")["recipe"] == "classic"
+    assert recommended_settings("pettingzoo:mpe2.simple_spread_v3") == {}
+
+
+def test_the_bare_command_cuts_a_sync_round_of_two_players_into_whole_batches(tmp_path):
+    from fastrl.config.load import parse_config
+
+    cfg = parse_config(["--env", "pettingzoo:classic.connect_four_v3", "--train_dir",
+                        str(tmp_path), "--experiment", "c4"])
+    assert cfg.recipe == "classic" and not cfg.async_rl
+    assert cfg.trajectories_per_batch % (cfg.num_envs * 2) == 0
+
+
 def test_the_rollout_worker_keeps_every_turn_and_both_rewards_at_the_last_one():
     from fastrl.sampling.buffers import INVALID_VERSION
     from tests.test_agents import drive, make_worker

@@ -100,11 +100,12 @@ class VersusResult:
 
 def play_versus(model, env: gym.Env, spec: str, num_games: int, deterministic: bool, device,
                 seed: int | None = None,
-                on_game: Callable[[int, float, int, dict], None] | None = None) -> VersusResult:
+                on_game: Callable[[int, float, int, dict], None] | None = None,
+                frame_sink=None) -> VersusResult:
     """``num_games`` games of ``model`` against the opponent ``spec`` names (module
     docstring), the policy in each seat in turn; ``on_game(game, return, length, {})`` after
-    each. ``ExperimentError`` in one line for an env of one agent or an
-    opponent that cannot be made."""
+    each; ``frame_sink`` as in :func:`play_match`. ``ExperimentError`` in one line for an env
+    of one agent or an opponent that cannot be made."""
     n = num_agents(env)
     if not is_multi_agent(env) or n < 2:
         raise ExperimentError(f"--opponent={spec} plays against the other agents of a game; "
@@ -129,6 +130,7 @@ def play_versus(model, env: gym.Env, spec: str, num_games: int, deterministic: b
                 on_game(len(result.returns) - 1, ret, length, {})
 
         play_match([model], [0] * n, env, games, deterministic, device,
-                   seed=None if seed is None else seed + seat, on_episode=counted,
+                   frame_sink=frame_sink, seed=None if seed is None else seed + seat,
+                   on_episode=counted,
                    opponents={a: opponent for a in range(n) if a != seat})
     return result
