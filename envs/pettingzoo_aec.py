@@ -29,8 +29,8 @@ classic games: ``pettingzoo:classic.connect_four_v3``, ``tictactoe_v3``, ``chess
   (``fastrl.policy.spaces.ObsPlan``), plus ``action_mask`` and ``my_turn``. A board's planes
   (a Box ``[H, W, C]`` of 0 and 1, int8 or bool: connect_four's ``[6, 7, 2]``, go's
   ``[19, 19, 17]``) are given as a float32 image ``[C, H, W]``, so that a conv encoder reads
-  the board: on connect_four an MLP over the flattened planes learned neither to take a
-  winning move nor to block one within 600K steps (80-90% wins against a random player).
+  the board: on connect_four an MLP over the flattened planes took a third of the winning
+  moves it had and stayed at 80-90% wins against a random player within 600K steps.
 """
 
 from __future__ import annotations

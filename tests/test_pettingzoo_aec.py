@@ -100,8 +100,10 @@ def test_a_board_of_planes_is_an_image_and_the_classic_games_get_their_settings(
     raw = env.env.observe("player_1")["observation"]  # [6, 7, 2]: its own pieces, then hers
     assert np.array_equal(obs[1]["observation"], raw.transpose(2, 0, 1))
     assert obs[1]["observation"][1, 5, 3] == 1 and obs[0]["observation"][0, 5, 3] == 1
-    assert recommended_settings("pettingzoo:classic.connect_four_v3")["recipe"] == "classic"
-    assert recommended_settings("pettingzoo:pettingzoo.classic.go_v5")["recipe"] == "classic"
+    c4 = recommended_settings("pettingzoo:classic.connect_four_v3")
+    go = recommended_settings("pettingzoo:pettingzoo.classic.go_v5")
+    assert c4["recipe"] == go["recipe"] == "classic"
+    assert c4["gamma"] == 0.9 and "gamma" not in go  # a short game, a long one
     assert recommended_settings("pettingzoo:mpe2.simple_spread_v3") == {}
 
 
