@@ -150,23 +150,30 @@ def test_a_rollout_station_stops_making_envs_when_the_run_stops(tmp_path):
 # -- real processes ------------------------------------------------------------------------
 
 
+def _train_to_the_end(tmp_path, env: str, *flags: str) -> str:
+    """A real training run of ``env`` that must exit 0 within 120 s; its output."""
+    from tests.test_faults import Training
+    from tests.test_parallel import base_args
+
+    run = Training(base_args(tmp_path, env, *flags))
+    try:
+        code = run.wait(120)
+    finally:
+        run.kill()
+    assert code == 0, run.output
+    return run.output
+
+
 @pytest.mark.multiprocess
 def test_a_slow_starting_env_is_not_killed_as_hung(tmp_path):
     """Envs slow to make and to step (80 ms) whose random start-up steps (worker 1: 176 of
     them, 14 s) take longer than --worker_timeout: the worker beats through them, stops them
     at its time budget and says so; nothing is killed."""
-    from tests.test_faults import Training, summary_of
-    from tests.test_parallel import base_args
+    from tests.test_faults import summary_of
 
-    run = Training(base_args(tmp_path, "tests.slow_env:SlowStartCountingEnv-v0",
-                             "--decorrelate_envs_on_one_worker", "True", "--worker_timeout", "3",
-                             "--train_for_seconds", "12"))
-    try:
-        code = run.wait(120)
-    finally:
-        run.kill()
-    out = run.output
-    assert code == 0, out
+    out = _train_to_the_end(tmp_path, "tests.slow_env:SlowStartCountingEnv-v0",
+                            "--decorrelate_envs_on_one_worker", "True", "--worker_timeout", "3",
+                            "--train_for_seconds", "12")
     assert "(hung" not in out and "restarting it" not in out, out
     assert "fastrl-rollout-1: start-up decorrelation stopped at its 5 s budget" in out, out
     assert summary_of(tmp_path)["env_frames"] > 0
@@ -178,17 +185,8 @@ def test_a_worker_busy_in_an_env_step_stops_in_time(tmp_path):
     """Every env works in Python for a minute in each step from its 60th on, with no
     --env_timeout: at the end of the run the rollout workers are busy in a step. They are
     interrupted and close their envs instead of being killed."""
-    from tests.test_faults import Training
-    from tests.test_parallel import base_args
-
-    run = Training(base_args(tmp_path, "tests.slow_env:BusyCountingEnv-v0", "--env_timeout", "0",
-                             "--worker_timeout", "600", "--train_for_seconds", "8"))
-    try:
-        code = run.wait(120)
-    finally:
-        run.kill()
-    out = run.output
-    assert code == 0, out
+    out = _train_to_the_end(tmp_path, "tests.slow_env:BusyCountingEnv-v0", "--env_timeout", "0",
+                            "--worker_timeout", "600", "--train_for_seconds", "8")
     assert "fastrl-rollout-0 was still busy 3 s after the stop, in step (tests/slow_env.py" \
         in out, out
     assert "did not stop" not in out, out
