@@ -51,6 +51,15 @@ def test_every_agent_step_reaches_the_learner_of_the_policy_that_acted_it(tmp_pa
                     trajectories[k] += len(msg.buffers)
                     w = shared.worker_of(msg.buffers[0])
                     shared.worker_queues[w].put(BuffersFreed(msg.buffers, msg.generation))
+        # An agent's trajectories go to the queue of whichever policy acted them, so one
+        # queue can run ahead of the other: with no buffer freed any more, the workers run
+        # dry and everything they finished arrives; a hole after that is a lost step.
+        quiet_since = time.time()
+        while time.time() - quiet_since < 1.0 and time.time() < deadline + 15:
+            for k, q in enumerate(shared.learner_queues):
+                for msg in q.get_many(POLL / 2):
+                    check_agent_steps(shared, cfg, msg.buffers, steps)
+                    quiet_since = time.time()
     finally:
         runner.shutdown()
     assert min(trajectories) >= 100, trajectories
