@@ -56,7 +56,7 @@ def test_every_agent_step_reaches_the_learner_of_the_policy_that_acted_it(tmp_pa
         # dry and everything they finished arrives; a hole after that is a lost step.
         quiet_since = time.time()
         while time.time() - quiet_since < 1.0 and time.time() < deadline + 15:
-            for k, q in enumerate(shared.learner_queues):
+            for q in shared.learner_queues:
                 for msg in q.get_many(POLL / 2):
                     check_agent_steps(shared, cfg, msg.buffers, steps)
                     quiet_since = time.time()
