@@ -74,6 +74,32 @@ def test_each_agent_is_played_by_its_policy_and_sits_out_unscored(tmp_path):
         assert all(0 <= x <= length for x in r.returns)
 
 
+def test_a_sat_out_step_zeroes_the_recurrent_state_as_in_training(tmp_path):
+    """Training zeroes an agent's recurrent state after every step it sits out
+    (MultiAgentRolloutWorker._sit_out), so its next step starts from zeros; a match must do
+    the same. Agent 0's episodes last 2 steps, agent 1's 5: agent 0 sits out steps 3 to 5 of
+    each match."""
+    cfg = parse_config(TRAIN + ["--train_dir", str(tmp_path), "--use_rnn", "True",
+                                "--rnn_size", "8"])
+    env = AgentsEnv(env_tag=1, episode_lens=(2, 5), match=True)
+    model = ActorCritic(env.observation_space, env.action_space, cfg)
+    fed: list[tuple[int, bool]] = []  # agent 0: (global step of its obs, state was zeros)
+    step = model.forward_step
+
+    def recorder(obs, state):
+        if int(obs["obs"][0, 1]) == 0:
+            fed.append((int(obs["obs"][0, 2]), not bool(state.abs().sum())))
+        return step(obs, state)
+    model.forward_step = recorder
+    play_match([model], [0, 0], env, 2, False, "cpu", seed=0)
+    # Agent 0 acts on the observations of global steps 0-9 (two matches of 5 steps): its
+    # episodes end at steps 2 and 7, and the env steps 3-5 and 8-10 find it sat out (known
+    # only once acted). Zeros: at the start, after each episode's end (2, 7) and after each
+    # sat-out step (3, 4, 5, 8, 9); carried only within an episode (1, 6).
+    assert fed == [(0, True), (1, False), (2, True), (3, True), (4, True),
+                   (5, True), (6, False), (7, True), (8, True), (9, True)]
+
+
 def test_enjoy_plays_two_policies_against_each_other(two_policies, capsys):
     report = enjoy(two_policies, "--max_num_episodes", "2")
     captured = capsys.readouterr()

@@ -23,14 +23,17 @@ from fastrl.errors import EnvSettingsError
 from fastrl.experiment.checkpoint import checkpoint_state, restore_learner, save_checkpoint
 from fastrl.experiment.stats import TrainingStats
 from fastrl.policy.model import ActorCritic
+from fastrl.runner.loop import RunLoop
 from fastrl.runner.pbt import HISTORY, Population, choose, perturb
 from fastrl.runner.stations import LearnerStation
 from fastrl.sampling.weights import LocalWeights
 from fastrl.transport.messages import (
     BuffersFreed,
+    EpisodeStats,
     LearnerReady,
     PbtReplace,
     PbtReplaced,
+    RolloutReport,
     TrajectoriesReady,
 )
 from fastrl.transport.queues import LocalQueue
@@ -173,6 +176,38 @@ def test_a_due_exchange_waits_for_two_ranked_policies_and_respects_the_start(tmp
         pop.add_episode(3, 5.0, None)
     assert pop.maybe_exchange(6100) == [(0, 3)]
     assert pop.next_at == 6100 + 1000
+
+
+def test_new_weights_are_ranked_only_on_episodes_they_acted_whole(tmp_path):
+    """After an exchange, the replaced policy's episodes still in flight (reports buffered,
+    steps acted before its policy worker loaded the donor's weights) are the old weights':
+    until its learner confirms, none counts; then only those whose every step the new
+    version (``PbtReplaced.version``) or a later one acted. The other policies go on as
+    before."""
+    pop, queues = _population(tmp_path, _cfg())
+    stats = TrainingStats(pop.cfg, 1)
+    loop = RunLoop(SimpleNamespace(cfg=pop.cfg), stats, reporter=None, turn=lambda: None,
+                   pbt=pop)
+
+    def report(policy: int, ret: float, version: int, n: int = 3) -> None:
+        episodes = [EpisodeStats(0, ret, 10, False, None, policy, version)] * n
+        loop.handle(RolloutReport(episodes, 0, 0, {}))
+
+    for k, ret in ((0, 5.0), (1, 9.0), (2, -3.0), (3, 4.0)):
+        report(k, ret, 7)
+    assert pop.maybe_exchange(1000) == [(2, 1)]
+    report(2, -50.0, 7)  # in flight: acted before the exchange
+    report(2, -40.0, 8)  # the new version acts, but its learner has not confirmed yet
+    report(0, 5.0, 7)  # policies not replaced: every episode counts, any version
+    assert pop.since == [3, 0, 0, 0] and list(pop.windows[2]) == []
+    pop.confirmed(PbtReplaced(2, 1, 1, 8, 0))
+    report(2, -30.0, 7)  # acted (in part) by the old weights, reported late
+    assert pop.since[2] == 0 and list(pop.windows[2]) == []
+    report(2, 8.0, 8)
+    report(2, 9.0, 9, n=1)
+    assert pop.since[2] == 4 and list(pop.windows[2]) == [8.0] * 3 + [9.0]
+    assert pop.summary()["episodes_of_replaced_weights"] == [0, 0, 9, 0]
+    assert stats.episodes == 12 + 16  # the run's statistics count every episode
 
 
 def test_an_episode_metric_ranks_and_an_unknown_one_is_one_line(tmp_path):

@@ -4,7 +4,8 @@ Each agent of the env (its *seat*) is played by one of the experiment's policies
 (``--num_policies``): ``seats[a]`` is the policy of agent ``a``. Several seats may hold the
 same policy (self-play), and a multiplayer scenario's bots are the env's own business. The
 env follows the multi-agent contract of :mod:`fastrl.sampling.agents`: it restarts each agent
-itself, and an agent may sit out steps (``info["inactive"]``), which count for nothing. A
+itself, and an agent may sit out steps (``info["inactive"]``), which count for nothing and,
+as in training, zero its recurrent state (the step is acted: it is known sat out after). A
 seat may instead be played by an opponent that is no policy (``opponents``: a random or a
 scripted player, :mod:`fastrl.experiment.versus`).
 
@@ -137,6 +138,10 @@ def play_match(
                 obs, rewards, terminated, truncated, infos = env.step(actions)
                 for a in range(n):
                     if infos[a].get(INACTIVE):
+                        # As in training (MultiAgentRolloutWorker._sit_out): a sat-out step
+                        # belongs to no episode, and the next step starts from zeros.
+                        ep_return[a], ep_len[a] = 0.0, 0
+                        states[a] = models[seats[a]].initial_rnn_state(1, device)
                         continue
                     ep_return[a] += float(rewards[a])
                     ep_len[a] += 1

@@ -76,7 +76,7 @@ class RunLoop:
                 stats.add_episode(ep.episode_return, ep.length, ep.truncated, ep.metrics,
                                   ep.policy)
                 if self.pbt is not None:
-                    self.pbt.add_episode(ep.policy, ep.episode_return, ep.metrics)
+                    self.pbt.add_episode(ep.policy, ep.episode_return, ep.metrics, ep.version)
             stats.env_restarts += msg.env_restarts
             stats.steps_discarded += msg.steps_discarded
             stats.add_env_faults(msg.faults)

@@ -10,6 +10,13 @@ replaced policy's learner gets a :class:`PbtReplace` message (the donor's weight
 from the donor's published weights by that learner: ``LearnerStation._replace``) with the
 donor's hyperparameters perturbed (:func:`perturb`). Each exchange is logged, appended to
 ``pbt.jsonl`` in the experiment folder and written to TensorBoard (``policy_{k}/pbt/...``).
+
+A replaced policy's new weights are ranked only on episodes they acted whole: episodes in
+flight at the exchange (reports buffered by the rollout workers, steps acted before the
+policy workers loaded the donor's weights) are the old weights'. An episode's report carries
+the oldest version that acted it (``EpisodeStats.version``); until the learner confirms the
+replacement none counts, then those from the new weights' version (``PbtReplaced.version``)
+on.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from collections import deque
 
@@ -30,6 +38,7 @@ from fastrl.transport.messages import LearnerReady, PbtReplace, PbtReplaced
 
 HISTORY = "pbt.jsonl"
 SEED_STREAM = 24  # the exchanges' random draws: [--seed, SEED_STREAM, ranking number]
+REPLACING = sys.maxsize  # a replaced policy's version floor until its learner confirms
 
 
 def perturb(values: dict[str, float], rng: np.random.Generator, low: float,
@@ -89,6 +98,9 @@ class Population:
         self.since = [0] * p  # episodes since the last exchange (with the objective)
         self.stale = [0] * p  # trajectories of replaced weights dropped untrained
         self.replaced = [0] * p  # times each policy was replaced
+        # an episode acted (in any step) by a version below this is not the current weights'
+        self.floor = [0] * p
+        self.old_episodes = [0] * p  # episodes of replaced weights, left out of the ranking
         self.rankings = 0  # rankings done (each draws from its own seed)
         self.exchanges = 0  # rankings that replaced at least one policy
         self.next_at = max(cfg.pbt_start_env_steps, cfg.pbt_period_env_steps)
@@ -111,7 +123,9 @@ class Population:
 
     # --- what the run loop feeds in ---------------------------------------------------------
 
-    def add_episode(self, policy: int, episode_return: float, metrics: dict | None) -> None:
+    def add_episode(self, policy: int, episode_return: float, metrics: dict | None,
+                    version: int = 0) -> None:
+        """An episode of ``policy``, ``version`` the oldest of its weights that acted it."""
         name = self.cfg.pbt_objective
         self._episodes += 1
         if name == "return":
@@ -128,6 +142,9 @@ class Population:
                         f"{reported}")
                 return
             self._objective_seen = True
+        if version < self.floor[policy]:
+            self.old_episodes[policy] += 1
+            return
         self.windows[policy].append(float(value))
         self.since[policy] += 1
 
@@ -137,6 +154,7 @@ class Population:
     def confirmed(self, msg: PbtReplaced) -> None:
         """The replaced policy's learner took the donor's weights."""
         self.stale[msg.policy] += msg.dropped
+        self.floor[msg.policy] = msg.version
         self._record({"event": "replaced", "exchange": msg.exchange, "policy": msg.policy,
                       "donor": msg.donor, "version": msg.version,
                       "waiting_trajectories_dropped": msg.dropped})
@@ -184,6 +202,7 @@ class Population:
             self.queues[worst].put(PbtReplace(donor, new, self.exchanges))
             self.hyperparams[worst] = new
             self.windows[worst].clear()  # the old weights' episodes rank them no more
+            self.floor[worst] = REPLACING
             self.replaced[worst] += 1
             changes.append({"policy": worst, "donor": donor, "old": old, "new": new})
             log(f"pbt exchange {self.exchanges} at {frames:,} frames: policy {worst} "
@@ -205,7 +224,8 @@ class Population:
 
     def summary(self) -> dict:
         return {**self.counters(), "objective": self.cfg.pbt_objective,
-                "hyperparams": self.hyperparams, "stale_trajectories_dropped": list(self.stale)}
+                "hyperparams": self.hyperparams, "stale_trajectories_dropped": list(self.stale),
+                "episodes_of_replaced_weights": list(self.old_episodes)}
 
     def _record(self, entry: dict) -> None:
         entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **entry}

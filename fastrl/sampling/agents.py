@@ -50,7 +50,7 @@ from fastrl.sampling.agent_count import (  # noqa: F401 - the contract, here too
 )
 from fastrl.sampling.buffers import INVALID_VERSION
 from fastrl.sampling.env_faults import brief, check_step, write_reward_terms
-from fastrl.sampling.rollout import RolloutWorker
+from fastrl.sampling.rollout import NO_VERSION, RolloutWorker
 from fastrl.sampling.startup import STEPPING
 from fastrl.sampling.trajectories import PolicyAssignment, Split, StepOutput
 
@@ -78,6 +78,7 @@ class MultiAgentRolloutWorker(RolloutWorker):
         self._ep_return = self._ep_return.repeat(n)
         self._ep_len = self._ep_len.repeat(n)
         self._ep_start = self._ep_start.repeat(n)
+        self._ep_version = self._ep_version.repeat(n)
         self._faults_in_a_row = [0] * slots
         self.assign = PolicyAssignment(slots, self.num_policies, self.policy_seed,  # per agent
                                        [s.local for s in self.splits], n,
@@ -178,6 +179,7 @@ class MultiAgentRolloutWorker(RolloutWorker):
         self._ep_return[j] = 0.0
         self._ep_len[j] = 0
         self._ep_start[j] = first_step
+        self._ep_version[j] = NO_VERSION
         self._policy_rnn_np[e] = 0.0
 
     def _cut_env_episode(self, i: int, bufs: list[int], t: int, fault: Exception,

@@ -51,6 +51,7 @@ from fastrl.transport.messages import (
 # worker stops with the cause (and the runner decides whether to restart the worker).
 ENV_RESTART_ATTEMPTS = 3
 ENV_CHECKS = ("warn", "strict")  # --env_check
+NO_VERSION = np.iinfo(np.int64).max  # no step of the episode acted yet (EpisodeStats.version)
 
 
 class RolloutWorker(EnvStartup):
@@ -160,6 +161,8 @@ class RolloutWorker(EnvStartup):
         # the step where each env's episode began in its current trajectory
         self._ep_start = np.zeros(len(envs), dtype=np.int64)
         self._versions_np = buffers.policy_versions.numpy()
+        # the oldest version that acted each env's episode in its earlier trajectories
+        self._ep_version = np.full(len(envs), NO_VERSION, dtype=np.int64)
         self._faults_in_a_row = [0] * len(envs)  # per slot: see env_faults.count_in_row
         self._good_steps = [0] * len(envs)  # each env's, since its last fault
         self.num_policies, self.policy_seed = num_policies, policy_seed
@@ -291,9 +294,11 @@ class RolloutWorker(EnvStartup):
         else:
             ret, length = float(self._ep_return[i]), int(self._ep_len[i])
         metrics = info.get("episode_metrics")  # the env's own numbers for the episode
+        acted = self._versions_np[b, self._ep_start[i]:t + 1]  # its steps in this trajectory
+        version = min(int(self._ep_version[i]), int(acted.min()))
         out.episodes.append(EpisodeStats(e, ret, length, time_limit,
                                          dict(metrics) if isinstance(metrics, dict) else None,
-                                         self.assign.episode_ended(i)))
+                                         self.assign.episode_ended(i), version))
         self._faults_in_a_row[i] = 0
 
     def _keep_final_obs(self, b: int, t: int, obs: dict) -> None:
@@ -312,6 +317,10 @@ class RolloutWorker(EnvStartup):
         next (unless the sync-mode round is over)."""
         split = self.splits[split_id]
         self._write_obs(split.buffers, self.rollout, next_obs)
+        # the versions that acted each unfinished episode here, before the slots leave
+        acted = np.arange(self.rollout) >= self._ep_start[split.local, None]
+        oldest = np.where(acted, self._versions_np[split.buffers], NO_VERSION).min(axis=1)
+        self._ep_version[split.local] = np.minimum(self._ep_version[split.local], oldest)
         if split.policies:  # to the learner of the policy that acted each slot
             out.trajectories.extend(TrajectoriesReady(self.worker_id, bufs, self.generation, k)
                                     for k, bufs in by_policy(split.buffers, split.policies).items())
@@ -347,6 +356,7 @@ class RolloutWorker(EnvStartup):
         self._ep_return[i] = 0.0
         self._ep_len[i] = 0
         self._ep_start[i] = first_step
+        self._ep_version[i] = NO_VERSION
         self._policy_rnn_np[e] = 0.0
         if fault is None:
             try:
@@ -414,7 +424,10 @@ class RolloutWorker(EnvStartup):
         self._tags.tag(split.buffers, split.env_ids)
         self._write_obs(split.buffers, 0, split.pending_obs)
         if self.num_policies > 1:  # the policies drawn at episode ends take over here
+            before = self.assign.current[split.local]
             split.policies = self.assign.begin(split.local, split.env_ids, self._policy_rnn_np)
+            # (versions are per policy: a new one's episode version counts its own steps)
+            self._ep_version[np.asarray(split.local)[before != split.policies]] = NO_VERSION
         if self._has_rnn:
             self._rnn_np[split.buffers] = self._policy_rnn_np[split.env_ids]
         split.pending_obs = None

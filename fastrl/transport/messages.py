@@ -74,7 +74,10 @@ class EpisodeStats(NamedTuple):
     """One finished episode: the env's native return, its length in agent steps, whether
     a time limit cut it (``truncated``) rather than the env ending it, and the env's own
     figures about it (``info["episode_metrics"]``: frags, deaths... by name), if any; the
-    policy that acted its last step."""
+    policy that acted its last step, and the oldest version of that policy's weights that
+    acted any of its steps (steps another policy acted before this one took over are not
+    counted): population-based training ranks a policy's new weights only on episodes they
+    acted whole."""
 
     env_id: int
     episode_return: float
@@ -82,6 +85,7 @@ class EpisodeStats(NamedTuple):
     truncated: bool
     metrics: dict[str, float] | None = None
     policy: int = 0
+    version: int = 0
 
 
 # --- supervision -----------------------------------------------------------------------------
