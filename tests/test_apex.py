@@ -279,3 +279,22 @@ def test_the_replay_algorithms_give_each_env_two_slots(tmp_path):
     appo = parse_config(["--env", "CartPole-v1", "--train_dir", str(tmp_path), "--experiment",
                          "appo"])
     assert buffers_per_env(appo, appo.num_envs) >= 2
+
+
+@pytest.mark.parametrize("bootstrap", [True, False])
+def test_value_bootstrap_false_ends_a_time_limit_like_a_death(tmp_path, bootstrap):
+    """Issue 43, defect 2: --value_bootstrap False was ignored by the replay learners, whose
+    n-step targets always bootstrapped from the time limit's final observation."""
+    learner = _learner(tmp_path, "--nstep", "2", "--value_bootstrap", str(bootstrap))
+    batch = _trajectories(16, 4, 0)
+    batch["dones"][:] = False
+    batch["dones"][1, 2] = True
+    batch["final_step"][1] = 2  # a time limit ended row 1's episode after step 2
+    learner.insert(batch)
+    data = learner.store.transitions(np.array([5, 6]), 2, 0.9)  # row 1, steps 1 and 2
+    if bootstrap:
+        assert data["discounts"].tolist() == pytest.approx([0.81, 0.9])
+        torch.testing.assert_close(data["next_obs"]["obs"][1], batch["final_obs"]["obs"][1])
+    else:
+        assert data["discounts"].tolist() == [0.0, 0.0]
+    assert int(batch["final_step"][1]) == 2  # the caller's batch is left as it was

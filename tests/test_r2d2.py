@@ -192,6 +192,25 @@ def test_steps_not_acted_or_cut_by_a_time_limit_are_not_trained(tmp_path):
     assert mask[1].tolist() == [True, False, False, True]
 
 
+def test_value_bootstrap_false_trains_the_steps_before_a_time_limit_as_before_a_death(
+        tmp_path):
+    """Issue 43, defect 2: with --value_bootstrap False a time limit ends the episode like a
+    death (target: the rewards alone), so the steps before it are trained, not left out."""
+    learner = _learner(tmp_path, "--nstep", "2", "--value_bootstrap", "False",
+                       "--r2d2_value_rescaling", "False")
+    batch = _rows(2, env=0, first=0, s=8)
+    batch["dones"][:] = False
+    batch["final_step"][1] = 2
+    batch["dones"][1, 2] = True
+    learner.insert(batch)
+    data = learner.store.sequences(np.array([1]))
+    _, y, mask = learner._q_and_targets(data)
+    assert mask[0].tolist() == [True, True, True, True]
+    rewards = data["rewards"][0]
+    want = [float(rewards[1] + learner.cfg.gamma * rewards[2]), float(rewards[2])]
+    assert y[0, 1:3, 0].tolist() == pytest.approx(want, abs=1e-5)
+
+
 def test_learner_trains_updates_sequence_priorities_and_round_trips(tmp_path):
     learner = _learner(tmp_path)
     assert not learner.can_train()

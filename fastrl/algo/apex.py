@@ -155,6 +155,8 @@ class ApexLearner:
             self.model.update_normalizers({k: v[:, :t].reshape(-1, *v.shape[2:])
                                            for k, v in batch["obs"].items()})
         self._note_lag(batch)
+        if not self.cfg.value_bootstrap:  # a time limit ends the episode like a death (APPO)
+            batch = {**batch, "final_step": torch.full_like(batch["final_step"], -1)}
         actor = self.cfg.replay_initial_priority == "actor"
         n = self.store.insert(batch, self._actor_priorities(batch) if actor else None)
         if self.cfg.replay_initial_priority == "td":
