@@ -298,3 +298,21 @@ def test_value_bootstrap_false_ends_a_time_limit_like_a_death(tmp_path, bootstra
     else:
         assert data["discounts"].tolist() == [0.0, 0.0]
     assert int(batch["final_step"][1]) == 2  # the caller's batch is left as it was
+
+
+def test_resuming_with_another_rollout_starts_an_empty_store_and_says_so(tmp_path, capsys):
+    """Issue 43, defect 5: the store's load checked only the transition count, so a resume
+    with another --rollout (same --replay_capacity) crashed copying rows of other lengths."""
+    learner = _learner(tmp_path)
+    learner.insert(_trajectories(16, 4, 0))
+    learner.train()
+    again = _learner(tmp_path, "--rollout", "8")
+    assert again.store.capacity == learner.store.capacity  # 400 transitions either way
+    again.load_state_dict(learner.state_dict())
+    assert again.store.size == 0 and again.store.tree.total == 0
+    assert (again.limiter.inserts, again.limiter.samples) == (0, 0)
+    assert again.version == 1  # the rest of the checkpoint came back
+    for k, v in again.model.state_dict().items():
+        torch.testing.assert_close(v, learner.model.state_dict()[k])
+    said = [line for line in capsys.readouterr().out.splitlines() if "replay store" in line]
+    assert len(said) == 1 and "--rollout" in said[0] and "empty" in said[0]

@@ -320,3 +320,18 @@ def test_a_store_that_makes_checkpoints_big_is_said_at_start(tmp_path, capsys):
                         "--replay_save_contents", "False"])
     check_env_settings(cfg, info)
     assert "--replay_save_contents" not in capsys.readouterr().out
+
+
+def test_a_saved_sequence_store_of_another_rollout_starts_empty():
+    """Issue 43, defect 5: the same transitions in rows of another --rollout crashed the
+    load; the store now starts empty (the id table and links too)."""
+    store = _store(rows=6)
+    store.insert(_rows(3, env=0, first=0))
+    state = store.state_dict(True)
+    longer = SequenceStore({"obs": (3,)}, {"obs": torch.float32}, 2 * T, 1, torch.int64,
+                           6 * 2 * T, alpha=0.6, rnn_size=2, seed=0)  # 6 rows again
+    assert not longer.load_state_dict(state)
+    assert longer.size == 0 and (longer.prev_row == -1).all() and not longer._row_of
+    wider = SequenceStore({"obs": (3,)}, {"obs": torch.float32}, T, 1, torch.int64,
+                          6 * T, alpha=0.6, rnn_size=3, seed=0)
+    assert "rnn_states" in wider.mismatch(state) and not wider.load_state_dict(state)

@@ -31,6 +31,7 @@ from fastrl.algo.learner import policy_lag
 from fastrl.algo.learner_group import LearnerGroup
 from fastrl.config.settings import Config
 from fastrl.device import autocast, resolve_precision
+from fastrl.log import log
 from fastrl.policy.actions import ActionSpec
 from fastrl.policy.dueling import chosen_q, dueling_heads
 from fastrl.policy.model import ActorCritic
@@ -322,6 +323,9 @@ class ApexLearner:
         self.samples_trained = int(state["samples_trained"])
         if self.group is not None and self.group.rank > 0:
             return  # rank 0 restores the shared store; this rank only reads it
+        why = self.store.mismatch(state["replay"]) if state["replay"]["contents"] else None
+        if why:
+            log(f"resume: the replay store starts empty, the checkpoint's does not fit: {why}")
         if self.store.load_state_dict(state["replay"]):
             self.limiter.inserts = int(state["limiter"]["inserts"])
             self.limiter.samples = int(state["limiter"]["samples"])
