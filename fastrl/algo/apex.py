@@ -38,7 +38,13 @@ from fastrl.policy.model import ActorCritic
 from fastrl.policy.obs import has_action_mask
 from fastrl.policy.recurrent import state_size
 from fastrl.policy.spaces import storage
-from fastrl.sampling.replay import PRIORITY_EPS, RateLimiter, ReplayStore, annealed_beta
+from fastrl.sampling.replay import (
+    PRIORITY_EPS,
+    RateLimiter,
+    ReplayStore,
+    annealed_beta,
+    columns_nbytes,
+)
 from fastrl.sampling.sequences import SequenceStore, actor_td_errors
 from fastrl.transport.messages import ReplayShare
 
@@ -69,13 +75,7 @@ def build_store(cfg: Config, obs_space: spaces.Dict, action_space: spaces.Space,
                 columns: dict[str, torch.Tensor] | None = None) -> ReplayStore | int:
     """The run's replay store (or only its size in bytes): transitions for ``--algo apex``,
     sequences for ``r2d2``; ``shared``, ``columns``: see ``ReplayStore``."""
-    shapes, dtypes = {}, {}
-    for key, sub in obs_space.spaces.items():
-        shape, np_dtype = storage(sub)
-        shapes[key] = shape
-        dtypes[key] = torch.from_numpy(np.zeros(1, dtype=np_dtype)).dtype
-    spec = ActionSpec(action_space)
-    args = (shapes, dtypes, cfg.rollout, spec.action_dims, spec.dtype, cfg.replay_capacity)
+    args = _store_args(cfg, obs_space, action_space)
     if cfg.algo == "r2d2":  # sequences, with the recurrent state stored at each
         rnn = state_size(cfg.rnn_type, cfg.rnn_size)
         if nbytes_only:
@@ -86,6 +86,30 @@ def build_store(cfg: Config, obs_space: spaces.Dict, action_space: spaces.Space,
         return ReplayStore.nbytes_for(*args)
     return ReplayStore(*args, alpha=cfg.replay_alpha, seed=cfg.seed, shared=shared,
                        columns=columns)
+
+
+def shared_store_nbytes(cfg: Config, obs_space: spaces.Dict, action_space: spaces.Space) -> int:
+    """Bytes the store of ``--num_learners`` > 1 places in /dev/shm: its columns (the sum
+    tree and the id tables stay in rank 0's memory)."""
+    shapes, dtypes, rollout, action_dims, action_dtype, capacity = _store_args(
+        cfg, obs_space, action_space)
+    rows = capacity // rollout
+    specs = ReplayStore.column_specs(shapes, dtypes, rows, rollout, action_dims, action_dtype)
+    if cfg.algo == "r2d2":
+        specs.update(SequenceStore.sequence_specs(rows, rollout,
+                                                  state_size(cfg.rnn_type, cfg.rnn_size)))
+    return columns_nbytes(specs)
+
+
+def _store_args(cfg: Config, obs_space: spaces.Dict, action_space: spaces.Space) -> tuple:
+    """``ReplayStore``'s size arguments for the run's spaces."""
+    shapes, dtypes = {}, {}
+    for key, sub in obs_space.spaces.items():
+        shape, np_dtype = storage(sub)
+        shapes[key] = shape
+        dtypes[key] = torch.from_numpy(np.zeros(1, dtype=np_dtype)).dtype
+    spec = ActionSpec(action_space)
+    return shapes, dtypes, cfg.rollout, spec.action_dims, spec.dtype, cfg.replay_capacity
 
 
 class ApexLearner:

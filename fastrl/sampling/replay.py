@@ -159,20 +159,15 @@ class RateLimiter:
         return self.samples / max(1, self.inserts)
 
 
-def check_fits(nbytes: int, capacity: int, shared: bool = False) -> None:
-    """A one-line ``MemoryError`` when a store of ``nbytes`` cannot be held in memory (and,
-    ``shared``, in /dev/shm's free space)."""
+def check_fits(nbytes: int, capacity: int) -> None:
+    """A one-line ``MemoryError`` when a store of ``nbytes`` cannot be held in memory (a
+    shared store's room in /dev/shm is checked with the rest of the run's shared memory:
+    ``fastrl.runner.wiring.check_shared_memory``)."""
     free = available_memory()
     if free is not None and nbytes > free:
         raise MemoryError(
             f"--replay_capacity={capacity:,}: the replay store needs {nbytes / 2**30:.2f} GiB, "
             f"more than the {free / 2**30:.2f} GiB of memory available; lower --replay_capacity")
-    shm = shm_free() if shared else None
-    if shm is not None and nbytes > shm:
-        raise MemoryError(
-            f"--replay_capacity={capacity:,}: the replay store needs {nbytes / 2**30:.2f} GiB "
-            f"of shared memory for --num_learners > 1, but /dev/shm has {shm / 2**30:.2f} GiB "
-            "free; lower --replay_capacity or use --num_learners 1")
 
 
 # A column's shape, dtype and initial value (None: left uninitialised).
