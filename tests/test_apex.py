@@ -279,3 +279,40 @@ def test_the_replay_algorithms_give_each_env_two_slots(tmp_path):
     appo = parse_config(["--env", "CartPole-v1", "--train_dir", str(tmp_path), "--experiment",
                          "appo"])
     assert buffers_per_env(appo, appo.num_envs) >= 2
+
+
+@pytest.mark.parametrize("bootstrap", [True, False])
+def test_value_bootstrap_false_ends_a_time_limit_like_a_death(tmp_path, bootstrap):
+    """Issue 43, defect 2: --value_bootstrap False was ignored by the replay learners, whose
+    n-step targets always bootstrapped from the time limit's final observation."""
+    learner = _learner(tmp_path, "--nstep", "2", "--value_bootstrap", str(bootstrap))
+    batch = _trajectories(16, 4, 0)
+    batch["dones"][:] = False
+    batch["dones"][1, 2] = True
+    batch["final_step"][1] = 2  # a time limit ended row 1's episode after step 2
+    learner.insert(batch)
+    data = learner.store.transitions(np.array([5, 6]), 2, 0.9)  # row 1, steps 1 and 2
+    if bootstrap:
+        assert data["discounts"].tolist() == pytest.approx([0.81, 0.9])
+        torch.testing.assert_close(data["next_obs"]["obs"][1], batch["final_obs"]["obs"][1])
+    else:
+        assert data["discounts"].tolist() == [0.0, 0.0]
+    assert int(batch["final_step"][1]) == 2  # the caller's batch is left as it was
+
+
+def test_resuming_with_another_rollout_starts_an_empty_store_and_says_so(tmp_path, capsys):
+    """Issue 43, defect 5: the store's load checked only the transition count, so a resume
+    with another --rollout (same --replay_capacity) crashed copying rows of other lengths."""
+    learner = _learner(tmp_path)
+    learner.insert(_trajectories(16, 4, 0))
+    learner.train()
+    again = _learner(tmp_path, "--rollout", "8")
+    assert again.store.capacity == learner.store.capacity  # 400 transitions either way
+    again.load_state_dict(learner.state_dict())
+    assert again.store.size == 0 and again.store.tree.total == 0
+    assert (again.limiter.inserts, again.limiter.samples) == (0, 0)
+    assert again.version == 1  # the rest of the checkpoint came back
+    for k, v in again.model.state_dict().items():
+        torch.testing.assert_close(v, learner.model.state_dict()[k])
+    said = [line for line in capsys.readouterr().out.splitlines() if "replay store" in line]
+    assert len(said) == 1 and "--rollout" in said[0] and "empty" in said[0]

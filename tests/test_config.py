@@ -161,9 +161,9 @@ def test_too_little_shared_memory_is_refused_before_any_process_starts():
     from fastrl.sampling.buffers import BufferLayout
 
     huge = BufferLayout({"obs": (3, 1000, 1000)}, {"obs": torch.uint8}, 10**6, 32, 1, 0)
-    expected = r"need .* MiB of shared memory but /dev/shm has .* lower --num_envs_per_worker"
+    expected = r"needs .* MiB of shared memory .* but /dev/shm has .* lower --num_envs_per_worker"
     with pytest.raises(ExperimentError, match=expected):
-        check_shared_memory(huge)
+        check_shared_memory({"trajectory buffers": huge.nbytes()})
 
 
 def test_checkpoint_of_another_model_is_refused_naming_the_difference():

@@ -287,3 +287,21 @@ def test_linear_decay_takes_the_learning_rate_to_zero_at_the_end_of_the_run():
     # 32 samples x 4 frames = 128 frames per batch, set before the batch's SGD steps.
     expected = [1e-3 * max(0.0, 1 - 128 * i / 1000) for i in range(9)]
     assert rates == pytest.approx(expected)
+
+
+def test_linear_decay_ends_at_zero_over_each_policys_share_with_several_policies():
+    """Issue 43, defect 1: with --num_policies P the run stops when all policies' frames
+    together reach --train_for_env_steps, so each policy trains on about 1/P of it; the
+    decay measured against the whole budget ended at 1 - 1/P of the rate."""
+    from fastrl.algo.learner import Learner
+    from fastrl.config.settings import Config
+
+    cfg = Config(rollout=8, batch_size=32, use_rnn=False, encoder_mlp_layers=[16],
+                 device="cpu", precision="fp32", learning_rate=1e-3, num_policies=2,
+                 lr_schedule="linear_decay", train_for_env_steps=1024)
+    learner = Learner(cfg, ActorCritic(VEC, BOX, cfg), BOX, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(0)
+    # This policy's share: 512 frames, 16 batches of 32; the lr is set before each batch.
+    rates = [learner.train(_box_batch(4, 8, gen))["learning_rate"] for _ in range(17)]
+    assert rates[8] == pytest.approx(0.5e-3)
+    assert rates[16] == pytest.approx(0.0)

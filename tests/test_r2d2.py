@@ -192,6 +192,25 @@ def test_steps_not_acted_or_cut_by_a_time_limit_are_not_trained(tmp_path):
     assert mask[1].tolist() == [True, False, False, True]
 
 
+def test_value_bootstrap_false_trains_the_steps_before_a_time_limit_as_before_a_death(
+        tmp_path):
+    """Issue 43, defect 2: with --value_bootstrap False a time limit ends the episode like a
+    death (target: the rewards alone), so the steps before it are trained, not left out."""
+    learner = _learner(tmp_path, "--nstep", "2", "--value_bootstrap", "False",
+                       "--r2d2_value_rescaling", "False")
+    batch = _rows(2, env=0, first=0, s=8)
+    batch["dones"][:] = False
+    batch["final_step"][1] = 2
+    batch["dones"][1, 2] = True
+    learner.insert(batch)
+    data = learner.store.sequences(np.array([1]))
+    _, y, mask = learner._q_and_targets(data)
+    assert mask[0].tolist() == [True, True, True, True]
+    rewards = data["rewards"][0]
+    want = [float(rewards[1] + learner.cfg.gamma * rewards[2]), float(rewards[2])]
+    assert y[0, 1:3, 0].tolist() == pytest.approx(want, abs=1e-5)
+
+
 def test_learner_trains_updates_sequence_priorities_and_round_trips(tmp_path):
     learner = _learner(tmp_path)
     assert not learner.can_train()
@@ -301,3 +320,18 @@ def test_a_store_that_makes_checkpoints_big_is_said_at_start(tmp_path, capsys):
                         "--replay_save_contents", "False"])
     check_env_settings(cfg, info)
     assert "--replay_save_contents" not in capsys.readouterr().out
+
+
+def test_a_saved_sequence_store_of_another_rollout_starts_empty():
+    """Issue 43, defect 5: the same transitions in rows of another --rollout crashed the
+    load; the store now starts empty (the id table and links too)."""
+    store = _store(rows=6)
+    store.insert(_rows(3, env=0, first=0))
+    state = store.state_dict(True)
+    longer = SequenceStore({"obs": (3,)}, {"obs": torch.float32}, 2 * T, 1, torch.int64,
+                           6 * 2 * T, alpha=0.6, rnn_size=2, seed=0)  # 6 rows again
+    assert not longer.load_state_dict(state)
+    assert longer.size == 0 and (longer.prev_row == -1).all() and not longer._row_of
+    wider = SequenceStore({"obs": (3,)}, {"obs": torch.float32}, T, 1, torch.int64,
+                          6 * T, alpha=0.6, rnn_size=3, seed=0)
+    assert "rnn_states" in wider.mismatch(state) and not wider.load_state_dict(state)

@@ -221,3 +221,18 @@ def test_a_store_larger_than_memory_is_one_line(monkeypatch):
         replay.check_fits(3 * 2**30, 5_000_000)
     assert str(info.value).startswith("--replay_capacity=5,000,000: ")
     assert "\n" not in str(info.value)
+
+
+def test_a_saved_store_of_other_shapes_is_not_loaded():
+    """Issue 43, defect 5: rows of another --rollout or observations of another shape, at
+    the same transition count, are refused (the store starts empty), not copied."""
+    store = _store(capacity=40, horizon=4)
+    store.insert(_trajectories(10, 4, 0))
+    state = store.state_dict(contents=True)
+    longer = _store(capacity=40, horizon=8)
+    assert not longer.load_state_dict(state) and longer.mismatch(state) is not None
+    assert longer.size == 0 and longer.tree.total == 0
+    wider = ReplayStore({"obs": (5,)}, {"obs": torch.float32}, 4, 1, torch.int64, 40,
+                        alpha=0.6, seed=0)
+    assert not wider.load_state_dict(state) and "obs/obs" in wider.mismatch(state)
+    assert _store().mismatch(state) is None

@@ -131,19 +131,46 @@ def test_several_replay_learners_need_a_batch_that_splits_evenly():
     assert any("--num_learners=2: needs parallel mode" in e for e in errors), errors
 
 
-def test_a_shared_store_larger_than_dev_shm_is_a_one_line_error(monkeypatch):
+def test_dev_shm_is_checked_for_the_sum_of_the_shared_store_and_the_buffers(tmp_path,
+                                                                           monkeypatch):
+    """Issue 43, defect 6: the shared store and the trajectory buffers were each checked
+    against all of /dev/shm's free room, never their sum; the store's pages are touched only
+    as it fills, so such a run could die of SIGBUS hours later. Now one check of everything
+    parallel mode places there refuses it in one line, before the experiment folder is made."""
     import os
 
-    from fastrl.sampling.replay import check_fits
+    from fastrl.errors import ExperimentError
+    from fastrl.runner.parallel import ParallelRunner
+    from fastrl.sampling.env_setup import probe_env
 
-    class Small:
-        f_bavail, f_frsize = 1024, 4096  # 4 MiB free
+    cfg = parse_config([*FLAGS["apex"][:4], "--replay_capacity", str(1 << 20), "--device",
+                        "cpu", "--num_learners", "2", "--train_dir", str(tmp_path),
+                        "--experiment", "x"])
+    info = probe_env(cfg)
+    store = build_store(cfg, info.obs_space, info.action_space, nbytes_only=True)
+    free = store + (1 << 20)  # the store alone fits, and so do the buffers
 
-    monkeypatch.setattr(os, "statvfs", lambda path: Small())
-    check_fits(8 << 20, 1000)  # private memory: /dev/shm does not matter
-    with pytest.raises(MemoryError) as info:
-        check_fits(8 << 20, 1000, shared=True)
-    assert "/dev/shm" in str(info.value) and "\n" not in str(info.value)
+    class Room:
+        f_bavail, f_frsize = free // 4096, 4096
+
+    real = os.statvfs
+    monkeypatch.setattr(os, "statvfs", lambda path: Room() if path == "/dev/shm" else real(path))
+    with pytest.raises(ExperimentError) as raised:
+        ParallelRunner(cfg).setup()
+    line = str(raised.value)
+    assert "\n" not in line and "/dev/shm has" in line, line
+    assert "replay store" in line and "trajectory buffers" in line and "--replay_capacity" in line
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_shared_store_size_is_what_its_columns_hold():
+    from fastrl.algo.apex import shared_store_nbytes
+
+    for algo in ("apex", "r2d2"):
+        cfg = parse_config([*FLAGS[algo], "--device", "cpu"])
+        store = build_store(cfg, OBS, ACT)
+        held = sum(c.numel() * c.element_size() for c in store.columns().values())
+        assert shared_store_nbytes(cfg, OBS, ACT) == held
 
 
 def _args(tmp_path, algo: str, steps: int, *flags) -> list[str]:

@@ -31,13 +31,20 @@ from fastrl.algo.learner import policy_lag
 from fastrl.algo.learner_group import LearnerGroup
 from fastrl.config.settings import Config
 from fastrl.device import autocast, resolve_precision
+from fastrl.log import log
 from fastrl.policy.actions import ActionSpec
 from fastrl.policy.dueling import chosen_q, dueling_heads
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.obs import has_action_mask
 from fastrl.policy.recurrent import state_size
 from fastrl.policy.spaces import storage
-from fastrl.sampling.replay import PRIORITY_EPS, RateLimiter, ReplayStore, annealed_beta
+from fastrl.sampling.replay import (
+    PRIORITY_EPS,
+    RateLimiter,
+    ReplayStore,
+    annealed_beta,
+    columns_nbytes,
+)
 from fastrl.sampling.sequences import SequenceStore, actor_td_errors
 from fastrl.transport.messages import ReplayShare
 
@@ -68,13 +75,7 @@ def build_store(cfg: Config, obs_space: spaces.Dict, action_space: spaces.Space,
                 columns: dict[str, torch.Tensor] | None = None) -> ReplayStore | int:
     """The run's replay store (or only its size in bytes): transitions for ``--algo apex``,
     sequences for ``r2d2``; ``shared``, ``columns``: see ``ReplayStore``."""
-    shapes, dtypes = {}, {}
-    for key, sub in obs_space.spaces.items():
-        shape, np_dtype = storage(sub)
-        shapes[key] = shape
-        dtypes[key] = torch.from_numpy(np.zeros(1, dtype=np_dtype)).dtype
-    spec = ActionSpec(action_space)
-    args = (shapes, dtypes, cfg.rollout, spec.action_dims, spec.dtype, cfg.replay_capacity)
+    args = _store_args(cfg, obs_space, action_space)
     if cfg.algo == "r2d2":  # sequences, with the recurrent state stored at each
         rnn = state_size(cfg.rnn_type, cfg.rnn_size)
         if nbytes_only:
@@ -85,6 +86,30 @@ def build_store(cfg: Config, obs_space: spaces.Dict, action_space: spaces.Space,
         return ReplayStore.nbytes_for(*args)
     return ReplayStore(*args, alpha=cfg.replay_alpha, seed=cfg.seed, shared=shared,
                        columns=columns)
+
+
+def shared_store_nbytes(cfg: Config, obs_space: spaces.Dict, action_space: spaces.Space) -> int:
+    """Bytes the store of ``--num_learners`` > 1 places in /dev/shm: its columns (the sum
+    tree and the id tables stay in rank 0's memory)."""
+    shapes, dtypes, rollout, action_dims, action_dtype, capacity = _store_args(
+        cfg, obs_space, action_space)
+    rows = capacity // rollout
+    specs = ReplayStore.column_specs(shapes, dtypes, rows, rollout, action_dims, action_dtype)
+    if cfg.algo == "r2d2":
+        specs.update(SequenceStore.sequence_specs(rows, rollout,
+                                                  state_size(cfg.rnn_type, cfg.rnn_size)))
+    return columns_nbytes(specs)
+
+
+def _store_args(cfg: Config, obs_space: spaces.Dict, action_space: spaces.Space) -> tuple:
+    """``ReplayStore``'s size arguments for the run's spaces."""
+    shapes, dtypes = {}, {}
+    for key, sub in obs_space.spaces.items():
+        shape, np_dtype = storage(sub)
+        shapes[key] = shape
+        dtypes[key] = torch.from_numpy(np.zeros(1, dtype=np_dtype)).dtype
+    spec = ActionSpec(action_space)
+    return shapes, dtypes, cfg.rollout, spec.action_dims, spec.dtype, cfg.replay_capacity
 
 
 class ApexLearner:
@@ -155,6 +180,8 @@ class ApexLearner:
             self.model.update_normalizers({k: v[:, :t].reshape(-1, *v.shape[2:])
                                            for k, v in batch["obs"].items()})
         self._note_lag(batch)
+        if not self.cfg.value_bootstrap:  # a time limit ends the episode like a death (APPO)
+            batch = {**batch, "final_step": torch.full_like(batch["final_step"], -1)}
         actor = self.cfg.replay_initial_priority == "actor"
         n = self.store.insert(batch, self._actor_priorities(batch) if actor else None)
         if self.cfg.replay_initial_priority == "td":
@@ -320,6 +347,9 @@ class ApexLearner:
         self.samples_trained = int(state["samples_trained"])
         if self.group is not None and self.group.rank > 0:
             return  # rank 0 restores the shared store; this rank only reads it
+        why = self.store.mismatch(state["replay"]) if state["replay"]["contents"] else None
+        if why:
+            log(f"resume: the replay store starts empty, the checkpoint's does not fit: {why}")
         if self.store.load_state_dict(state["replay"]):
             self.limiter.inserts = int(state["limiter"]["inserts"])
             self.limiter.samples = int(state["limiter"]["samples"])

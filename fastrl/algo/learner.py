@@ -119,7 +119,10 @@ class Learner:
             frames = _normalizer_frames(batch["obs"], batch["log_probs"].shape[1])
             self.model.update_normalizers(frames, self._reduce)
         if cfg.lr_schedule == "linear_decay":
-            done = self.samples_trained * self.frameskip / cfg.train_for_env_steps
+            # The run stops when every policy's frames together reach the budget; each
+            # policy (envs draw one per episode) trains on its 1/P share of it.
+            share = cfg.train_for_env_steps / max(1, cfg.num_policies)
+            done = self.samples_trained * self.frameskip / share
             for group in self.optimizer.param_groups:
                 group["lr"] = self.learning_rate * max(0.0, 1.0 - done)
         if cfg.advantages == "batch":

@@ -41,8 +41,7 @@ def check_env_settings(cfg: Config, info: EnvInfo) -> None:
             raise EnvSettingsError(f"env {cfg.env!r}: {problem}")
         nbytes = build_store(cfg, info.obs_space, info.action_space, nbytes_only=True)
         try:
-            check_fits(nbytes, cfg.replay_capacity,
-                       shared=cfg.num_learners > 1 and not cfg.serial_mode)
+            check_fits(nbytes, cfg.replay_capacity)
         except MemoryError as exc:
             raise EnvSettingsError(str(exc)) from None
         if cfg.replay_save_contents and nbytes > BIG_CHECKPOINT:

@@ -104,9 +104,6 @@ class ParallelRunner:
         announce_recipe(cfg, info)
         model = build_model(cfg, info, torch.device("cpu"))
         announce_inputs(info, model)
-        # Only a run that passed its checks gets a folder and a config.json (a refused one
-        # would leave a config that the next bare command resumes).
-        self.exp_dir = prepare_experiment_dir(cfg)
         self.budget = memory_budget()  # before the buffers take their share (for the log)
         if cfg.num_sampler_nodes:
             # Sampler node k plays rollout worker k: it owns the slots of a node's envs. Each
@@ -129,6 +126,10 @@ class ParallelRunner:
         else:
             self.shared = wiring = build_wiring(cfg, info, model, cfg.num_workers,
                                                 cfg.num_envs_per_worker, ctx=self.ctx)
+        # Only a run that passed its checks (build_wiring's of the shared memory too) gets a
+        # folder and a config.json (a refused one would leave a config that the next bare
+        # command resumes).
+        self.exp_dir = prepare_experiment_dir(cfg)
         check_queue_layout(wiring.learner_queue.q)  # the lock repair must know the layout
         self.supervisor = Supervisor(wiring, self.ctx, self._pump)
         if cfg.eval_every_env_frames:

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from fastrl.algo.apex import build_store
+from fastrl.algo.apex import build_store, shared_store_nbytes
 from fastrl.algo.learner_group import free_port
 from fastrl.config.settings import REPLAY_ALGOS, Config
 from fastrl.errors import ExperimentError
@@ -195,7 +195,8 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
     n_policy = cfg.num_policy_workers if parallel else 1
     models = models or [model] * cfg.num_policies
     if parallel:
-        check_shared_memory(layout)
+        check_shared_memory(shared_memory_parts(cfg, info, layout, models, num_workers,
+                                                num_envs))
         # Restartable workers' mailboxes get doorbells (see fastrl/transport/mailbox.py).
         policy_queue = Mailbox(QUEUE_BYTES, doorbell=True)
         worker_queues = [Mailbox(QUEUE_BYTES, doorbell=True) for _ in range(num_workers)]
@@ -248,12 +249,49 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-def check_shared_memory(layout: BufferLayout) -> None:
-    """Refuse, with what to change, trajectory buffers larger than /dev/shm's free space."""
-    need, free = layout.nbytes(), shm_free()
-    if free is not None and need > free:
-        raise ExperimentError(
-            f"trajectory buffers need {need / 2**20:.0f} MiB of shared memory but /dev/shm has "
-            f"{free / 2**20:.0f} MiB free: lower --num_envs_per_worker, --num_workers, --rollout "
-            "or --batch_size"
-        )
+def shared_memory_parts(cfg: Config, info: EnvInfo, layout: BufferLayout,
+                        models: list[torch.nn.Module], num_workers: int,
+                        num_envs: int) -> dict[str, int]:
+    """Bytes by what parallel mode places in /dev/shm (``build_wiring`` allocates them):
+    the trajectory buffers, the store of ``--num_learners`` > 1, the mailboxes (faster-fifo
+    takes them from /dev/shm while it has room), the published weights and the acting
+    recurrent states."""
+    queues = 2 + num_workers + len(models) * cfg.num_learners
+    parts = {"trajectory buffers": layout.nbytes(),
+             "mailboxes": queues * QUEUE_BYTES,
+             "weights": sum(4 * t.numel() for m in models for t in m.state_dict().values()),
+             "recurrent states": 4 * num_envs * layout.rnn_size}
+    if cfg.algo in REPLAY_ALGOS and cfg.num_learners > 1:
+        parts["replay store"] = shared_store_nbytes(cfg, info.obs_space, info.action_space)
+    return parts
+
+
+# What lowers each large part of the shared memory, for the error that names it.
+SHARED_MEMORY_FLAGS = {
+    "replay store": "--replay_capacity (the replay store; --num_learners 1 keeps it in the "
+                    "learner's memory)",
+    "trajectory buffers": "--num_envs_per_worker, --num_workers, --rollout or --batch_size "
+                          "(the trajectory buffers)",
+}
+
+
+def check_shared_memory(parts: dict[str, int]) -> None:
+    """Refuse, in one line naming the sizes, the free room and what to change, a run whose
+    shared memory (``parts``, bytes by what holds it) does not fit /dev/shm's free space all
+    together. Each part alone is not enough: the store's pages are touched only as it fills,
+    so a run whose parts each fit could die of SIGBUS hours later."""
+    need, free = sum(parts.values()), shm_free()
+    if free is None or need <= free:
+        return
+    sizes = ", ".join(f"{name} {_size(n)}" for name, n in parts.items())
+    fixes = ", or ".join(SHARED_MEMORY_FLAGS[name] for name, _ in
+                         sorted(parts.items(), key=lambda kv: -kv[1])
+                         if name in SHARED_MEMORY_FLAGS)
+    raise ExperimentError(f"the run needs {_size(need)} of shared memory ({sizes}) but "
+                          f"/dev/shm has {_size(free)} free: lower {fixes}")
+
+
+def _size(nbytes: int) -> str:
+    if nbytes < 2**20:
+        return f"{nbytes / 2**10:.0f} KiB"
+    return f"{nbytes / 2**20:,.{1 if nbytes < 10 * 2**20 else 0}f} MiB"

@@ -159,20 +159,15 @@ class RateLimiter:
         return self.samples / max(1, self.inserts)
 
 
-def check_fits(nbytes: int, capacity: int, shared: bool = False) -> None:
-    """A one-line ``MemoryError`` when a store of ``nbytes`` cannot be held in memory (and,
-    ``shared``, in /dev/shm's free space)."""
+def check_fits(nbytes: int, capacity: int) -> None:
+    """A one-line ``MemoryError`` when a store of ``nbytes`` cannot be held in memory (a
+    shared store's room in /dev/shm is checked with the rest of the run's shared memory:
+    ``fastrl.runner.wiring.check_shared_memory``)."""
     free = available_memory()
     if free is not None and nbytes > free:
         raise MemoryError(
             f"--replay_capacity={capacity:,}: the replay store needs {nbytes / 2**30:.2f} GiB, "
             f"more than the {free / 2**30:.2f} GiB of memory available; lower --replay_capacity")
-    shm = shm_free() if shared else None
-    if shm is not None and nbytes > shm:
-        raise MemoryError(
-            f"--replay_capacity={capacity:,}: the replay store needs {nbytes / 2**30:.2f} GiB "
-            f"of shared memory for --num_learners > 1, but /dev/shm has {shm / 2**30:.2f} GiB "
-            "free; lower --replay_capacity or use --num_learners 1")
 
 
 # A column's shape, dtype and initial value (None: left uninitialised).
@@ -396,12 +391,33 @@ class ReplayStore:
                          **{name: getattr(self, name) for name in self._other_columns})
         return state
 
+    def mismatch(self, state: dict) -> str | None:
+        """Why the contents saved in ``state`` do not fit this store (another ``--rollout``
+        or ``--replay_capacity``, observations or recurrent states of other shapes), in
+        words; None when they fit."""
+        rows, t = state["rewards"].shape
+        if (rows, t) != (self.num_rows, self.rollout):
+            return (f"it holds {rows} rows of --rollout {t}, this run's {self.num_rows} rows "
+                    f"of --rollout {self.rollout} (--replay_capacity {self.capacity})")
+        saved = {name: state[name] for name in self._other_columns if name in state}
+        for key in ("obs", "final_obs"):
+            saved.update({f"{key}/{k}": v for k, v in state[key].items()})
+        if set(saved) != set(self._columns):
+            return f"its columns are {sorted(saved)}, this run's {sorted(self._columns)}"
+        for name, (shape, dtype, _) in self._column_specs().items():
+            have = saved[name]
+            if (tuple(have.shape), have.dtype) != (shape, dtype):
+                return (f"its {name} is {tuple(have.shape)} {have.dtype}, this run's "
+                        f"{shape} {dtype}")
+        return None
+
     def load_state_dict(self, state: dict) -> bool:
-        """Restore; returns whether the contents came back (without them the store starts
-        empty: priorities without their data mean nothing)."""
+        """Restore; returns whether the contents came back (without them, or when they do
+        not fit: :meth:`mismatch`, the store starts empty: priorities without their data
+        mean nothing)."""
         self.max_priority = float(state["max_priority"])
         self.rng.bit_generator.state = state["rng"]
-        if not state["contents"] or len(state["priorities"]) != self.tree.capacity:
+        if not state["contents"] or self.mismatch(state) is not None:
             self.tree.rebuild(np.zeros(self.tree.capacity))
             self.next_row = self.rows_filled = 0
             return False
