@@ -13,10 +13,16 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def parse(description: str) -> tuple[argparse.Namespace, list[str]]:
+def parse(description: str, limit: bool = False) -> tuple[argparse.Namespace, list[str]]:
+    """The common flags; ``limit``: also ``--no_limit`` (see :func:`limit_of`)."""
     parser = argparse.ArgumentParser(
-        description=description + " Any other flag is passed to the trainer (see train.py --help)."
+        description=description + " Any other flag is passed to the trainer (see train.py --help).",
+        allow_abbrev=False,
     )
+    if limit:
+        parser.add_argument("--no_limit", action="store_true",
+                            help="do not measure the machine's limit after the run "
+                                 "(perf/limit.py; it takes about 10 s)")
     parser.add_argument("--env", default="doom_basic")
     parser.add_argument("--num_workers", type=int, default=2)
     parser.add_argument("--num_envs_per_worker", type=int, default=8)
@@ -88,6 +94,27 @@ def run(args: argparse.Namespace, extra: list[str], mode_flags: list[str]) -> di
     for key in ("train_dir", "experiment"):
         result["settings"].pop(key)
     return result
+
+
+def limit_of(result: dict) -> dict:
+    """``result`` (of :func:`run`) with the machine's limit for its settings, measured after
+    the run (perf/limit.py), and its FPS as a fraction of it; prints them. A limit that
+    cannot be measured for these settings is said in one line and left out."""
+    from limit import measure, report_lines
+
+    from fastrl.config.settings import Config
+
+    settings = {k: v for k, v in result["settings"].items() if k != "warmup"}
+    try:
+        measured = measure(Config(**settings))
+    except ValueError as exc:
+        print(f"limit: not measured ({exc})", flush=True)
+        return result
+    for line in report_lines(measured, result["fps"]):
+        print(line, flush=True)
+    return {**result, "limit_fps": round(measured["limit_fps"], 1),
+            "fraction_of_limit": round(result["fps"] / measured["limit_fps"], 4),
+            "limit": measured}
 
 
 def emit(result: dict) -> None:

@@ -153,18 +153,24 @@ class _BareAtariStepper(_EnvStepper):
                 for _ in range(args.num_envs_per_worker)]
 
 
+def make_stepper(args: argparse.Namespace, worker: int) -> Any:
+    """The stepper of ``args`` (``env``, ``bare``, ``frameskip``, ``num_envs_per_worker``,
+    ``seed``, ``options``) for process ``worker``: ``step_all(k)`` steps each env once and
+    returns the agent steps taken; ``frameskip``, ``episodes`` and ``close()`` as above."""
+    if not args.bare:
+        return _EnvStepper(args, worker)
+    if args.env.startswith("ALE/"):
+        return _BareAtariStepper(args, worker)
+    return _BareStepper(args, worker)
+
+
 def _worker(
     worker: int, args: argparse.Namespace, core: int | None, barrier: Any, results: Any
 ) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if core is not None:
         os.sched_setaffinity(0, {core})
-    if not args.bare:
-        stepper: Any = _EnvStepper(args, worker)
-    elif args.env.startswith("ALE/"):
-        stepper = _BareAtariStepper(args, worker)
-    else:
-        stepper = _BareStepper(args, worker)
+    stepper = make_stepper(args, worker)
     try:
         k = 0
         start = time.perf_counter()
