@@ -6,7 +6,7 @@ import sys
 
 from fastrl.config.load import parse_or_exit
 from fastrl.config.settings import Config
-from fastrl.errors import ExperimentError
+from fastrl.errors import ExperimentError, StartMethodError
 
 
 def user_error_types() -> tuple[type[BaseException], ...]:
@@ -37,8 +37,49 @@ def run(cfg: Config) -> dict:
     return run_parallel(cfg)
 
 
+def _start_helpers_early(argv: list[str]) -> None:
+    """Start the fork server before parsing when the command line does not ask for serial
+    mode: checking the config imports torch and may build an env (2-4 s of CPU), and the
+    server's own imports then run beside that instead of after it. A serial run or a refused
+    command leaves the idle server to end with this process."""
+    if any(a in ("-h", "--help") for a in argv):
+        return
+    for i, a in enumerate(argv):
+        if a == "--serial_mode" or a.startswith("--serial_mode="):
+            value = a.partition("=")[2] or (argv[i + 1] if i + 1 < len(argv) else "")
+            if value.lower() not in ("false", "0", "no"):
+                return
+    from fastrl.transport.startup import start_helpers, start_method
+
+    try:
+        start_helpers(start_method())
+    except StartMethodError:
+        return  # said in one line by run()
+
+
+def _stop_fork_server() -> None:
+    """End a fork server started for a command that was then refused: it would otherwise
+    finish its imports (seconds of CPU) after this process has exited."""
+    import os
+    import signal
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGKILL)  # it runs with SIGINT and SIGTERM blocked
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_or_exit(argv, prog="train.py")
+    _start_helpers_early(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = parse_or_exit(argv, prog="train.py")
+    except SystemExit:
+        _stop_fork_server()
+        raise
     try:
         run(cfg)
     except user_error_types() as exc:

@@ -25,7 +25,10 @@ from fastrl.transport.signals import held
 # What the fork server imports once, so that no child it forks imports torch again (under
 # spawn every child spends 1.5-2 s of CPU on that, which on a 2-core machine delays the start
 # of a run and every restart of a worker).
-FORKSERVER_PRELOAD = ["torch", "fastrl.runner.parallel", "fastrl.runner.node", "envs"]
+# torch._dynamo too: torch's optimizers import it the first time a parameter group is added
+# (1-2 s of CPU in every learner); it starts no thread.
+FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "fastrl.runner.parallel", "fastrl.runner.node",
+                      "envs"]
 START_METHODS = ("forkserver", "spawn")
 
 
