@@ -64,26 +64,32 @@ def _stop_fork_server() -> None:
     import signal
     from multiprocessing import forkserver
 
-    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
-    if pid is not None:
-        try:
-            os.kill(pid, signal.SIGKILL)  # it runs with SIGINT and SIGTERM blocked
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
+    server = forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None:
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)  # it runs with SIGINT and SIGTERM blocked
+    except ProcessLookupError:
+        pass
+    try:
+        server._stop()  # reaps it and forgets it: a later run in this process starts anew
+    except (OSError, AttributeError):
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
     _start_helpers_early(sys.argv[1:] if argv is None else argv)
     try:
         cfg = parse_or_exit(argv, prog="train.py")
-    except SystemExit:
+    except BaseException:  # a refused command line or env
         _stop_fork_server()
         raise
     try:
         run(cfg)
     except user_error_types() as exc:
         print(f"train.py: error: {exc}", file=sys.stderr)
+        _stop_fork_server()
         return 1
     except KeyboardInterrupt as exc:  # a stop signal before training began: nothing to save
         print(f"train.py: stopped ({exc or 'SIGINT'}) before training began", file=sys.stderr)

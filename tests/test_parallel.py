@@ -160,3 +160,36 @@ def test_an_unknown_start_method_is_a_one_line_error(tmp_path):
     assert proc.stderr.strip() == ("train.py: error: FASTRL_START_METHOD='fork' is not a start "
                                    "method fastrl supports: use 'forkserver' (the default) or "
                                    "'spawn'")
+
+
+def _processes_with(tag: str) -> list[str]:
+    """Command lines of the live processes whose environment holds ``tag``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if tag.encode() not in f.read():
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                found.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("bad", [["--env", "no_such_env"], ["--num_workers", "0"]])
+def test_a_refused_command_leaves_no_process_behind(tmp_path, bad):
+    """The fork server starts before the config is checked (its imports overlap the check);
+    a refused command ends it too, rather than leaving it to finish its imports alone."""
+    tag = f"FASTRL_TEST_TAG={os.getpid()}_{time.monotonic_ns()}"
+    env = {**os.environ, tag.split("=")[0]: tag.split("=")[1]}
+    args = [*base_args(tmp_path, COUNTING), *bad]
+    # Output to a file, not a pipe: reading a pipe to its end would wait for the server too.
+    with open(tmp_path / "out.txt", "w+") as out:
+        code = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, stdout=out,
+                              stderr=subprocess.STDOUT, timeout=120, env=env).returncode
+        left = _processes_with(tag)
+        out.seek(0)
+        text = out.read()
+    assert code in (1, 2) and "Traceback" not in text, text
+    assert left == []
