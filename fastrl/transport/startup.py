@@ -27,8 +27,9 @@ from fastrl.transport.signals import held
 # of a run and every restart of a worker).
 # torch._dynamo too: torch's optimizers import it the first time a parameter group is added
 # (1-2 s of CPU in every learner); it starts no thread.
+# fastrl.transport.server_exit last: it makes the server's own exit quick.
 FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "fastrl.runner.parallel", "fastrl.runner.node",
-                      "envs"]
+                      "envs", "fastrl.transport.server_exit"]
 START_METHODS = ("forkserver", "spawn")
 
 
