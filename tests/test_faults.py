@@ -29,6 +29,7 @@ from tests.test_parallel import (
     publish_first_weights,
     run_train,
     shm_files,
+    shm_left_behind,
 )
 
 pytestmark = pytest.mark.multiprocess
@@ -129,7 +130,8 @@ class Training:
 def assert_nothing_left(kids: set[int], shm_before: set[str]) -> None:
     time.sleep(0.5)
     assert not alive(kids), f"processes left behind: {alive(kids)}"
-    assert not (shm_files() - shm_before), f"shared memory left behind: {shm_files() - shm_before}"
+    left = shm_left_behind(shm_before)
+    assert not left, f"shared memory left behind: {left}"
 
 
 def run_two_learners(args: list[str], shm_before: set[str], timeout: float = 180) -> Training:
@@ -202,7 +204,7 @@ def test_worker_that_keeps_crashing_stops_the_run_with_the_cause(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert "fastrl-rollout-" in last and "3 failures within 300 s" in last
     assert "refuses to be made" in last
-    assert not (shm_files() - before)
+    assert not shm_left_behind(before)
 
 
 def test_killed_workers_are_restarted_and_training_goes_on(tmp_path):

@@ -38,6 +38,7 @@ from tests.test_parallel import (
     publish_first_weights,
     run_train,
     shm_files,
+    shm_left_behind,
 )
 
 
@@ -375,4 +376,4 @@ def test_the_replay_algorithms_train_on_two_nodes(tmp_path, algo, learners):
     summary = json.loads((tmp_path / "x" / "summary.json").read_text())
     assert summary["env_frames"] >= 3000 and summary["learner_steps"] > 0
     assert summary["trajectories_discarded"] == 0
-    assert not (shm_files() - before)
+    assert not shm_left_behind(before)
