@@ -73,7 +73,8 @@ def test_the_shared_tensors_are_allocated_before_the_mailboxes(tmp_path, monkeyp
             return make(*args, **kwargs)
         return record
 
-    for name in ("TrajectoryBuffers", "SharedWeights", "build_store", "Mailbox"):
+    tensors = {"TrajectoryBuffers", "SharedWeights", "build_store", "RunFrames"}
+    for name in (*tensors, "Mailbox"):
         monkeypatch.setattr(wiring_module, name,
                             recording(name, getattr(wiring_module, name)))
     wiring = _parallel_wiring(tmp_path, "--algo", "apex", "--rollout", "4", "--batch_size",
@@ -81,7 +82,8 @@ def test_the_shared_tensors_are_allocated_before_the_mailboxes(tmp_path, monkeyp
                               "--num_learners", "2", "--num_workers", "2")
     wiring.close()
     first_mailbox = made.index("Mailbox")
-    assert {"TrajectoryBuffers", "SharedWeights", "build_store"} <= set(made[:first_mailbox])
+    assert tensors == set(made[:first_mailbox]), made
+    assert wiring.run_frames.frames.is_shared()  # every learner process's clock
     assert set(made[first_mailbox:]) == {"Mailbox"}, made
 
 

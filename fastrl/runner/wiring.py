@@ -16,6 +16,8 @@ buffers)::
     learner          --LearnerReady, Fenced,
                        CheckpointSaved----------> runner_queue
     learner k        --weights------------------> policy_weights[k] (every policy worker)
+    learner k        --its trained frames-------> run_frames slot k (every learner reads
+                                                  the sum: --lr_schedule's clock)
 
 ``--num_policies P``: one learner per policy, each with its own queue
 (``learner_queues[k]``; ``learner_queue`` is policy 0's) and weights (``policy_weights[k]``;
@@ -42,6 +44,7 @@ import torch
 
 from fastrl.algo.apex import build_store, shared_store_nbytes
 from fastrl.algo.learner_group import free_port
+from fastrl.algo.run_frames import RunFrames
 from fastrl.config.settings import REPLAY_ALGOS, Config
 from fastrl.errors import ExperimentError
 from fastrl.runner.common import buffers_per_env
@@ -94,6 +97,8 @@ class Wiring:
     # On a sampler node: its number (its env slots follow those of the nodes before it in
     # the run's count, as --algo apex's epsilons do); 0 elsewhere.
     node: int = 0
+    # Every policy's trained env frames, the clock of --lr_schedule linear_decay.
+    run_frames: RunFrames = field(default_factory=lambda: RunFrames(1))
     # --num_policies: every policy's learner queue and weights (item 0: learner_queue and
     # weights themselves); filled in by __post_init__ for one policy.
     learner_queues: list[MessageQueue] = field(default_factory=list)
@@ -213,6 +218,7 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
         [SharedWeights(m, ctx) for m in models] if parallel else [LocalWeights(m) for m in models])
     replay_columns = (build_store(cfg, info.obs_space, info.action_space, shared=True).columns()
                       if with_store else None)
+    run_frames = RunFrames(len(models), shared=parallel)
     if parallel:
         # Restartable workers' mailboxes get doorbells (see fastrl/transport/mailbox.py).
         policy_queue = Mailbox(QUEUE_BYTES, doorbell=True)
@@ -244,6 +250,7 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
         learner_port=ports[0], learner_ports=ports,
         learner_queues=learner_queues, policy_weights=policy_weights,
         replay_columns=replay_columns, node=node or 0,
+        run_frames=run_frames,
         assign_seed=cfg.seed if cfg.seed is not None else secrets.randbits(63),
     )
 
