@@ -153,19 +153,6 @@ def test_unwritable_train_dir_is_one_line_and_exit_1(tmp_path):
     assert len(lines) == 1 and "--train_dir=/proc/no_such_dir" in lines[0], proc.stderr
 
 
-def test_too_little_shared_memory_is_refused_before_any_process_starts():
-    import torch
-
-    from fastrl.errors import ExperimentError
-    from fastrl.runner.wiring import check_shared_memory
-    from fastrl.sampling.buffers import BufferLayout
-
-    huge = BufferLayout({"obs": (3, 1000, 1000)}, {"obs": torch.uint8}, 10**6, 32, 1, 0)
-    expected = r"needs .* MiB of shared memory .* but /dev/shm has .* lower --num_envs_per_worker"
-    with pytest.raises(ExperimentError, match=expected):
-        check_shared_memory({"trajectory buffers": huge.nbytes()})
-
-
 def test_checkpoint_of_another_model_is_refused_naming_the_difference():
     from fastrl.env_registry import make_env
     from fastrl.errors import ExperimentError

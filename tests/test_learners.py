@@ -192,3 +192,40 @@ def test_every_accepted_learner_split_enters_the_same_collectives_on_every_rank(
         assert errors, f"accepted, but the ranks enter {calls} collectives"
     if errors:
         assert len(errors) == 1 and "must split evenly among the learners" in errors[0]
+
+
+def test_every_rank_decays_on_the_run_frames_rank_0_read(tmp_path):
+    """--lr_schedule linear_decay with --num_learners: the ranks must take the same step, but
+    the other policies' learners add their frames to the run's at any time; so rank 0 reads
+    the run's frames once and hands its reading to every rank with its share."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from fastrl.runner.stations import LearnerRankStation
+    from fastrl.transport.messages import TrainShare, TrajectoriesReady
+    from fastrl.transport.queues import LocalQueue
+    from tests.test_policies import _policy_learners
+
+    wiring, (first, _) = _policy_learners(tmp_path)
+    wiring.cfg = dataclasses.replace(wiring.cfg, num_learners=2)
+    wiring.rank_queues = [LocalQueue(), LocalQueue()]  # ranks 1 of policies 0 and 1
+    first.rank_queues = wiring.rank_queues_of(0)
+    group = SimpleNamespace(world_size=2, barrier=lambda: None)
+    trained: list[tuple[str, int]] = []
+
+    def trains(who):
+        return lambda batch, run_frames: trained.append((who, run_frames)) or {}
+
+    first.learner.group, first.learner.train = group, trains("rank 0")
+    rank = LearnerRankStation(wiring, SimpleNamespace(device=torch.device("cpu"), group=group,
+                                                      train=trains("rank 1")), 1, 0)
+    wiring.run_frames.frames[1] = 480  # policy 1's learner has trained on 480 frames
+    slots = tuple(range(wiring.cfg.trajectories_per_batch))
+    wiring.learner_queue.put(TrajectoriesReady(0, slots, 0))
+    first.poll(0.0)
+    share = wiring.rank_queues[0].get_many(0.0)
+    assert share == [TrainShare(list(slots[1::2]), 480)]
+    wiring.rank_queues[0].put(share[0])
+    wiring.run_frames.frames[1] = 512  # and trains on a batch more meanwhile
+    rank.poll(0.0)
+    assert trained == [("rank 0", 480), ("rank 1", 480)]

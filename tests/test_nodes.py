@@ -340,11 +340,35 @@ def test_each_nodes_policy_worker_takes_its_share_of_the_ape_x_epsilons(tmp_path
     model = build_model(cfg, info, torch.device("cpu"))
     shares = []
     for node in range(3):
-        wiring = build_wiring(cfg, info, model, cfg.num_workers, cfg.num_envs_per_worker)
-        wiring.node = node  # what a sampler node sets
+        wiring = build_wiring(cfg, info, model, cfg.num_workers, cfg.num_envs_per_worker,
+                              node=node)
         shares.append(make_policy_worker(wiring, model, torch.device("cpu"), "fp32").epsilons)
     assert [len(s) for s in shares] == [cfg.num_envs] * 3
     torch.testing.assert_close(torch.cat(shares), ape_x_epsilons(3 * cfg.num_envs))
+
+
+def test_a_sampler_node_holds_no_replay_store(tmp_path, monkeypatch):
+    """Issue 43 review: a node gets the learner's config (--algo apex --num_learners 2), but
+    the store lives on the learner node; the node allocated it too (2.7 GiB of /dev/shm for
+    Ape-X doom_basic's defaults), and the /dev/shm check refused the node for it, telling it
+    to lower --replay_capacity. It makes no learner ranks' inboxes either."""
+    import multiprocessing
+
+    from fastrl.runner.node import node_wiring
+    from tests.test_shared_memory import dev_shm_free
+
+    dev_shm_free(monkeypatch, 32 * 2**20)
+    cfg = parse_config(["--env", "CartPole-v1", "--algo", "apex", "--rollout", "4",
+                        "--batch_size", "64", "--replay_capacity", str(1 << 20),
+                        "--replay_min_size", "64", "--num_learners", "2",
+                        "--num_sampler_nodes", "2", "--device", "cpu", "--train_dir",
+                        str(tmp_path), "--experiment", "x"])
+    wiring = node_wiring(cfg, 1, multiprocessing.get_context("spawn"))
+    try:
+        assert wiring.replay_columns is None and wiring.rank_queues == []
+        assert wiring.node == 1
+    finally:
+        wiring.close()
 
 
 def test_trajectory_ids_from_two_nodes_never_collide_and_keep_their_order():

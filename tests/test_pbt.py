@@ -16,6 +16,7 @@ import torch
 from gymnasium import spaces
 
 from fastrl.algo.learner import PBT_HYPERPARAMS, Learner
+from fastrl.algo.run_frames import RunFrames
 from fastrl.config.load import parse_config
 from fastrl.config.settings import Config, ConfigError
 from fastrl.env_registry import recommended_settings
@@ -249,7 +250,7 @@ def _station(cfg: Config, learner: Learner, donor: Learner):
         worker_queues=[LocalQueue()], per_worker_buffers=n, worker_gen=[0],
         policy_weights=[LocalWeights(donor.model), LocalWeights(learner.model)],
         buffers=SimpleNamespace(policy_versions=torch.zeros(n, cfg.rollout, dtype=torch.long)),
-        rank_queues_of=lambda policy: [], should_stop=lambda: False)
+        rank_queues_of=lambda policy: [], should_stop=lambda: False, run_frames=RunFrames(2))
     return LearnerStation(wiring, learner, report_every=0.0, policy=1), wiring
 
 

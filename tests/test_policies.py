@@ -344,6 +344,82 @@ def test_one_policy_keeps_the_tensorboard_tags_of_before(tmp_path):
     assert "policies" not in summary
 
 
+# --- --lr_schedule linear_decay over the run's frames (fastrl/algo/run_frames.py) -----------
+
+LR, BUDGET, BATCH = 1e-3, 1024, 32  # a batch: 32 samples of CountingEnv (frameskip 1)
+
+
+def _policy_learners(tmp_path):
+    """Serial mode's learner stations of two policies over one wiring, each with its newest
+    checkpoint restored (``make_learner``), and their buffers valid to train on."""
+    from fastrl.runner.stations import LearnerStation, make_learner
+    from fastrl.runner.wiring import build_wiring
+    from fastrl.sampling.env_setup import create_env, env_info
+
+    cfg = parse_config(["--env", "tests.counting_env:CountingEnv-v0", "--train_dir",
+                        str(tmp_path), "--experiment", "x", "--device", "cpu", "--use_rnn",
+                        "False", "--encoder_mlp_layers", "16", "--rollout", "8",
+                        "--batch_size", str(BATCH), "--num_envs_per_worker", "2", "--recipe",
+                        "pixels", "--num_policies", "2", "--lr_schedule", "linear_decay",
+                        "--learning_rate", str(LR), "--train_for_env_steps", str(BUDGET)])
+    env = create_env(cfg)
+    info = env_info(env)
+    env.close()
+    learners = [make_learner(cfg, info, torch.device("cpu"), policy=k)[0] for k in range(2)]
+    wiring = build_wiring(cfg, info, learners[0].model, num_workers=1, envs_per_worker=2,
+                          models=[m.model for m in learners])
+    for t in wiring.buffers.tensors():
+        t.zero_()  # valid trajectories (actions 0), in place of the -42 fill
+    return wiring, [LearnerStation(wiring, m, 0.0, k) for k, m in enumerate(learners)]
+
+
+def _train_batch(wiring, station) -> float:
+    """One batch through ``station``; the learning rate it trained at."""
+    from fastrl.transport.messages import TrajectoriesReady
+
+    slots = tuple(range(BATCH // wiring.cfg.rollout))
+    station.inbox.put(TrajectoriesReady(0, slots, 0, station.policy))
+    version = station.learner.version
+    station.poll(0.0)
+    assert station.learner.version > version
+    return station.learner.optimizer.param_groups[0]["lr"]  # set before the batch's steps
+
+
+def test_linear_decay_follows_the_runs_frames_whatever_each_policys_share(tmp_path):
+    """Issue 43 review of defect 1: envs draw a policy per episode, so the shares differ (a
+    policy of longer episodes acts more frames); each policy decayed over its own frames
+    against 1/P of the budget, one reaching 0 at 55% of the run while another ended at 0.83.
+    Every policy now decays on the frames all of them trained, which the run stops on."""
+    wiring, (first, second) = _policy_learners(tmp_path)
+    rates = [_train_batch(wiring, first) for _ in range(3)]
+    assert rates == pytest.approx([LR * (1 - k * BATCH / BUDGET) for k in range(3)])
+    assert _train_batch(wiring, second) == pytest.approx(LR * (1 - 3 * BATCH / BUDGET))
+    assert _train_batch(wiring, first) == pytest.approx(LR * (1 - 4 * BATCH / BUDGET))
+    assert wiring.run_frames.frames.tolist() == [4 * BATCH, BATCH]
+
+
+def test_a_resumed_run_decays_on_every_policys_checkpointed_frames(tmp_path):
+    """Each policy's learner restores its own count from its own checkpoint, policy 1's
+    older than policy 0's here; the sum is the run's before either trains again."""
+    from fastrl.transport.messages import SaveCheckpoint
+
+    wiring, (first, second) = _policy_learners(tmp_path)
+    counters = {"episodes": 0, "wall_seconds": 0.0}
+    _train_batch(wiring, second)
+    for station in (first, second):
+        _train_batch(wiring, first)
+        station.inbox.put(SaveCheckpoint(counters, final=False))
+        station.poll(0.0)
+    _train_batch(wiring, first)
+    first.inbox.put(SaveCheckpoint(counters, final=False))  # policy 0: 3 batches, policy 1: 1
+    first.poll(0.0)
+    _train_batch(wiring, second)  # not saved
+
+    wiring, (first, second) = _policy_learners(tmp_path)
+    assert wiring.run_frames.total() == 4 * BATCH
+    assert _train_batch(wiring, second) == pytest.approx(LR * (1 - 4 * BATCH / BUDGET))
+
+
 def test_resume_adds_up_each_policys_counters():
     from fastrl.config.settings import Config
     from fastrl.experiment.checkpoint import restore_counters

@@ -92,3 +92,32 @@ def test_train_py_trains_two_policies_side_by_side(tmp_path):
     assert all(set(h) >= {"reward/alive", "reward/zero"} for h in start["hyperparams"])
     assert len(summary["pbt"]["hyperparams"]) == 2
     assert not shm_left_behind(before, keep=lambda f: not f.startswith("sem."))
+
+
+def _count_frames(run_frames, policy: int, samples: int) -> None:
+    """A learner process's part: ``samples`` trained (at frameskip 2) by ``policy``."""
+    from types import SimpleNamespace
+
+    run_frames.count(policy, SimpleNamespace(samples_trained=samples, frameskip=2))
+
+
+def test_the_learner_processes_frames_add_up_in_the_run_frames(tmp_path):
+    """--lr_schedule linear_decay's clock (fastrl/algo/run_frames.py): each policy's learner
+    process sets its own slot, and every process reads the sum."""
+    import multiprocessing
+
+    cfg = parse_config(base_args(tmp_path, MATCH, "--num_policies", "3"))
+    runner = ParallelRunner(cfg)
+    run_frames = runner.setup().run_frames
+    try:
+        ctx = multiprocessing.get_context("spawn")
+        children = [ctx.Process(target=_count_frames, args=(run_frames, k, 100 * (k + 1)))
+                    for k in range(3)]
+        for child in children:
+            child.start()
+        for child in children:
+            child.join(60)
+            assert child.exitcode == 0
+        assert run_frames.frames.tolist() == [200, 400, 600] and run_frames.total() == 1200
+    finally:
+        runner.shutdown()

@@ -139,6 +139,7 @@ def test_dev_shm_is_checked_for_the_sum_of_the_shared_store_and_the_buffers(tmp_
     parallel mode places there refuses it in one line, before the experiment folder is made."""
     import os
 
+    from fastrl.algo.apex import shared_store_nbytes
     from fastrl.errors import ExperimentError
     from fastrl.runner.parallel import ParallelRunner
     from fastrl.sampling.env_setup import probe_env
@@ -147,8 +148,8 @@ def test_dev_shm_is_checked_for_the_sum_of_the_shared_store_and_the_buffers(tmp_
                         "cpu", "--num_learners", "2", "--train_dir", str(tmp_path),
                         "--experiment", "x"])
     info = probe_env(cfg)
-    store = build_store(cfg, info.obs_space, info.action_space, nbytes_only=True)
-    free = store + (1 << 20)  # the store alone fits, and so do the buffers
+    store = shared_store_nbytes(cfg, info.obs_space, info.action_space)  # its columns
+    free = store + (4 << 10)  # the store alone fits, and so do the buffers (tens of KiB)
 
     class Room:
         f_bavail, f_frsize = free // 4096, 4096

@@ -139,11 +139,11 @@ def test_learner_station_answers_a_fence_between_the_batches_of_a_backlog(tmp_pa
     events: list = []
     real_train, real_put = station.learner.train, wiring.runner_queue.put
 
-    def train(b):
+    def train(b, run_frames=None):
         events.append("train")
         if len(events) == 1:  # worker 1 dies while the first batch trains
             wiring.learner_queue.put(Fence(1, 1))
-        return real_train(b)
+        return real_train(b, run_frames)
 
     def put(msg, timeout=10.0):
         if isinstance(msg, Fenced):

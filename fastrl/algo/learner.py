@@ -80,7 +80,7 @@ class Learner:
         self.version_floor = 0
         self.samples_trained = 0
         self.train_seconds = 0.0
-        self.frameskip = frameskip  # env frames per sample, for --lr_schedule linear_decay
+        self.frameskip = frameskip  # env frames per sample (fastrl.algo.run_frames)
         # Several learners (fastrl/algo/learner_group.py): this one trains on its share of
         # each batch.
         self.group = group
@@ -97,7 +97,7 @@ class Learner:
         """A whole batch (every learner's share)."""
         return self.cfg.trajectories_per_batch
 
-    def train(self, batch: dict) -> dict[str, float]:
+    def train(self, batch: dict, run_frames: int | None = None) -> dict[str, float]:
         """Run ``num_epochs`` x ``num_batches_per_epoch`` SGD steps on ``batch``.
 
         ``batch`` holds ``obs`` (dict of ``[B, T+1, ...]``), ``actions`` ``[B, T, D]``,
@@ -105,8 +105,11 @@ class Learner:
         ``rnn_states`` ``[B, H]``, and ``final_obs`` (dict of ``[B, ...]``) with
         ``final_step`` ``[B]`` (see ``TrajectoryBuffers``), and optionally ``host``: numpy
         arrays of ``dones`` and ``final_step`` on the host (``TrajectoryBuffers.gather`` adds
-        them; without them they are read back from the batch). Returns scalar statistics of
-        the last step plus the policy lag of the batch, read from the device in one transfer.
+        them; without them they are read back from the batch). ``run_frames``: the run's
+        trained env frames before this batch, every policy's (``fastrl.algo.run_frames``),
+        the clock of ``--lr_schedule linear_decay``; None: this learner's own. Returns scalar
+        statistics of the last step plus the policy lag of the batch, read from the device in
+        one transfer.
         """
         start = time.perf_counter()
         cfg = self.cfg
@@ -118,13 +121,10 @@ class Learner:
         if cfg.normalize_input:
             frames = _normalizer_frames(batch["obs"], batch["log_probs"].shape[1])
             self.model.update_normalizers(frames, self._reduce)
-        if cfg.lr_schedule == "linear_decay":
-            # The run stops when every policy's frames together reach the budget; each
-            # policy (envs draw one per episode) trains on its 1/P share of it.
-            share = cfg.train_for_env_steps / max(1, cfg.num_policies)
-            done = self.samples_trained * self.frameskip / share
+        if cfg.lr_schedule == "linear_decay":  # to 0 where the run stops
+            frames = self.samples_trained * self.frameskip if run_frames is None else run_frames
             for group in self.optimizer.param_groups:
-                group["lr"] = self.learning_rate * max(0.0, 1.0 - done)
+                group["lr"] = self.learning_rate * max(0.0, 1.0 - frames / cfg.train_for_env_steps)
         if cfg.advantages == "batch":
             last = self._train_on_fixed_targets(batch, host)
         else:

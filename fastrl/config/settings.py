@@ -207,7 +207,7 @@ class Config:
     learning_rate: float = _f(5e-4, "Adam learning rate (on doom_basic, before --normalize_input "
                               "existed, 5e-4 learned and 1e-4 had not by 1.3M frames)")
     lr_schedule: str = _f("constant", "Learning rate over the run: constant, or linear_decay "
-                          "to 0 at --train_for_env_steps (at 1/P of it per --num_policies P)",
+                          "to 0 at --train_for_env_steps (every --num_policies' frames together)",
                           choices=("constant", "linear_decay"))
     adam_eps: float = _f(1e-6, "Adam epsilon")
     adam_beta1: float = _f(0.9, "Adam beta1")

@@ -123,15 +123,7 @@ class NodeRunner:
         cfg = self.cfg
         ctx = process_context()
         seed_everything(cfg.seed)
-        info = probe_env(cfg)
-        model = build_model(cfg, info, torch.device("cpu"))
-        # The gateway ships a trajectory as soon as it is complete and frees its slot once
-        # packed, so an env needs only the slot it fills: the batches wait on the learner
-        # node. More slots here would only hold older trajectories back (more policy lag).
-        self.wiring = wiring = build_wiring(cfg, info, model, cfg.num_workers,
-                                            cfg.num_envs_per_worker, ctx=ctx,
-                                            slots_per_env=NODE_SLOTS_PER_ENV)
-        wiring.node = self.node
+        self.wiring = wiring = node_wiring(cfg, self.node, ctx)
         check_queue_layout(wiring.learner_queue.q)
         timeout = datetime.timedelta(seconds=cfg.worker_timeout)
         up, down = connect(self.store, self.node, self.generation, 1, timeout)
@@ -187,6 +179,18 @@ class NodeRunner:
             if not self.stop.is_set():
                 log(f"sampler node {self.node}: lost the learner ({str(exc).splitlines()[0]})")
         self.stop.set()
+
+
+def node_wiring(cfg: Config, node: int, ctx) -> Wiring:
+    """Sampler node ``node``'s buffers and queues, in shared memory: those of its rollout and
+    policy workers, without the learner's (its replay store stays on the learner node)."""
+    info = probe_env(cfg)
+    model = build_model(cfg, info, torch.device("cpu"))
+    # The gateway ships a trajectory as soon as it is complete and frees its slot once
+    # packed, so an env needs only the slot it fills: the batches wait on the learner node.
+    # More slots here would only hold older trajectories back (more policy lag).
+    return build_wiring(cfg, info, model, cfg.num_workers, cfg.num_envs_per_worker, ctx=ctx,
+                        slots_per_env=NODE_SLOTS_PER_ENV, node=node)
 
 
 def node_config(cfg: Config, node: int, generation: int) -> Config:

@@ -237,8 +237,7 @@ class LearnerStation:
         self.rank_queues = wiring.rank_queues_of(policy)
         self.pending = PendingSlots(wiring.per_worker_buffers, list(wiring.worker_gen))
         self.staging = Staging(learner.device)  # batches reach the learner's device through it
-        self._samples = 0
-        self._busy = 0.0
+        self._samples, self._busy = 0, 0.0
         self._stats: dict = {}
         self._stale = 0  # --with_pbt: trajectories of the old weights dropped since the report
         self._last_report = time.monotonic()
@@ -246,6 +245,7 @@ class LearnerStation:
         # the run's summary but missing from the checkpoint (a serial run's summary said 209
         # learner steps beside checkpoint 208, when a batch waited in the same poll).
         self._final_saved = False
+        wiring.run_frames.count(policy, learner)  # a resumed one's, before any policy trains
 
     def announce(self, counters: dict | None, checkpoint: str | None) -> None:
         """Say so, then publish the first weights (the checkpoint's when resuming): the policy
@@ -348,18 +348,18 @@ class LearnerStation:
         return work
 
     def _train(self, slots: list[int]) -> None:
-        w, learner = self.wiring, self.learner
-        start = time.perf_counter()
-        group = learner.group
+        w, learner, start = self.wiring, self.learner, time.perf_counter()
+        group, frames = learner.group, w.run_frames.total()  # --lr_schedule's clock
         if group is not None:  # every rank trains on its share: rank r on slots r, r + N, ...
-            for rank, q in enumerate(self.rank_queues, start=1):
-                q.put(TrainShare(slots[rank::group.world_size]))
+            for rank, q in enumerate(self.rank_queues, start=1):  # (and decays on rank 0's clock)
+                q.put(TrainShare(slots[rank::group.world_size], frames))
             batch = w.buffers.gather(slots[::group.world_size], self.staging)
             group.barrier()  # every rank has copied its share out
         else:
             batch = w.buffers.gather(slots, self.staging)
         self._free(slots)  # the data is copied out: the slots can be refilled while we train
-        self._stats = interruptible(learner.train, batch)  # (where a stop may interrupt)
+        self._stats = interruptible(learner.train, batch, frames)  # (a stop may interrupt it)
+        w.run_frames.count(self.policy, learner)  # every policy's next batch counts this one
         self._samples += len(slots) * w.cfg.rollout
         self.weights.publish(learner.model, learner.version)
         if not w.cfg.async_rl:
@@ -403,7 +403,7 @@ class LearnerRankStation:
                 raise TypeError(f"learner rank: unexpected message {msg!r}")
             batch = self.wiring.buffers.gather(msg.slots, self.staging)
             self.learner.group.barrier()
-            interruptible(self.learner.train, batch)
+            interruptible(self.learner.train, batch, msg.run_frames)
         return len(msgs)
 
 

@@ -16,6 +16,8 @@ buffers)::
     learner          --LearnerReady, Fenced,
                        CheckpointSaved----------> runner_queue
     learner k        --weights------------------> policy_weights[k] (every policy worker)
+    learner k        --its trained frames-------> run_frames slot k (every learner reads
+                                                  the sum: --lr_schedule's clock)
 
 ``--num_policies P``: one learner per policy, each with its own queue
 (``learner_queues[k]``; ``learner_queue`` is policy 0's) and weights (``policy_weights[k]``;
@@ -42,6 +44,7 @@ import torch
 
 from fastrl.algo.apex import build_store, shared_store_nbytes
 from fastrl.algo.learner_group import free_port
+from fastrl.algo.run_frames import RunFrames
 from fastrl.config.settings import REPLAY_ALGOS, Config
 from fastrl.errors import ExperimentError
 from fastrl.runner.common import buffers_per_env
@@ -94,6 +97,8 @@ class Wiring:
     # On a sampler node: its number (its env slots follow those of the nodes before it in
     # the run's count, as --algo apex's epsilons do); 0 elsewhere.
     node: int = 0
+    # Every policy's trained env frames, the clock of --lr_schedule linear_decay.
+    run_frames: RunFrames = field(default_factory=lambda: RunFrames(1))
     # --num_policies: every policy's learner queue and weights (item 0: learner_queue and
     # weights themselves); filled in by __post_init__ for one policy.
     learner_queues: list[MessageQueue] = field(default_factory=list)
@@ -174,7 +179,8 @@ class _Counter:
 
 def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers: int,
                  envs_per_worker: int, ctx=None, slots_per_env: int | None = None,
-                 models: list[torch.nn.Module] | None = None) -> Wiring:
+                 models: list[torch.nn.Module] | None = None,
+                 node: int | None = None) -> Wiring:
     """Allocate buffers and queues for ``num_workers`` rollout workers of ``envs_per_worker``
     envs of ``info.num_agents`` agents each: every agent is an env slot, and past this point
     "envs" count slots (``Wiring.envs_per_worker``, ``num_envs``). With a multiprocessing
@@ -182,7 +188,9 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
     copy); without, in this process (serial mode, where the policy acts with ``model``
     itself). ``slots_per_env``: trajectory slots per env slot (default: room for two learner
     batches, see ``buffers_per_env``). ``models``: serial mode with ``--num_policies`` > 1,
-    every policy's learner model (``model`` is the first)."""
+    every policy's learner model (``model`` is the first). ``node``: the wiring of sampler
+    node ``node`` (``fastrl/runner/node.py``), which has no learners: no replay store (the
+    learner node's) and no learner ranks' inboxes."""
     envs_per_worker *= info.num_agents
     num_envs = num_workers * envs_per_worker
     if slots_per_env is None:
@@ -194,35 +202,42 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
     parallel = ctx is not None
     n_policy = cfg.num_policy_workers if parallel else 1
     models = models or [model] * cfg.num_policies
+    with_store = (parallel and cfg.algo in REPLAY_ALGOS and cfg.num_learners > 1
+                  and node is None)
     if parallel:
-        check_shared_memory(shared_memory_parts(cfg, info, layout, models, num_workers,
-                                                num_envs))
+        check_shared_memory(shared_memory_parts(cfg, info, layout, models, num_envs,
+                                                with_store))
+    # The tensors before the mailboxes: torch's shared memory lives in /dev/shm only, where
+    # a mailbox (multiprocessing's heap) takes room only while there is some and otherwise
+    # falls back to the temp folder. Made first, the mailboxes could leave the tensors none.
+    buffers = TrajectoryBuffers(layout, shared=parallel)
+    rnn_state = torch.zeros((num_envs, model.rnn_state_size))
+    if parallel:
+        rnn_state.share_memory_()
+    policy_weights: list[WeightsSource] = (
+        [SharedWeights(m, ctx) for m in models] if parallel else [LocalWeights(m) for m in models])
+    replay_columns = (build_store(cfg, info.obs_space, info.action_space, shared=True).columns()
+                      if with_store else None)
+    run_frames = RunFrames(len(models), shared=parallel)
+    if parallel:
         # Restartable workers' mailboxes get doorbells (see fastrl/transport/mailbox.py).
         policy_queue = Mailbox(QUEUE_BYTES, doorbell=True)
         worker_queues = [Mailbox(QUEUE_BYTES, doorbell=True) for _ in range(num_workers)]
         learner_queues = [Mailbox(QUEUE_BYTES, doorbell=False) for _ in models]
         runner_queue = Mailbox(QUEUE_BYTES, doorbell=False)
-        policy_weights: list[WeightsSource] = [SharedWeights(m, ctx) for m in models]
         stop = StopFlag(shared=True)
-        rank_queues = [Mailbox(QUEUE_BYTES, doorbell=False)
-                       for _ in range((cfg.num_learners - 1) * len(models))]
+        ranks = 0 if node is not None else (cfg.num_learners - 1) * len(models)
+        rank_queues = [Mailbox(QUEUE_BYTES, doorbell=False) for _ in range(ranks)]
     else:
         policy_queue, runner_queue = LocalQueue(), LocalQueue()
         learner_queues = [LocalQueue() for _ in models]
         worker_queues = [LocalQueue() for _ in range(num_workers)]
-        policy_weights = [LocalWeights(m) for m in models]
         stop = StopFlag(shared=False)
         rank_queues = []
-    rnn_state = torch.zeros((num_envs, model.rnn_state_size))
     ports = _free_ports(len(models)) if rank_queues else [0] * len(models)
-    replay_columns = None
-    if parallel and cfg.algo in REPLAY_ALGOS and cfg.num_learners > 1:
-        replay_columns = build_store(cfg, info.obs_space, info.action_space,
-                                     shared=True).columns()
     return Wiring(
         cfg=cfg, info=info, num_workers=num_workers, envs_per_worker=envs_per_worker,
-        layout=layout, buffers=TrajectoryBuffers(layout, shared=parallel),
-        rnn_state=rnn_state.share_memory_() if parallel else rnn_state,
+        layout=layout, buffers=buffers, rnn_state=rnn_state,
         weights=policy_weights[0], policy_queue=policy_queue, worker_queues=worker_queues,
         learner_queue=learner_queues[0], runner_queue=runner_queue, stop=stop,
         parent=Lifeline() if parallel else None,
@@ -234,7 +249,8 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
         rank_queues=rank_queues,
         learner_port=ports[0], learner_ports=ports,
         learner_queues=learner_queues, policy_weights=policy_weights,
-        replay_columns=replay_columns,
+        replay_columns=replay_columns, node=node or 0,
+        run_frames=run_frames,
         assign_seed=cfg.seed if cfg.seed is not None else secrets.randbits(63),
     )
 
@@ -250,45 +266,51 @@ def _free_ports(n: int) -> list[int]:
 
 
 def shared_memory_parts(cfg: Config, info: EnvInfo, layout: BufferLayout,
-                        models: list[torch.nn.Module], num_workers: int,
-                        num_envs: int) -> dict[str, int]:
-    """Bytes by what parallel mode places in /dev/shm (``build_wiring`` allocates them):
-    the trajectory buffers, the store of ``--num_learners`` > 1, the mailboxes (faster-fifo
-    takes them from /dev/shm while it has room), the published weights and the acting
-    recurrent states."""
-    queues = 2 + num_workers + len(models) * cfg.num_learners
+                        models: list[torch.nn.Module], num_envs: int,
+                        with_store: bool) -> dict[str, int]:
+    """Bytes by each torch shared tensor of parallel mode (``build_wiring`` allocates them),
+    all of which must fit in /dev/shm: the trajectory buffers, the published weights, the
+    acting recurrent states and, ``with_store``, the replay store of ``--num_learners`` > 1.
+    The mailboxes are not counted: they fall back to the temp folder when /dev/shm is full."""
     parts = {"trajectory buffers": layout.nbytes(),
-             "mailboxes": queues * QUEUE_BYTES,
              "weights": sum(4 * t.numel() for m in models for t in m.state_dict().values()),
              "recurrent states": 4 * num_envs * layout.rnn_size}
-    if cfg.algo in REPLAY_ALGOS and cfg.num_learners > 1:
+    if with_store:
         parts["replay store"] = shared_store_nbytes(cfg, info.obs_space, info.action_space)
     return parts
 
 
-# What lowers each large part of the shared memory, for the error that names it.
+# What lowers each part of the shared memory, for the error that names it.
 SHARED_MEMORY_FLAGS = {
     "replay store": "--replay_capacity (the replay store; --num_learners 1 keeps it in the "
                     "learner's memory)",
     "trajectory buffers": "--num_envs_per_worker, --num_workers, --rollout or --batch_size "
                           "(the trajectory buffers)",
+    "weights": "--encoder_mlp_layers, --encoder_fc_size, --rnn_size or --num_policies (the "
+               "published weights)",
+    "recurrent states": "--rnn_size, --num_envs_per_worker or --num_workers (the acting "
+                        "recurrent states)",
 }
 
 
 def check_shared_memory(parts: dict[str, int]) -> None:
     """Refuse, in one line naming the sizes, the free room and what to change, a run whose
     shared memory (``parts``, bytes by what holds it) does not fit /dev/shm's free space all
-    together. Each part alone is not enough: the store's pages are touched only as it fills,
-    so a run whose parts each fit could die of SIGBUS hours later."""
+    together; each part alone is not enough. What to change: the flags of the biggest parts,
+    biggest first, as many parts as could make up what is missing."""
     need, free = sum(parts.values()), shm_free()
     if free is None or need <= free:
         return
     sizes = ", ".join(f"{name} {_size(n)}" for name, n in parts.items())
-    fixes = ", or ".join(SHARED_MEMORY_FLAGS[name] for name, _ in
-                         sorted(parts.items(), key=lambda kv: -kv[1])
-                         if name in SHARED_MEMORY_FLAGS)
+    fixes, covered = [], 0
+    for name, n in sorted(parts.items(), key=lambda kv: -kv[1]):
+        if covered >= need - free:
+            break
+        fixes.append(SHARED_MEMORY_FLAGS[name])
+        covered += n
     raise ExperimentError(f"the run needs {_size(need)} of shared memory ({sizes}) but "
-                          f"/dev/shm has {_size(free)} free: lower {fixes}")
+                          f"/dev/shm has {_size(free)} free: lower {', or '.join(fixes)}; or "
+                          "give /dev/shm more room (docker run --shm-size)")
 
 
 def _size(nbytes: int) -> str:

@@ -146,6 +146,7 @@ class TrainShare(NamedTuple):
     rank r's share of the batch rank 0 is training on."""
 
     slots: list[int]
+    run_frames: int  # the run's trained env frames: --lr_schedule's clock, rank 0's reading
 
 
 class ReplayShare(NamedTuple):
