@@ -110,7 +110,7 @@ def test_the_learner_processes_frames_add_up_in_the_run_frames(tmp_path):
     runner = ParallelRunner(cfg)
     run_frames = runner.setup().run_frames
     try:
-        ctx = multiprocessing.get_context("spawn")
+        ctx = multiprocessing.get_context("fork")  # the child only writes one int64
         children = [ctx.Process(target=_count_frames, args=(run_frames, k, 100 * (k + 1)))
                     for k in range(3)]
         for child in children:
