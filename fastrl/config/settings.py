@@ -79,6 +79,12 @@ class Config:
     rollout: int = _f(32, "Trajectory length in agent steps", "sampling")
     max_policy_lag: int = _f(100, "Samples acted by weights more than this many versions old are "
                              "masked out of the loss", "sampling")
+    max_batches_waiting: float = _f(2.0, "Async APPO: each group of a worker's envs "
+                                    "(--worker_num_splits) begins no new trajectories while this "
+                                    "many learner batches of them wait for the learner, so that "
+                                    "where the learner is the bottleneck the policy lag stays "
+                                    "about this many batches whatever the env count (0: no "
+                                    "bound)", "sampling")
     policy_threads: int = _f(1, "Torch threads of each policy worker process", "sampling")
     policy_cuda_graphs: bool = _f(True, "On CUDA, the policy workers replay their acting step "
                                   "from CUDA graphs (not apex/r2d2; False: eager)", "sampling")

@@ -19,6 +19,7 @@ from fastrl.runner.fault_log import FaultLog
 from fastrl.runner.slots import PendingSlots
 from fastrl.runner.wiring import Wiring
 from fastrl.sampling.agents import MultiAgentRolloutWorker
+from fastrl.sampling.backlog import Backlog, backlog_cells
 from fastrl.sampling.env_setup import create_env, reward_scale
 from fastrl.sampling.inference import PolicyWorker
 from fastrl.sampling.rollout import RolloutWorker
@@ -91,7 +92,9 @@ class RolloutStation:
             decorrelate=cfg.decorrelate_envs_on_one_worker, generation=self.generation,
             epoch=int(w.policy_epoch.value), action_bounds=cfg.action_bounds,
             env_check=cfg.env_check, num_policies=w.num_policies,
-            policy_seed=w.assign_seed, activity=self.activity)
+            policy_seed=w.assign_seed, activity=self.activity,
+            backlog=Backlog(backlog_cells(w.backlog, w.num_workers), self.worker_id,
+                            w.backlog_limit))
         self.envs = self.worker.envs  # the worker replaces faulty envs in this very list
         try:
             self._route(interruptible(self.worker.start, lambda: w.beat_or_stop(self.worker_id)))
@@ -130,17 +133,23 @@ class RolloutStation:
                 self._route(worker.reissue(msg.epoch))
             else:
                 raise TypeError(f"{self.name}: unexpected message {msg!r}")
+        released = 0
+        if any(split.held for split in worker.splits):  # has the learner's backlog shrunk?
+            out = worker.release_held()
+            released = len(out.requests)
+            self._route(out)
         report = self._report
         if msgs:
             report = self._report = report._replace(
                 busy_seconds=report.busy_seconds + time.perf_counter() - start)
         if ((report.episodes or report.env_restarts or report.faults or report.busy_seconds)
                 and time.monotonic() - self._last_report >= self.report_every):
-            self.wiring.runner_queue.put(report)
+            held, begun = worker.backlog.take_counts()
+            self.wiring.runner_queue.put(report._replace(splits_held=held, splits_begun=begun))
             self._report = RolloutReport([], 0, 0, {})
             self._last_report = time.monotonic()
         self.fault_log.flush()
-        return len(msgs)
+        return len(msgs) + released
 
     def close(self) -> None:
         for env in self.envs:
@@ -234,6 +243,7 @@ class LearnerStation:
         self._busy = 0.0
         self._stats: dict = {}
         self._stale = 0  # --with_pbt: trajectories of the old weights dropped since the report
+        self._lags: list[tuple[float, float, float]] = []  # each batch's (min, mean, max)
         self._last_report = time.monotonic()
         # After the final checkpoint nothing more trains: a step after it would be counted in
         # the run's summary but missing from the checkpoint (a serial run's summary said 209
@@ -288,8 +298,8 @@ class LearnerStation:
         if self._samples or self._stale:
             self.wiring.runner_queue.put(LearnerReport(
                 self._stats, self.learner.version, self._samples, self._busy, self.policy,
-                self._stale))
-            self._samples, self._busy, self._stats, self._stale = 0, 0.0, {}, 0
+                self._stale, tuple(self._lags)))
+            self._samples, self._busy, self._stats, self._stale, self._lags = 0, 0.0, {}, 0, []
             self._last_report = time.monotonic()
 
     def _replace(self, msg: PbtReplace) -> None:
@@ -352,7 +362,10 @@ class LearnerStation:
         else:
             batch = w.buffers.gather(slots, self.staging)
         self._free(slots)  # the data is copied out: the slots can be refilled while we train
-        self._stats = interruptible(learner.train, batch)  # (where a stop may interrupt)
+        self._stats = stats = interruptible(learner.train, batch)  # (a stop may interrupt)
+        if "policy_lag_mean" in stats:
+            self._lags.append((stats["policy_lag_min"], stats["policy_lag_mean"],
+                               stats["policy_lag_max"]))
         self._samples += len(slots) * w.cfg.rollout
         self.weights.publish(learner.model, learner.version)
         if not w.cfg.async_rl:
