@@ -172,8 +172,8 @@ def print_final_summary(summary: dict) -> None:
                      "batch's mean)")
     held = summary.get("splits_held") or {}
     if held.get("held"):
-        lines.append(f"  splits held     before {held['held']:,} of {held['begun']:,} starts, while "
-                     "enough trajectories waited for the learner (--max_batches_waiting)")
+        lines.append(f"  splits held     before {held['held']:,} of {held['begun']:,} starts, "
+                     "while enough trajectories waited for the learner (--max_batches_waiting)")
     if summary.get("episode_metrics"):
         lines.append("  episode metrics " + ", ".join(
             f"{name} {mean:.2f}" for name, mean in summary["episode_metrics"].items())
