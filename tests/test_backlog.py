@@ -123,6 +123,32 @@ def test_the_wiring_bounds_async_appo_only(tmp_path):
     assert limit("--async_rl", "False").backlog_limit is None
 
 
+def test_the_summary_gives_the_lag_of_every_batch_and_how_often_splits_were_held(capsys):
+    """Each batch's lag (min, mean, max over its steps) counts, not one sample per report;
+    p50 and p95 are over the batches' means."""
+    from fastrl.config.settings import Config
+    from fastrl.experiment.reporter import print_final_summary
+    from fastrl.experiment.stats import TrainingStats
+    from fastrl.runner.loop import RunLoop
+    from fastrl.transport.messages import LearnerReport, RolloutReport
+
+    stats = TrainingStats(Config(device="cpu"), 1)
+    loop = RunLoop.__new__(RunLoop)
+    loop.stats, loop.cfg, loop.note, loop.pbt = stats, stats.cfg, None, None
+    means = [float(m) for m in range(1, 21)]  # 20 batches: lags 1..20
+    last = {"policy_lag_min": 0.0, "policy_lag_mean": 20.0, "policy_lag_max": 40.0}
+    loop.handle(LearnerReport(last, 10, 100, 0.1, lags=tuple((0.0, m, 2 * m) for m in means)))
+    loop.handle(RolloutReport([], 0, 0, {}, 0.1, splits_held=3, splits_begun=50))
+    loop.handle(RolloutReport([], 0, 0, {}, 0.1, splits_held=1, splits_begun=30))
+    summary = stats.summary(0.0)
+    assert summary["policy_lag"] == {"min": 0.0, "mean": 10.5, "p50": 10, "p95": 19,
+                                     "max": 40.0, "batches": 20}
+    assert summary["splits_held"] == {"held": 4, "begun": 80}
+    print_final_summary(summary)
+    out = capsys.readouterr().out
+    assert "mean 10.50, p50 10, p95 19, max 40" in out and "before 4 of 80 starts" in out
+
+
 # --- real rollout workers in-process, the learner slower than the envs --------------------
 
 T = 4  # rollout
