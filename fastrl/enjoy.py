@@ -9,7 +9,7 @@ its wins, draws and losses are counted (:mod:`fastrl.experiment.versus`). With
 ``--save_video`` it also writes an mp4 of what the agent saw (and, when the env can render
 it, the full-resolution screen as ``*_full.mp4``); with ``--render`` it shows a window.
 
-The flags are the training ones (``fastrl.config.settings.build_parser``) plus enjoy's own.
+The flags are the training ones (``fastrl.config.flags.build_parser``) plus enjoy's own.
 The env and
 model settings come from the saved config; a flag given explicitly overrides it, and a
 checkpoint whose env or model differs from the result is refused.
@@ -29,14 +29,9 @@ from typing import Any
 import gymnasium as gym
 
 from fastrl.config.checks import validate
+from fastrl.config.flags import build_parser, str2bool
 from fastrl.config.load import load_saved_config, with_added_later
-from fastrl.config.settings import (
-    REPLAY_ALGOS,
-    Config,
-    ConfigError,
-    build_parser,
-    str2bool,
-)
+from fastrl.config.settings import REPLAY_ALGOS, Config, ConfigError
 from fastrl.errors import ExperimentError
 from fastrl.experiment.checkpoint import (
     checkpoint_dir,

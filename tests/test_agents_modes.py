@@ -102,7 +102,7 @@ def test_train_py_runs_a_multi_agent_env_in_every_parallel_mode(tmp_path, mode):
     assert summary["episodes"] > 0 and 5.0 <= summary["mean_episode_length"] <= 7.0
     assert summary["env_restarts"] == 0 and summary["steps_discarded"] == 0
     if mode == "sync":
-        assert summary["policy_lag"] == {"min": 0, "mean": 0, "max": 0}
+        assert summary["policy_lag"]["max"] == 0 and summary["policy_lag"]["p95"] == 0
     if mode != "sampling_only":
         assert summary["learner_steps"] > 0
     assert not shm_left_behind(before, keep=lambda f: not f.startswith("sem."))

@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
+from fastrl.config.flags import str2bool
 from fastrl.config.load import parse_config, save_config
-from fastrl.config.settings import Config, ConfigError, str2bool
+from fastrl.config.settings import Config, ConfigError
 
 
 def test_defaults_are_valid_and_match_sample_factory_names():

@@ -295,7 +295,9 @@ def test_restart_fences_off_the_dead_workers_data(tmp_path):
     """Real rollout and policy processes; this test plays the learner. A rollout worker is
     killed mid-run: no step of any env reaches the learner twice, no slot is handed out
     while the learner holds it, and the new worker's data is complete."""
-    cfg = parse_config(base_args(tmp_path))
+    # This learner keeps slots back however many wait (a real one frees a batch as soon as
+    # one waits): with --max_batches_waiting every split would be held for good.
+    cfg = parse_config(base_args(tmp_path, COUNTING, "--max_batches_waiting", "0"))
     runner = ParallelRunner(cfg)
     shared = runner.setup()
     publish_first_weights(shared)

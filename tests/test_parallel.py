@@ -141,7 +141,7 @@ def test_sync_mode_has_zero_policy_lag(tmp_path):
     assert proc.returncode == 0, proc.stderr + proc.stdout
     summary = json.loads((tmp_path / "x" / "summary.json").read_text())
     assert summary["env_frames"] >= 3000
-    assert summary["policy_lag"] == {"min": 0, "mean": 0, "max": 0}
+    assert summary["policy_lag"]["max"] == 0 and summary["policy_lag"]["p95"] == 0
 
 
 def test_async_policy_lag_is_bounded(tmp_path):

@@ -80,7 +80,8 @@ def _learner_station(tmp_path, *extra):
     import torch
 
     from fastrl.config.load import parse_config
-    from fastrl.runner.stations import LearnerStation, make_learner
+    from fastrl.runner.cores import make_learner
+    from fastrl.runner.stations import LearnerStation
     from fastrl.runner.wiring import build_wiring
     from fastrl.sampling.env_setup import create_env, env_info
 

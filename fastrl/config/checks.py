@@ -24,7 +24,7 @@ POSITIVE = ("num_workers", "num_envs_per_worker", "worker_num_splits", "num_poli
             "worker_timeout", "restart_window")
 NON_NEGATIVE = ("max_policy_lag", "eval_every_env_frames", "env_timeout", "max_worker_restarts",
                 "num_sampler_nodes", "value_loss_coeff", "exploration_loss_coeff",
-                "max_grad_norm", "ppo_clip_value")
+                "max_grad_norm", "ppo_clip_value", "max_batches_waiting")
 
 
 def validate(cfg: Config) -> list[str]:

@@ -17,13 +17,13 @@ import sys
 from typing import Any
 
 from fastrl.config.checks import validate
+from fastrl.config.flags import build_parser
 from fastrl.config.settings import (
     ADDED_LATER,
     Config,
     ConfigError,
     _fields,
     _hints,
-    build_parser,
     changed_model_settings,
 )
 

@@ -2,8 +2,9 @@
 
 Every field of :class:`Config` is a command-line flag with the same name; its help line is
 the field's ``help`` metadata. Flag names follow Sample Factory's where the concept is the
-same. This module holds the dataclass, the flag parser (:func:`build_parser`) and which
-settings define a model (:data:`MODEL_DEFINING`); validation is :mod:`fastrl.config.checks`.
+same. This module holds the dataclass and which settings define a model
+(:data:`MODEL_DEFINING`); the flag parser is :mod:`fastrl.config.flags` and validation
+:mod:`fastrl.config.checks`.
 Saving, loading and resuming configs live in :mod:`fastrl.config.load`: its
 :func:`parse_config` turns ``argv`` into a validated ``Config``; on resume, the experiment's
 ``config.json`` is the base and only flags given explicitly override it.
@@ -11,7 +12,6 @@ Saving, loading and resuming configs live in :mod:`fastrl.config.load`: its
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 from collections.abc import Mapping
@@ -79,6 +79,12 @@ class Config:
     rollout: int = _f(32, "Trajectory length in agent steps", "sampling")
     max_policy_lag: int = _f(100, "Samples acted by weights more than this many versions old are "
                              "masked out of the loss", "sampling")
+    max_batches_waiting: float = _f(2.0, "Async APPO: each group of a worker's envs "
+                                    "(--worker_num_splits) begins no new trajectories while this "
+                                    "many learner batches of them wait for the learner, so that "
+                                    "where the learner is the bottleneck the policy lag stays "
+                                    "about this many batches whatever the env count (0: no "
+                                    "bound)", "sampling")
     policy_threads: int = _f(1, "Torch threads of each policy worker process", "sampling")
     policy_cuda_graphs: bool = _f(True, "On CUDA, the policy workers replay their acting step "
                                   "from CUDA graphs (not apex/r2d2; False: eager)", "sampling")
@@ -351,74 +357,6 @@ def _fields() -> list[dataclasses.Field]:
 
 def _hints() -> dict[str, Any]:
     return get_type_hints(Config)
-
-
-def str2bool(value: str | bool) -> bool:
-    if isinstance(value, bool):
-        return value
-    v = value.strip().lower()
-    if v in ("true", "t", "1", "yes", "y", "on"):
-        return True
-    if v in ("false", "f", "0", "no", "n", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected True or False, got {value!r}")
-
-
-def _optional(conv):
-    def parse(value: str):
-        if value.strip().lower() in ("none", "null", ""):
-            return None
-        return conv(value)
-
-    parse.__name__ = conv.__name__
-    return parse
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line (plus a pointer to --help), not the whole usage."""
-
-    def error(self, message: str):  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def build_parser(
-    prog: str | None = None, suppress_defaults: bool = False
-) -> argparse.ArgumentParser:
-    """The argparse parser for every Config field (``suppress_defaults`` leaves unset flags out)."""
-    parser = _Parser(
-        prog=prog,
-        description="fastrl: asynchronous APPO with V-trace for pixel environments.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        argument_default=argparse.SUPPRESS if suppress_defaults else None,
-        allow_abbrev=False,
-    )
-    hints = _hints()
-    groups: dict[str, argparse._ArgumentGroup] = {}
-    for f in _fields():
-        group_name = f.metadata["group"]
-        if group_name not in groups:
-            groups[group_name] = parser.add_argument_group(group_name)
-        group = groups[group_name]
-        hint = hints[f.name]
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        kwargs: dict[str, Any] = {"help": f.metadata["help"]}
-        if not suppress_defaults:
-            kwargs["default"] = default
-        if "choices" in f.metadata:
-            kwargs["choices"] = f.metadata["choices"]
-        if hint is bool:
-            kwargs.update(type=str2bool, nargs="?", const=True, metavar="BOOL")
-        elif hint == list[int]:
-            kwargs.update(type=int, nargs="+")
-        elif hint in (int | None, float | None):
-            base = int if hint == (int | None) else float
-            kwargs.update(type=_optional(base))
-        elif hint in (int, float, str):
-            kwargs.update(type=hint)
-        else:  # pragma: no cover - a new field type needs a parser here
-            raise TypeError(f"no parser for config field {f.name}: {hint}")
-        group.add_argument(f"--{f.name}", **kwargs)
-    return parser
 
 
 # Settings that define what a checkpoint contains: changing them on resume would load

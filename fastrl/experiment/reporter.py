@@ -167,7 +167,13 @@ def print_final_summary(summary: dict) -> None:
     ]
     if lag:
         lines.append(f"  policy lag      min {lag['min']:.0f}, mean {lag['mean']:.2f}, "
-                     f"max {lag['max']:.0f}")
+                     + (f"p50 {lag['p50']}, p95 {lag['p95']}, " if "p50" in lag else "")
+                     + f"max {lag['max']:.0f} learner steps (mean and percentiles: of each "
+                     "batch's mean)")
+    held = summary.get("splits_held") or {}
+    if held.get("held"):
+        lines.append(f"  splits held     before {held['held']:,} of {held['begun']:,} starts, "
+                     "while enough trajectories waited for the learner (--max_batches_waiting)")
     if summary.get("episode_metrics"):
         lines.append("  episode metrics " + ", ".join(
             f"{name} {mean:.2f}" for name, mean in summary["episode_metrics"].items())

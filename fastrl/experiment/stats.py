@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import numbers
 import time
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -122,6 +123,9 @@ class TrainingStats:
         self.lag_max = -math.inf
         self.lag_sum = 0.0
         self.lag_batches = 0
+        self.lag_hist: Counter[int] = Counter()  # batches by their steps' mean lag, rounded
+        self.splits_held = 0  # --max_batches_waiting (fastrl.sampling.backlog)
+        self.splits_begun = 0
         self._fps_window = _Trailing()
         # Faults survived in this run (see docs/reliability.md).
         self.env_restarts = 0  # envs closed and recreated after a fault
@@ -265,20 +269,26 @@ class TrainingStats:
             self.policies[policy].env_frames += frames
 
     def add_learner_stats(self, stats: dict[str, float], learner_steps: int,
-                          policy: int = 0) -> None:
+                          policy: int = 0, lags: Sequence[tuple[float, float, float]] = ()
+                          ) -> None:
         """The last step's statistics of ``policy``'s learner, at version ``learner_steps``
-        (with several policies the run's learner steps are the sum of their versions)."""
+        (with several policies the run's learner steps are the sum of their versions), and the
+        policy lag (min, mean, max over its steps) of each batch since the last report, if the
+        learner counts them (else the last step's stands for them)."""
         self.learner = stats
         if self.policies:
             p = self.policies[policy]
             p.learner, p.learner_steps = stats, learner_steps
             learner_steps = sum(q.learner_steps for q in self.policies)
         self.learner_steps = learner_steps
-        if "policy_lag_min" in stats:
-            self.lag_min = min(self.lag_min, stats["policy_lag_min"])
-            self.lag_max = max(self.lag_max, stats["policy_lag_max"])
-            self.lag_sum += stats["policy_lag_mean"]
+        if not lags and "policy_lag_min" in stats:
+            lags = [(stats["policy_lag_min"], stats["policy_lag_mean"], stats["policy_lag_max"])]
+        for low, mean, high in lags:
+            self.lag_min = min(self.lag_min, low)
+            self.lag_max = max(self.lag_max, high)
+            self.lag_sum += mean
             self.lag_batches += 1
+            self.lag_hist[round(mean)] += 1
 
     def fps(self, window: float = 30.0) -> float:
         """Frames per second over the last ``window`` seconds."""
@@ -293,7 +303,8 @@ class TrainingStats:
         lag = None
         if self.lag_batches:
             lag = {"min": self.lag_min, "mean": self.lag_sum / self.lag_batches,
-                   "max": self.lag_max}
+                   "p50": _quantile(self.lag_hist, 0.5), "p95": _quantile(self.lag_hist, 0.95),
+                   "max": self.lag_max, "batches": self.lag_batches}
         return {
             "env": self.cfg.env,
             "experiment": self.cfg.experiment,
@@ -309,6 +320,7 @@ class TrainingStats:
             "episodes_averaged": len(self.returns),
             **({"episode_metrics": self.mean_metrics()} if self.metrics else {}),
             "policy_lag": lag,
+            "splits_held": {"held": self.splits_held, "begun": self.splits_begun},
             "learner_steps": self.learner_steps,
             "env_restarts": self.env_restarts,
             "steps_discarded": self.steps_discarded,
@@ -344,3 +356,13 @@ class TrainingStats:
     def take_new_metrics(self) -> list[dict[str, float]]:
         new, self._metrics_since_summary = self._metrics_since_summary, []
         return new
+
+
+def _quantile(hist: Counter[int], q: float) -> int:
+    """The smallest value with at least a fraction ``q`` of ``hist``'s counts at or below it."""
+    need, seen = q * sum(hist.values()), 0
+    for value in sorted(hist):
+        seen += hist[value]
+        if seen >= need:
+            return value
+    return max(hist)

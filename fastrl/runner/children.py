@@ -19,13 +19,9 @@ from fastrl.runner.common import (
     build_model,
     seed_everything,
 )
+from fastrl.runner.cores import make_learner, make_policy_worker
 from fastrl.runner.replay_station import make_learner_station, make_rank_station
-from fastrl.runner.stations import (
-    PolicyStation,
-    RolloutStation,
-    make_learner,
-    make_policy_worker,
-)
+from fastrl.runner.stations import PolicyStation, RolloutStation
 from fastrl.runner.supervisor import Child, Supervisor
 from fastrl.runner.wiring import Wiring
 from fastrl.sampling.startup import CLOSING, WAITING

@@ -81,10 +81,12 @@ class RunLoop:
             stats.steps_discarded += msg.steps_discarded
             stats.add_env_faults(msg.faults)
             stats.add_busy("env", msg.busy_seconds)
+            stats.splits_held += msg.splits_held
+            stats.splits_begun += msg.splits_begun
         elif isinstance(msg, LearnerReport):
             stats.add_learner_frames(msg.samples * stats.frameskip, msg.policy)
             if msg.stats:
-                stats.add_learner_stats(msg.stats, msg.version, msg.policy)
+                stats.add_learner_stats(msg.stats, msg.version, msg.policy, msg.lags)
             if not self.cfg.sampling_only:
                 stats.add_stage_time("learner", msg.samples, msg.busy_seconds)
             stats.add_busy("learner", msg.busy_seconds)

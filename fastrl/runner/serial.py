@@ -23,15 +23,11 @@ from fastrl.runner.common import (
     check_env_settings,
     seed_everything,
 )
+from fastrl.runner.cores import make_learner, make_policy_worker
 from fastrl.runner.loop import RunLoop
 from fastrl.runner.pbt import Population
 from fastrl.runner.replay_station import make_learner_station
-from fastrl.runner.stations import (
-    PolicyStation,
-    RolloutStation,
-    make_learner,
-    make_policy_worker,
-)
+from fastrl.runner.stations import PolicyStation, RolloutStation
 from fastrl.runner.wiring import build_wiring
 from fastrl.sampling.env_setup import create_env, env_info
 from fastrl.transport.malloc import keep_freed_memory

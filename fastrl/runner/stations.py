@@ -12,22 +12,16 @@ from __future__ import annotations
 import time
 from typing import NoReturn
 
-import torch
-
-from fastrl.algo.apex import ApexLearner
 from fastrl.algo.learner import Learner
-from fastrl.algo.learner_group import LearnerGroup
-from fastrl.algo.r2d2 import R2D2Learner
-from fastrl.config.settings import REPLAY_ALGOS
 from fastrl.errors import EnvOutputError
-from fastrl.experiment.checkpoint import checkpoint_state, restore_learner, save_checkpoint
-from fastrl.runner.common import build_model
+from fastrl.experiment.checkpoint import checkpoint_state, save_checkpoint
 from fastrl.runner.fault_log import FaultLog
 from fastrl.runner.slots import PendingSlots
 from fastrl.runner.wiring import Wiring
 from fastrl.sampling.agents import MultiAgentRolloutWorker
-from fastrl.sampling.env_setup import EnvInfo, create_env, reward_scale, weighed_reward_terms
-from fastrl.sampling.inference import PolicyWorker, ape_x_epsilons
+from fastrl.sampling.backlog import Backlog, backlog_cells
+from fastrl.sampling.env_setup import create_env, reward_scale
+from fastrl.sampling.inference import PolicyWorker
 from fastrl.sampling.rollout import RolloutWorker
 from fastrl.sampling.staging import Staging
 from fastrl.sampling.startup import CREATING, Activity
@@ -98,7 +92,9 @@ class RolloutStation:
             decorrelate=cfg.decorrelate_envs_on_one_worker, generation=self.generation,
             epoch=int(w.policy_epoch.value), action_bounds=cfg.action_bounds,
             env_check=cfg.env_check, num_policies=w.num_policies,
-            policy_seed=w.assign_seed, activity=self.activity)
+            policy_seed=w.assign_seed, activity=self.activity,
+            backlog=Backlog(backlog_cells(w.backlog, w.num_workers), self.worker_id,
+                            w.backlog_limit))
         self.envs = self.worker.envs  # the worker replaces faulty envs in this very list
         try:
             self._route(interruptible(self.worker.start, lambda: w.beat_or_stop(self.worker_id)))
@@ -137,17 +133,23 @@ class RolloutStation:
                 self._route(worker.reissue(msg.epoch))
             else:
                 raise TypeError(f"{self.name}: unexpected message {msg!r}")
+        released = 0
+        if any(split.held for split in worker.splits):  # has the learner's backlog shrunk?
+            out = worker.release_held()
+            released = len(out.requests)
+            self._route(out)
         report = self._report
         if msgs:
             report = self._report = report._replace(
                 busy_seconds=report.busy_seconds + time.perf_counter() - start)
         if ((report.episodes or report.env_restarts or report.faults or report.busy_seconds)
                 and time.monotonic() - self._last_report >= self.report_every):
-            self.wiring.runner_queue.put(report)
+            held, begun = worker.backlog.take_counts()
+            self.wiring.runner_queue.put(report._replace(splits_held=held, splits_begun=begun))
             self._report = RolloutReport([], 0, 0, {})
             self._last_report = time.monotonic()
         self.fault_log.flush()
-        return len(msgs)
+        return len(msgs) + released
 
     def close(self) -> None:
         for env in self.envs:
@@ -240,6 +242,7 @@ class LearnerStation:
         self._samples, self._busy = 0, 0.0
         self._stats: dict = {}
         self._stale = 0  # --with_pbt: trajectories of the old weights dropped since the report
+        self._lags: list[tuple[float, float, float]] = []  # each batch's (min, mean, max)
         self._last_report = time.monotonic()
         # After the final checkpoint nothing more trains: a step after it would be counted in
         # the run's summary but missing from the checkpoint (a serial run's summary said 209
@@ -295,8 +298,8 @@ class LearnerStation:
         if self._samples or self._stale:
             self.wiring.runner_queue.put(LearnerReport(
                 self._stats, self.learner.version, self._samples, self._busy, self.policy,
-                self._stale))
-            self._samples, self._busy, self._stats, self._stale = 0, 0.0, {}, 0
+                self._stale, tuple(self._lags)))
+            self._samples, self._busy, self._stats, self._stale, self._lags = 0, 0.0, {}, 0, []
             self._last_report = time.monotonic()
 
     def _replace(self, msg: PbtReplace) -> None:
@@ -358,8 +361,11 @@ class LearnerStation:
         else:
             batch = w.buffers.gather(slots, self.staging)
         self._free(slots)  # the data is copied out: the slots can be refilled while we train
-        self._stats = interruptible(learner.train, batch, frames)  # (a stop may interrupt it)
+        self._stats = stats = interruptible(learner.train, batch, frames)  # (a stop may interrupt)
         w.run_frames.count(self.policy, learner)  # every policy's next batch counts this one
+        if "policy_lag_mean" in stats:
+            self._lags.append((stats["policy_lag_min"], stats["policy_lag_mean"],
+                               stats["policy_lag_max"]))
         self._samples += len(slots) * w.cfg.rollout
         self.weights.publish(learner.model, learner.version)
         if not w.cfg.async_rl:
@@ -405,46 +411,3 @@ class LearnerRankStation:
             self.learner.group.barrier()
             interruptible(self.learner.train, batch, msg.run_frames)
         return len(msgs)
-
-
-def make_policy_worker(wiring: Wiring, model: torch.nn.Module, device: torch.device,
-                       precision: str, others: list[torch.nn.Module] = ()) -> PolicyWorker:
-    """The policy worker core; with ``--algo apex`` or ``r2d2``, epsilon-greedy with every env
-    slot's Ape-X epsilon (over all the run's slots: on sampler node k, its share after the
-    slots of nodes 0 to k-1). ``others``: the models of policies 1, 2, ...
-    (``--num_policies``), each fed by its own weights."""
-    cfg = wiring.cfg
-    epsilons = None
-    if cfg.algo in REPLAY_ALGOS:
-        n = wiring.num_envs
-        epsilons = ape_x_epsilons(n * max(1, cfg.num_sampler_nodes), cfg.apex_epsilon,
-                                  cfg.apex_epsilon_alpha)[wiring.node * n:(wiring.node + 1) * n]
-    return PolicyWorker(model, wiring.info.action_space, wiring.buffers, wiring.rnn_state,
-                        device, weights=wiring.weights, precision=precision, epsilons=epsilons,
-                        others=list(zip(others, wiring.policy_weights[1:], strict=True)),
-                        cuda_graphs=cfg.policy_cuda_graphs)
-
-
-def make_learner(cfg, info: EnvInfo, device: torch.device, group: LearnerGroup | None = None,
-                 policy: int = 0, replay_columns: dict | None = None
-                 ) -> tuple[Learner | ApexLearner, dict | None, str | None]:
-    """The learner of ``policy``, with its newest checkpoint restored if there is one; also
-    that checkpoint's run counters and path (None, None without one). In a ``group`` every
-    rank restores the same checkpoint and then takes rank 0's weights and statistics, so that
-    a fresh start (unseeded) begins alike too. ``replay_columns``: the shared replay store
-    (``Wiring.replay_columns``) that a group's replay learners bind to."""
-    if cfg.algo in REPLAY_ALGOS:
-        kind = R2D2Learner if cfg.algo == "r2d2" else ApexLearner
-        learner = kind(cfg, build_model(cfg, info, device), info.obs_space,
-                        info.action_space, device, frameskip=info.frameskip, group=group,
-                        columns=replay_columns)
-    else:
-        learner = Learner(cfg, build_model(cfg, info, device), info.action_space, device,
-                          frameskip=info.frameskip, group=group,
-                          reward_terms=weighed_reward_terms(cfg, info))
-    counters, path = restore_learner(learner, cfg, info, policy)
-    if group is not None:
-        group.broadcast_module(learner.model)
-        if isinstance(learner, ApexLearner):
-            group.broadcast_module(learner.target)
-    return learner, counters, path

@@ -48,6 +48,7 @@ from fastrl.algo.run_frames import RunFrames
 from fastrl.config.settings import REPLAY_ALGOS, Config
 from fastrl.errors import ExperimentError
 from fastrl.runner.common import buffers_per_env
+from fastrl.sampling.backlog import backlog_limit
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.env_setup import EnvInfo, weighed_reward_terms
 from fastrl.sampling.replay import shm_free
@@ -109,6 +110,9 @@ class Wiring:
     # int64 per rollout worker: what it is doing (fastrl.sampling.startup.Activity), for the
     # runner to say when it kills the worker as hung.
     activity: Any = None
+    # int64 [2, num_workers]: each rollout worker's trajectories waiting for the learner and
+    # reserved (fastrl.sampling.backlog: backlog_cells gives the array).
+    backlog: Any = None
     # This process's own: whether its main thread has seen the stop flag (a child that has
     # not within a grace time is interrupted: fastrl.transport.stopping).
     stop_seen: bool = False
@@ -133,6 +137,17 @@ class Wiring:
     @property
     def num_envs(self) -> int:
         return self.num_workers * self.envs_per_worker
+
+    @property
+    def backlog_limit(self) -> int | None:
+        """Trajectories that may wait for the learners before splits are held
+        (``--max_batches_waiting``): async APPO only (a replay learner takes trajectories
+        one by one; sync mode waits for its round)."""
+        cfg = self.cfg
+        if not cfg.async_rl or cfg.algo in REPLAY_ALGOS:
+            return None
+        return backlog_limit(cfg.max_batches_waiting, cfg.trajectories_per_batch,
+                             self.envs_per_worker // cfg.worker_num_splits, self.num_policies)
 
     @property
     def per_worker_buffers(self) -> int:
@@ -245,6 +260,7 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
         policy_epoch=sharedctypes.RawValue("q", 0) if parallel else _Counter(),
         heartbeat=sharedctypes.RawArray("d", num_workers + n_policy),
         activity=sharedctypes.RawArray("q", num_workers),
+        backlog=sharedctypes.RawArray("q", 2 * num_workers),
         policy_ticks=sharedctypes.RawArray("q", n_policy),
         rank_queues=rank_queues,
         learner_port=ports[0], learner_ports=ports,

@@ -19,6 +19,7 @@ from gymnasium import spaces
 
 from fastrl.policy.actions import ActionSpec
 from fastrl.policy.obs import as_dict_space
+from fastrl.sampling.backlog import Backlog
 from fastrl.sampling.buffers import INVALID_VERSION, TrajectoryBuffers
 from fastrl.sampling.env_faults import (
     CallTimer,
@@ -90,6 +91,7 @@ class RolloutWorker(EnvStartup):
             (``fastrl.sampling.trajectories.PolicyAssignment``, seeded with ``policy_seed``,
             the same for every worker of a run); a trajectory goes to its policy's learner.
         activity: where it records what it is doing (``fastrl.sampling.startup.Activity``).
+        backlog: holds splits while enough trajectories wait (``fastrl.sampling.backlog``).
 
     A time limit (``truncated`` without ``terminated``) ends the episode for the learner like
     a termination (``dones``), but the episode's last observation is kept in the slot's
@@ -106,7 +108,8 @@ class RolloutWorker(EnvStartup):
                  env_factory: Callable[[], gym.Env] | None = None, env_timeout: float = 0.0,
                  generation: int = 0, epoch: int = 0, decorrelate: bool = False,
                  action_bounds: str = "clip", env_check: str = "warn", num_policies: int = 1,
-                 policy_seed=None, activity: Activity | None = None):
+                 policy_seed=None, activity: Activity | None = None,
+                 backlog: Backlog | None = None):
         if len(envs) % num_splits:
             raise ValueError(f"{len(envs)} envs cannot be split into {num_splits} equal groups")
         if env_check not in ENV_CHECKS:
@@ -126,6 +129,7 @@ class RolloutWorker(EnvStartup):
         self.epoch = epoch
         self.decorrelate = decorrelate
         self.activity = activity if activity is not None else Activity()
+        self.backlog = backlog if backlog is not None else Backlog(None, worker_id, None)
         self._stepping = [Activity.code(STEPPING, i) for i in range(len(envs))]
         self.truncations_not_bootstrapped = 0
         self.free: deque[int] = deque(free_buffers)
@@ -221,13 +225,18 @@ class RolloutWorker(EnvStartup):
         return out
 
     def add_free_buffers(self, indices) -> StepOutput:
-        """Slots came back from the learner; splits that waited for them start again."""
+        """Slots came back from the learner; splits that waited for them (or were held) go."""
         self.free.extend(indices)
+        self.backlog.freed(len(indices))
         out = StepOutput()
         for s, split in enumerate(self.splits):
-            if split.waiting_for_buffers and not split.paused:
+            if (split.waiting_for_buffers or split.held) and not split.paused:
                 self._begin_trajectories(s, out)
         return out
+
+    def release_held(self) -> StepOutput:
+        """Held splits begin again if the learner's backlog has shrunk enough."""
+        return self.add_free_buffers(())
 
     def resume(self) -> StepOutput:
         """Sync mode: the learner published new weights; paused splits start a new round."""
@@ -327,6 +336,7 @@ class RolloutWorker(EnvStartup):
         else:
             out.trajectories.append(TrajectoriesReady(self.worker_id, tuple(split.buffers),
                                                       self.generation))
+        self.backlog.handed_in(split, len(split.buffers))
         split.buffers = []
         split.pending_obs = next_obs
         split.trajectories_this_round += 1
@@ -413,10 +423,13 @@ class RolloutWorker(EnvStartup):
     def _begin_trajectories(self, split_id: int, out: StepOutput) -> None:
         split = self.splits[split_id]
         n = len(split.env_ids)
+        if self.backlog.holds_back(split):
+            return
         if len(self.free) < n:
             split.waiting_for_buffers = True
             return
         split.waiting_for_buffers = False
+        self.backlog.began(split, n)
         split.buffers = [self.free.popleft() for _ in range(n)]
         split.t = 0
         self._ep_start[split.local] = 0

@@ -61,6 +61,8 @@ class Split:
     t: int = 0
     waiting_for_buffers: bool = False
     paused: bool = False  # sync mode: round finished, waiting for new weights
+    held: bool = False  # async mode: too many trajectories wait for the learner (backlog.py)
+    reserved: bool = False  # its trajectories were begun after a hold (backlog.py)
     trajectories_this_round: int = 0
     pending_obs: list | None = None  # first observations of the next trajectory
     request_epoch: int = -1  # epoch of the request in flight; -1: none in flight

@@ -221,6 +221,9 @@ class RolloutReport(NamedTuple):
     steps_discarded: int
     faults: dict[str, int]  # env faults by kind (ENV_FAULT_KINDS); a kind without any is absent
     busy_seconds: float = 0.0  # time spent stepping envs and routing their output
+    # --max_batches_waiting: splits held (fastrl.sampling.backlog) and splits begun
+    splits_held: int = 0
+    splits_begun: int = 0
 
 
 class EnvCheckFailed(NamedTuple):
@@ -242,6 +245,9 @@ class LearnerReport(NamedTuple):
     # --with_pbt: trajectories acted entirely before this policy's last replacement, dropped
     # untrained since the last report
     stale: int = 0
+    # each batch's policy lag (min, mean, max over its steps, in learner steps) since the last
+    # report; empty where the learner reports only its last step's (``stats``)
+    lags: tuple[tuple[float, float, float], ...] = ()
 
 
 class NodeReport(NamedTuple):
