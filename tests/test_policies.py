@@ -352,7 +352,8 @@ LR, BUDGET, BATCH = 1e-3, 1024, 32  # a batch: 32 samples of CountingEnv (frames
 def _policy_learners(tmp_path):
     """Serial mode's learner stations of two policies over one wiring, each with its newest
     checkpoint restored (``make_learner``), and their buffers valid to train on."""
-    from fastrl.runner.stations import LearnerStation, make_learner
+    from fastrl.runner.cores import make_learner
+    from fastrl.runner.stations import LearnerStation
     from fastrl.runner.wiring import build_wiring
     from fastrl.sampling.env_setup import create_env, env_info
 
