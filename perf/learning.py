@@ -5,9 +5,12 @@ mean episode return against env frames and wall time, next to Sample Factory's f
     python perf/learning.py --env doom_basic --seeds 1 2 3 --frames 550000 --target 75
     python perf/learning.py --env CartPole-v1 --seeds 1 2 3 --seconds 120 --use_rnn False
     python perf/learning.py --suite gym-spaces --seeds 1 2 3   # every env of a suite
+    python perf/learning.py --table perf/learning_results/*/suite.json  # stored results' tables
 
 Any flag this script does not know goes to train.py unchanged. Each run's curve is its
-TensorBoard scalar ``episode/mean_return`` (written every 5 s, step = env frames). Writes
+TensorBoard scalar ``episode/mean_return`` (the mean of the last 100 episodes, written every
+5 s, step = env frames); from it each run's best and final value, and the largest fall after
+the target was first reached (``learning_curves.holding``). Writes
 ``learning.json`` and ``learning.png`` (needs matplotlib: ``pip install -e .[perf]``) into
 ``--out``, each run's log into ``<out>/runs/``; the last line printed is one JSON object.
 """
@@ -30,12 +33,13 @@ from learning_curves import (
     aggregate,
     curve_arrays,
     first_crossing,
+    holding,
     mean_or_none,
     read_curve,
     references,
     value_at,
 )
-from learning_suites import SUITES, plot_suite, run_suite
+from learning_suites import SUITES, markdown_table, plot_suite, print_tables, run_row, run_suite
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TAIL_LINES = 20
@@ -117,7 +121,7 @@ def run_seed(args: argparse.Namespace, seed: int, extra: list[str]) -> dict[str,
         "exit_code": code,
         "log": log_path,
         "run_minutes": round(run_minutes, 3),
-        "final_return": float(values[-1]) if len(values) else None,
+        **holding(frames, values, args.target),
         "final_frames": int(frames[-1]) if len(frames) else 0,
         "frames_to_target": None,
         "minutes_to_target": None,
@@ -134,6 +138,25 @@ def run_seed(args: argparse.Namespace, seed: int, extra: list[str]) -> dict[str,
     if code != 0:
         result["log_tail"] = log_tail(log_path)
     return result
+
+
+def holding_text(r: dict[str, Any], target: float | None) -> str:
+    """A run's final and best mean return (of the last 100 episodes), when it first reached
+    ``target`` and the largest fall after that, for its line of the report."""
+    if r["final_return"] is None:
+        return "no episode reported"
+    text = (f"mean return at the end {r['final_return']:.3f}, best {r['best_return']:.3f} at "
+            f"{r['best_frames']:,.0f} frames")
+    if target is None:
+        return text
+    if r["frames_to_target"] is None:
+        return text + f", target {target:g} never reached"
+    text += (f", target {target:g} at {r['frames_to_target']:,.0f} frames / "
+             f"{r['minutes_to_target']:.2f} min")
+    if not r["largest_fall"]:
+        return text + ", never fell after it"
+    return text + (f", largest fall after it {r['largest_fall']:.3f} (low point at "
+                   f"{r['fall_frames']:,.0f} frames)")
 
 
 def plot(path: str, env: str, runs: list[dict], agg: dict[str, dict], target: float | None) -> bool:
@@ -191,12 +214,17 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
                         help="train every env of a suite (perf/learning_suites.py) instead of "
                              "--env; --frames then caps each env's budget")
     parser.add_argument("--only", help="with --suite: these envs of it (comma-separated)")
+    parser.add_argument("--table", nargs="+", metavar="JSON",
+                        help="print the table of stored results (suite.json or learning.json "
+                             "files), recomputed from their curves; trains nothing")
     args, extra = parser.parse_known_args(argv)
     return parser, args, [a for a in extra if a != "--"]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser, args, extra = parse_args(argv)
+    if args.table:
+        return print_tables(args.table)
     if args.suite:
         args.out = os.path.abspath(args.out or os.path.join(
             REPO, "train_dir", "learning", f"suite-{args.suite}-{time.strftime('%Y%m%d-%H%M%S')}"))
@@ -217,12 +245,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{run_name(args.env, seed)}.log", flush=True)
         r = run_seed(args, seed, extra)
         runs.append(r)
-        hit = "" if args.target is None else f", target {args.target:g} " + (
-            "never reached" if r["frames_to_target"] is None else
-            f"at {r['frames_to_target']:,.0f} frames / {r['minutes_to_target']:.2f} min")
-        final = "n/a" if r["final_return"] is None else f"{r['final_return']:.3f}"
         print(f"seed {seed}: exit {r['exit_code']}, {r['final_frames']:,} frames in "
-              f"{r['run_minutes']:.1f} min, final mean return {final}{hit}", flush=True)
+              f"{r['run_minutes']:.1f} min, {holding_text(r, args.target)}", flush=True)
         if r["exit_code"] != 0:
             print(f"seed {seed}: train.py exited with code {r['exit_code']}; last lines of "
                   f"{r['log']}:\n{r['log_tail']}", file=sys.stderr, flush=True)
@@ -236,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     ref_frames = [str(ref.frames) for ref in references(args.env) if ref.frames is not None]
     mean = {
         "final_return": mean_or_none([r["final_return"] for r in runs]),
+        "best_return": mean_or_none([r["best_return"] for r in runs]),
+        "largest_fall": mean_or_none([r["largest_fall"] for r in runs]),
         "frames_to_target": mean_or_none([r["frames_to_target"] for r in runs]),
         "minutes_to_target": mean_or_none([r["minutes_to_target"] for r in runs]),
         "return_at_reference_frames": {
@@ -256,8 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     png_path: str | None = os.path.join(args.out, "learning.png")
     if not plot(png_path, args.env, runs, agg, args.target):
         png_path = None
+    print(markdown_table([run_row(args.env, args.target, r) for r in runs]), flush=True)
     by_seed = {key: {str(r["seed"]): r[key] for r in runs} for key in (
-        "exit_code", "final_return", "frames_to_target", "minutes_to_target",
+        "exit_code", "final_return", "best_return", "largest_fall", "fall_frames",
+        "frames_to_target", "minutes_to_target",
         "return_at_reference_frames")}
     print(json.dumps({"env": args.env, "seeds": report["seeds"], **by_seed,
                       "mean_over_seeds": mean, "json": json_path, "png": png_path}), flush=True)

@@ -1,5 +1,6 @@
 """Pure parts of perf/learning.py: the reference table, reading a return curve from TensorBoard
-events, interpolation, first crossing of a target and aggregation over seeds."""
+events, interpolation, first crossing of a target, how a run held what it learned, and
+aggregation over seeds."""
 
 from __future__ import annotations
 
@@ -76,6 +77,37 @@ def first_crossing(xs: np.ndarray, values: np.ndarray, target: float) -> float |
     """The x of the first point whose value is at least ``target``; None if none is."""
     hits = np.flatnonzero(np.asarray(values) >= target)
     return float(xs[hits[0]]) if len(hits) else None
+
+
+def holding(xs, values, target: float | None) -> dict[str, float | None]:
+    """How a run held what it learned, from its curve (each value the mean return of the last
+    ``--stats_avg`` episodes, 100 by default, at env frames ``xs``):
+
+    - ``best_return`` and ``best_frames``: the curve's highest value and where it first was;
+    - ``final_return``: its last value;
+    - ``largest_fall``: after the curve first reached ``target``, the deepest drop below the
+      highest value reached since then (0.0 when it never fell), and ``fall_frames``, the x of
+      that drop's low point (None when it never fell). Both None without a target or when
+      the curve never reached it.
+
+    Every value is None for an empty curve."""
+    xs, values = np.asarray(xs, dtype=np.float64), np.asarray(values, dtype=np.float64)
+    out: dict[str, float | None] = dict.fromkeys(
+        ("best_return", "best_frames", "final_return", "largest_fall", "fall_frames"))
+    if len(values) == 0:
+        return out
+    best = int(np.argmax(values))
+    out.update(best_return=float(values[best]), best_frames=float(xs[best]),
+               final_return=float(values[-1]))
+    hits = np.flatnonzero(values >= target) if target is not None else []
+    if len(hits) == 0:
+        return out
+    after = values[hits[0]:]
+    falls = np.maximum.accumulate(after) - after
+    low = int(np.argmax(falls))
+    out["largest_fall"] = float(falls[low])
+    out["fall_frames"] = float(xs[hits[0] + low]) if falls[low] > 0 else None
+    return out
 
 
 def aggregate(curves: list[tuple[np.ndarray, np.ndarray]], points: int = 50) -> dict[str, list]:

@@ -1,13 +1,16 @@
 """Suites of the learning benchmark: ``perf/learning.py --suite NAME`` trains every env of the
 suite with the bare default command (no flags but the seed and the budget), seed after seed,
-and writes one table (env x seed: return at the budget, frames and minutes to the target) and
-one PNG of every env's curves.
+and writes one table (env x seed: return at the budget, the best, frames to the target, the
+largest fall after reaching it) and one PNG of every env's curves.
 
     python perf/learning.py --suite gym-spaces --seeds 1 2 3
     python perf/learning.py --suite gym-spaces --only FrozenLake-v1,Taxi-v4 --frames 200000
+    python perf/learning.py --table perf/learning_results/classic_serial/suite.json
 
 ``--frames`` caps each env's budget (a short check); ``--only`` picks envs. An env whose
 package is not installed (minigrid, box2d) is skipped with a line saying what to install.
+``--table`` prints the table of stored results (a suite.json or a learning.json, old ones
+too), its columns recomputed from the stored curves: nothing is trained.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import json
 import os
 import sys
 from typing import Any, NamedTuple
+
+from learning_curves import holding
 
 
 class SuiteEnv(NamedTuple):
@@ -124,22 +129,14 @@ def run_suite(args: argparse.Namespace, extra: list[str], run_seed, plot_all) ->
             r = run_seed(env_args, seed, extra)
             curves[item.env].append(r)
             rows.append({"env": item.env, "seed": seed, "budget": env_args.frames,
-                         "issue_budget": item.frames, "target": item.target,
-                         "exit_code": r["exit_code"], "final_frames": r["final_frames"],
-                         "final_return": r["final_return"],
-                         "best_return": max(r["curve"]["return"], default=None),
-                         "frames_to_target": r["frames_to_target"],
-                         "minutes_to_target": r["minutes_to_target"],
-                         "run_minutes": r["run_minutes"]})
+                         "issue_budget": item.frames, **run_row(item.env, item.target, r)})
             print(table_line(rows[-1]), flush=True)
             code = code or (r["exit_code"] != 0)
             if args.interrupted:
                 break
         if args.interrupted:
             break
-    table = "\n".join(["| env | seed | frames | return at the end | best | target | frames to "
-                       "target | minutes |", "|---|---|---|---|---|---|---|---|"]
-                      + [table_line(row) for row in rows])
+    table = markdown_table(rows)
     with open(os.path.join(args.out, "suite.md"), "w") as fh:
         fh.write(table + "\n")
     with open(os.path.join(args.out, "suite.json"), "w") as fh:
@@ -155,16 +152,77 @@ def run_suite(args: argparse.Namespace, extra: list[str], run_seed, plot_all) ->
     return 130 if args.interrupted else int(code)
 
 
+def run_row(env: str, target: float | None, r: dict[str, Any]) -> dict[str, Any]:
+    """A table row of one seed's run (``r``: what ``learning.run_seed`` returns, or a run of a
+    stored learning.json); the best, final and largest fall computed from its curve."""
+    curve = r.get("curve") or {"frames": [], "return": []}
+    return {"env": env, "seed": r["seed"], "target": target, "exit_code": r["exit_code"],
+            "final_frames": r["final_frames"],
+            **holding(curve["frames"], curve["return"], target),
+            "frames_to_target": r["frames_to_target"],
+            "minutes_to_target": r["minutes_to_target"], "run_minutes": r["run_minutes"]}
+
+
+HEADER = ("| env | seed | frames | return at the end | best | target | frames to target | "
+          "largest fall after it | minutes |\n|---|---|---|---|---|---|---|---|---|")
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    return "\n".join([HEADER] + [table_line(row) for row in rows])
+
+
 def table_line(row: dict[str, Any]) -> str:
+    """One row of the table; ``largest fall after it``: ``-`` where the run never reached the
+    target (or has no curve), ``0`` where it never fell after reaching it."""
     if "skipped" in row:
-        return f"| {row['env']} | - | - | skipped: {row['skipped']} | | | | |"
+        return f"| {row['env']} | - | - | skipped: {row['skipped']} | | | | | |"
 
     def num(x, fmt="{:.3f}"):
         return "-" if x is None else fmt.format(x)
 
+    fall = row.get("largest_fall")
+    fall_txt = ("-" if fall is None else "0" if not fall else
+                f"{fall:.3f} at {num(row.get('fall_frames'), '{:,.0f}')}")
+    target = "-" if row["target"] is None else f"{row['target']:g}"
     return (f"| {row['env']} | {row['seed']} | {row['final_frames']:,} | "
-            f"{num(row['final_return'])} | {num(row['best_return'])} | {row['target']:g} | "
-            f"{num(row['frames_to_target'], '{:,.0f}')} | {row['run_minutes']:.1f} |")
+            f"{num(row['final_return'])} | {num(row['best_return'])} | {target} | "
+            f"{num(row['frames_to_target'], '{:,.0f}')} | {fall_txt} | "
+            f"{row['run_minutes']:.1f} |")
+
+
+def stored_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The table rows of a stored suite.json or learning.json (old ones too), each recomputed
+    from its stored curve. A ValueError for JSON that is neither."""
+    if "rows" in report and "curves" in report:  # suite.json: each env's curves in row order
+        curves = {env: list(runs) for env, runs in report["curves"].items()}
+        rows = []
+        for row in report["rows"]:
+            runs = curves.get(row["env"])
+            if "skipped" in row or not runs:
+                rows.append(row)
+                continue
+            curve = runs.pop(0)
+            rows.append({**row, **run_row(row["env"], row["target"], {**row, "curve": curve})})
+        return rows
+    if "runs" in report and "env" in report:  # learning.json
+        return [run_row(report["env"], report.get("target"), r) for r in report["runs"]]
+    raise ValueError("neither a suite.json (rows and curves) nor a learning.json (env and runs)")
+
+
+def print_tables(paths: list[str]) -> int:
+    """``--table``: the table of each stored result file; 1 if one could not be read."""
+    code = 0
+    for path in paths:
+        try:
+            with open(path) as fh:
+                rows = stored_rows(json.load(fh))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            msg = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+            print(f"--table {path}: {msg.splitlines()[0]}", file=sys.stderr)
+            code = 1
+            continue
+        print(f"{path}:\n{markdown_table(rows)}\n", flush=True)
+    return code
 
 
 def plot_suite(path: str, suite: str, curves: dict[str, list[dict]],

@@ -49,6 +49,68 @@ def test_aggregate_on_a_common_grid():
     assert lc.mean_or_none([1.0, None]) is None and lc.mean_or_none([]) is None
 
 
+# A hand-made curve of last-100 means: reaches 500 at 30K, falls to 300 at 60K, recovers to
+# 500, then falls 50 at the end.
+CURVE_FRAMES = [0.0, 10_000.0, 20_000.0, 30_000.0, 40_000.0, 50_000.0, 60_000.0, 70_000.0,
+                80_000.0, 90_000.0]
+CURVE_RETURNS = [20.0, 150.0, 420.0, 500.0, 480.0, 350.0, 300.0, 460.0, 500.0, 450.0]
+
+
+def test_holding_reports_best_final_and_the_largest_fall_after_the_target():
+    h = lc.holding(np.array(CURVE_FRAMES), np.array(CURVE_RETURNS), 475.0)
+    assert h == {"best_return": 500.0, "best_frames": 30_000.0, "final_return": 450.0,
+                 "largest_fall": 200.0, "fall_frames": 60_000.0}
+    # The fall counts from the highest value since the target was first reached, not from
+    # the target: with the target at 420 the peak of 500 still sets it.
+    assert lc.holding(CURVE_FRAMES, CURVE_RETURNS, 420.0)["largest_fall"] == 200.0
+    # What came before the crossing is no fall: 150 -> 20 would not count if it came first.
+    h = lc.holding([0, 1, 2, 3], [150.0, 20.0, 500.0, 500.0], 475.0)
+    assert (h["largest_fall"], h["fall_frames"]) == (0.0, None)  # reached, never fell
+    h = lc.holding(CURVE_FRAMES, CURVE_RETURNS, 501.0)  # never reached
+    assert h["largest_fall"] is None and h["fall_frames"] is None and h["best_return"] == 500
+    assert lc.holding(CURVE_FRAMES, CURVE_RETURNS, None)["largest_fall"] is None
+    assert set(lc.holding([], [], 1.0).values()) == {None}
+
+
+def test_stored_results_are_tabled_from_their_curves(tmp_path, capsys):
+    """Old suite.json and learning.json files (no best or fall fields) get the new columns from
+    the curves they stored: nothing is rerun."""
+    import learning_suites as ls
+
+    curve = {"frames": CURVE_FRAMES, "minutes": [0.1] * 10, "return": CURVE_RETURNS}
+    run = {"seed": 1, "exit_code": 0, "final_frames": 90_000, "final_return": 450.0,
+           "frames_to_target": 30_000.0, "minutes_to_target": 0.5, "run_minutes": 1.5}
+    suite = {"suite": "classic", "rows": [
+        {"env": "LunarLander-v3", "skipped": "needs Box2D"},
+        {"env": "CartPole-v1", "budget": 90_000, "issue_budget": 100_000, "target": 475.0,
+         **run},
+        {"env": "CartPole-v1", "budget": 90_000, "issue_budget": 100_000, "target": 475.0,
+         **run, "seed": 2, "final_return": 20.0, "frames_to_target": None}],
+        "curves": {"CartPole-v1": [curve, {"frames": [0.0, 1.0], "minutes": [0.0, 0.1],
+                                           "return": [30.0, 20.0]}]}}
+    learning = {"env": "CartPole-v1", "target": 475.0, "reference": [[500.0, None, 1.0]],
+                "runs": [{**run, "log": "x.log", "curve": curve}]}
+    paths = []
+    for name, report in (("suite.json", suite), ("learning.json", learning), ("other.json", {})):
+        paths.append(str(tmp_path / name))
+        (tmp_path / name).write_text(json.dumps(report))
+    rows = ls.stored_rows(suite)
+    assert rows[0] == suite["rows"][0]
+    assert (rows[1]["best_return"], rows[1]["largest_fall"], rows[1]["fall_frames"]) == (
+        500.0, 200.0, 60_000.0)
+    assert rows[1]["budget"] == 90_000  # what the row kept stays
+    assert (rows[2]["best_return"], rows[2]["largest_fall"]) == (30.0, None)
+    assert ls.print_tables(paths) == 1  # other.json is neither
+    out, err = capsys.readouterr()
+    line = ("| CartPole-v1 | 1 | 90,000 | 450.000 | 500.000 | 475 | 30,000 | 200.000 at 60,000 "
+            "| 1.5 |")
+    assert out.count(line) == 2  # the suite's row and the learning.json's run
+    assert "| CartPole-v1 | 2 | 90,000 | 20.000 | 30.000 | 475 | - | - | 1.5 |" in out
+    assert "skipped: needs Box2D" in out
+    assert err.strip() == f"--table {paths[2]}: neither a suite.json (rows and curves) nor a " \
+                          "learning.json (env and runs)"
+
+
 def test_reference_table():
     (basic,) = lc.references("doom_basic")
     assert (basic.ret, basic.frames, basic.minutes) == (79.0, 550_000, 4.0)
@@ -104,6 +166,8 @@ def test_tiny_cartpole_run_writes_json_and_plot(tmp_path):
     assert run["exit_code"] == 0 and run["final_frames"] >= 3000
     assert run["curve"]["return"] and run["final_return"] == last["final_return"]["1"]
     assert run["frames_to_target"] is not None  # random CartPole episodes last 10+ steps
+    assert run["best_return"] >= run["final_return"] and run["largest_fall"] >= 0.0
+    assert "| largest fall after it |" in proc.stdout  # the seeds' table before the JSON line
     assert report["host"]["cpu_flags"].keys() == {"avx512f", "avx512_bf16", "amx_bf16"}
     assert report["reference"]["points"][0]["ret"] == 500.0
     assert (tmp_path / "learning.png").stat().st_size > 10_000
@@ -121,7 +185,12 @@ def test_suite_selection_and_table_line():
     row = {"env": "Taxi-v4", "seed": 1, "final_frames": 300_032, "final_return": 7.5,
            "best_return": 7.9, "target": 7.0, "frames_to_target": 250_000.0,
            "run_minutes": 2.54}
-    assert ls.table_line(row) == "| Taxi-v4 | 1 | 300,032 | 7.500 | 7.900 | 7 | 250,000 | 2.5 |"
+    assert ls.table_line(row) == ("| Taxi-v4 | 1 | 300,032 | 7.500 | 7.900 | 7 | 250,000 | - "
+                                  "| 2.5 |")  # a row of an old suite.json: no fall column
+    row.update(largest_fall=0.4, fall_frames=280_000.0)
+    assert ls.table_line(row) == ("| Taxi-v4 | 1 | 300,032 | 7.500 | 7.900 | 7 | 250,000 | "
+                                  "0.400 at 280,000 | 2.5 |")
+    assert "| 0 | 2.5 |" in ls.table_line({**row, "largest_fall": 0.0, "fall_frames": None})
     assert "skipped: needs minigrid" in ls.table_line({"env": "M", "skipped": "needs minigrid"})
 
 

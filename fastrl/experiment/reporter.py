@@ -32,6 +32,7 @@ class Reporter:
         # (time, busy seconds per stage) at recent progress lines: the line's busy fractions
         # cover the last BUSY_WINDOW seconds, as reports arrive in lumps (one per learner batch).
         self._busy_history = _Trailing((time.time(), {}))
+        self._warned_long_episodes = False  # said once a run (TrainingStats.long_episodes)
 
     def maybe_report(self, force: bool = False) -> None:
         now = time.time()
@@ -86,6 +87,11 @@ class Reporter:
                 if key in p.learner:
                     w.add_scalar(prefix + tag, p.learner[key], step)
         w.flush()
+        if not self._warned_long_episodes:
+            warning = s.long_episodes()
+            if warning:
+                log(warning)
+                self._warned_long_episodes = True
         summary = s.summary(fps)
         write_json_atomic(os.path.join(self.dir, "summary.json"), summary)
         return summary

@@ -23,6 +23,14 @@ from fastrl.experiment.bottleneck import (
 )
 from fastrl.transport.messages import ENV_FAULT_KINDS
 
+# Episodes far longer than the env's own scale (issue 43: a gridworld with no time limit whose
+# policy wandered for thousands of steps, its return below random's): the scale is the median
+# length of the run's first FIRST_EPISODES episodes, "far longer" LONG_EPISODE_FACTOR times that
+# and at least LONG_EPISODE_STEPS agent steps.
+FIRST_EPISODES = 20
+LONG_EPISODE_FACTOR = 10
+LONG_EPISODE_STEPS = 1_000
+
 
 class _Trailing:
     """Timed samples ``(time, value)``: :meth:`push` adds one and returns the oldest of those
@@ -107,9 +115,11 @@ class PolicyStats:
 class TrainingStats:
     """Counters and recent statistics of a run, shared by the serial and parallel runners."""
 
-    def __init__(self, cfg: Config, frameskip: int):
+    def __init__(self, cfg: Config, frameskip: int, time_limit: bool = False):
         self.cfg = cfg
         self.frameskip = frameskip
+        self.time_limit = time_limit  # the env declares one (EnvInfo.time_limit)
+        self.first_episodes: list[tuple[float, int]] = []  # (return, length), this run's first
         self.env_frames = 0  # frames the learner trained on (sampling only: collected)
         self.episodes = 0
         self.episodes_truncated = 0  # of ``episodes``, those ended by a time limit (this run)
@@ -243,6 +253,8 @@ class TrainingStats:
             p.new_episodes.append((episode_return, length))
         self.episodes += 1
         self.episodes_truncated += truncated
+        if len(self.first_episodes) < FIRST_EPISODES:
+            self.first_episodes.append((episode_return, length))
         self.returns.append(episode_return)
         self.lengths.append(length)
         self._episodes_since_summary.append((episode_return, length))
@@ -298,6 +310,33 @@ class TrainingStats:
 
     def mean_return(self) -> float | None:
         return float(np.mean(self.returns)) if self.returns else None
+
+    def long_episodes(self) -> str | None:
+        """A one-line warning when episodes run far longer than the env's own scale, else None.
+
+        Only where nothing limits them: no ``--env_max_episode_steps``, no time limit the env
+        declares, and no episode of this run cut by one. The scale is the median length of the
+        run's first ``FIRST_EPISODES`` episodes; the recent episodes (``--stats_avg``) warn when
+        their mean length is ``LONG_EPISODE_FACTOR`` times that and ``LONG_EPISODE_STEPS``
+        agent steps or more, and their mean return no better than those first episodes': an
+        env where lasting longer is the goal (VizDoom's take_cover pays each tic survived)
+        never warns."""
+        if (self.time_limit or self.cfg.env_max_episode_steps is not None
+                or self.episodes_truncated or len(self.first_episodes) < FIRST_EPISODES
+                or not self.lengths):
+            return None
+        first_return = float(np.mean([r for r, _ in self.first_episodes]))
+        scale = float(np.median([n for _, n in self.first_episodes]))
+        length, ret = float(np.mean(self.lengths)), float(np.mean(self.returns))
+        bound = max(LONG_EPISODE_FACTOR * scale, LONG_EPISODE_STEPS)
+        if length < bound or ret > first_return:
+            return None
+        return (f"warning: the last {len(self.lengths)} episodes lasted {length:,.0f} agent "
+                f"steps on average, {length / max(scale, 1.0):,.0f}x the median of the run's "
+                f"first {FIRST_EPISODES} ({scale:,.0f}), and their mean return {ret:.4g} is no "
+                f"better than those first ones' {first_return:.4g}; {self.cfg.env} declares no "
+                f"time limit: cap its episodes with --env_max_episode_steps (e.g. "
+                f"{bound:.0f})")
 
     def summary(self, fps: float) -> dict:
         lag = None

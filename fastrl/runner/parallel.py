@@ -162,7 +162,7 @@ class ParallelRunner:
         self.signals.__enter__()
         try:
             wiring = self.setup()
-            stats = TrainingStats(cfg, wiring.info.frameskip)
+            stats = TrainingStats(cfg, wiring.info.frameskip, wiring.info.time_limit)
             start_learners(cfg, self.supervisor)
             if not cfg.num_sampler_nodes:
                 # The workers start while the learners do: policy workers wait for their first

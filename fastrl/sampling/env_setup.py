@@ -149,6 +149,9 @@ class EnvInfo:
     obs_left_out: tuple[str, ...] = ()
     # The reward-shaping terms the env names (metadata["reward_terms"]: fastrl/algo/shaping.py).
     reward_terms: tuple[str, ...] = ()
+    # Whether the env declares a time limit (has_time_limit): without one, the run warns when
+    # episodes grow far longer than its first ones (fastrl.experiment.stats.long_episodes).
+    time_limit: bool = False
 
     def describe(self) -> dict:
         out = {"obs_space": repr(self.obs_space), "action_space": repr(self.action_space),
@@ -180,7 +183,34 @@ def env_info(env: gym.Env, layout: str = "auto") -> EnvInfo:
         raise EnvSettingsError(str(exc)) from None
     return EnvInfo(as_dict_space(env.observation_space), env.action_space,
                    int(env.metadata.get("frameskip", 1)), agents, is_multi_agent(env),
-                   tuple(plan.sources().items()), tuple(plan.left_out()), terms)
+                   tuple(plan.sources().items()), tuple(plan.left_out()), terms,
+                   has_time_limit(env))
+
+
+# What a layer of an env (the env or one of its wrappers) calls its time limit: fastrl's Doom
+# envs say max_episode_steps, gymnasium's TimeLimit _max_episode_steps.
+TIME_LIMIT_ATTRIBUTES = ("max_episode_steps", "_max_episode_steps")
+
+
+def has_time_limit(env) -> bool:
+    """Whether ``env`` declares a limit on its episodes' length: gymnasium's
+    ``spec.max_episode_steps``, ALE's ``max_num_frames_per_episode`` (in its spec's kwargs:
+    108,000 frames for every Atari id), or a positive ``max_episode_steps`` or
+    ``_max_episode_steps`` of the env or of one of its wrappers (gymnasium's wrappers no longer
+    pass attributes on, so each layer is looked at)."""
+    layer, seen = env, set()
+    while layer is not None and id(layer) not in seen:
+        seen.add(id(layer))
+        own = getattr(layer, "__dict__", {})
+        if any(isinstance(own.get(name), int) and own[name] > 0
+               for name in TIME_LIMIT_ATTRIBUTES):
+            return True
+        spec = own.get("spec") if not isinstance(layer, gym.Wrapper) else None
+        if spec is not None and (spec.max_episode_steps
+                                 or (spec.kwargs or {}).get("max_num_frames_per_episode")):
+            return True
+        layer = own.get("env")
+    return False
 
 
 def weighed_reward_terms(cfg: Config, info: EnvInfo) -> tuple[str, ...]:
