@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import time
 
 import torch
 
@@ -64,16 +67,93 @@ def check_learner_devices(name: str, num_learners: int) -> torch.device:
     return device
 
 
-def _cpu_has_native_bf16() -> bool:
+def _cpu_info() -> tuple[str, set[str]]:
+    """This CPU's model name and flags (empty where /proc/cpuinfo cannot be read)."""
+    model, flags = "", set()
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
-                if line.startswith("flags"):
+                if line.startswith("model name") and not model:
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
                     flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+                    break
     except OSError:
         pass
-    return False
+    return model, flags
+
+
+def _cpu_has_native_bf16() -> bool:
+    return bool(_cpu_info()[1] & {"avx512_bf16", "amx_bf16"})
+
+
+def _probe_cpu_bf16() -> tuple[float, float]:
+    """Seconds of one thread for a forward and backward pass of a small Doom-like conv
+    encoder (channels last, as fastrl's), in fp32 and under bf16 autocast: the best of three
+    each, alternated, after one warm-up each. About 0.15 s."""
+    from torch import nn
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        net = nn.Sequential(nn.Conv2d(3, 32, 8, 4), nn.ELU(), nn.Conv2d(32, 64, 4, 2), nn.ELU(),
+                            nn.Conv2d(64, 128, 3, 2), nn.ELU(), nn.Flatten(), nn.Linear(2304, 512))
+        net = net.to(memory_format=torch.channels_last)
+        x = torch.rand(32, 3, 72, 128, generator=gen).contiguous(
+            memory_format=torch.channels_last)
+
+        def step(bf16: bool) -> float:
+            start = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                y = net(x)
+            y.float().sum().backward()
+            return time.perf_counter() - start
+
+        step(False), step(True)  # warm-up
+        fp32 = bf16 = float("inf")
+        for _ in range(3):
+            fp32, bf16 = min(fp32, step(False)), min(bf16, step(True))
+        return fp32, bf16
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _cache_path() -> str:
+    root = os.environ.get("FASTRL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fastrl")
+    return os.path.join(root, "precision.json")
+
+
+def cpu_bf16_is_faster() -> bool:
+    """Whether bf16 autocast beats fp32 on this CPU, measured (:func:`_probe_cpu_bf16`) once
+    per CPU model and torch version and kept in ``~/.cache/fastrl/precision.json``
+    (``FASTRL_CACHE_DIR`` moves it). A native bf16 instruction set is not enough: on a 2-core
+    Intel Xeon VM with AVX512-BF16 the learner ran 1.24 s a batch in bf16 against 0.98 in
+    fp32 (perf/RESULTS.md, 2026-11-27 morning), where an AMD EPYC with the same flags gained."""
+    model, flags = _cpu_info()
+    key = f"{model} | {' '.join(sorted(flags & {'avx512_bf16', 'amx_bf16'}))} | {torch.__version__}"
+    path = _cache_path()
+    try:
+        with open(path) as fh:
+            known = json.load(fh)
+        if isinstance(known.get(key), dict):
+            return bool(known[key]["bf16_faster"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        known = {}
+    fp32, bf16 = _probe_cpu_bf16()
+    faster = bf16 < 0.9 * fp32  # bf16 costs accuracy: it must win clearly
+    known = known if isinstance(known, dict) else {}
+    known[key] = {"bf16_faster": faster, "fp32_s": round(fp32, 5), "bf16_s": round(bf16, 5)}
+    try:  # atomically: several processes of a run may measure at once
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump(known, fh, indent=1)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # an unwritable cache: measured again next time
+    return faster
 
 
 # bf16 tensor cores came with compute capability 8.0 (Ampere). Older GPUs (V100 7.0, T4 7.5)
@@ -91,13 +171,16 @@ def cuda_capability(device: torch.device) -> tuple[int, int]:
 
 def resolve_precision(name: str, device: torch.device) -> str:
     """``--precision`` for ``device``: "fp32" or "bf16". ``auto`` is bf16 where the device
-    computes it natively: a GPU of compute capability 8.0 or more, a CPU with AVX512-BF16
-    or AMX; fp32 elsewhere."""
+    computes it natively and faster: a GPU of compute capability 8.0 or more; a CPU with
+    AVX512-BF16 or AMX on which bf16 measures faster (:func:`cpu_bf16_is_faster`); fp32
+    elsewhere."""
     if name != "auto":
         return name
     if device.type == "cuda":
         return "bf16" if cuda_capability(device) >= NATIVE_BF16_CAPABILITY else "fp32"
-    return "bf16" if device.type == "cpu" and _cpu_has_native_bf16() else "fp32"
+    if device.type == "cpu" and _cpu_has_native_bf16():
+        return "bf16" if cpu_bf16_is_faster() else "fp32"
+    return "fp32"
 
 
 def autocast(precision: str, device: torch.device, cache: bool = True):

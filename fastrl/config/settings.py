@@ -48,7 +48,8 @@ class Config:
     precision: str = _f("auto", "Autocast precision of the encoders (the recurrent core, the "
                         "heads, weights, optimizer and loss stay fp32): bf16, fp32, or auto = "
                         "bf16 where the device computes it natively (a GPU of compute "
-                        "capability 8.0 or more, a CPU with AVX512-BF16 or AMX), else fp32",
+                        "capability 8.0 or more, a CPU with AVX512-BF16 or AMX where a "
+                        "first-run probe finds bf16 faster), else fp32",
                         "experiment", choices=("auto", "fp32", "bf16"))
     train_for_env_steps: int = _f(10_000_000_000, "Stop after this many environment frames "
                                   "(counting frameskip)", "experiment")
