@@ -23,6 +23,7 @@ from fastrl.algo.shaping import RewardWeights
 from fastrl.config.settings import Config
 from fastrl.device import autocast, resolve_precision
 from fastrl.policy.actions import ActionSpec, exploration_problem
+from fastrl.policy.compiled import compile_encoders
 from fastrl.policy.distributions import ActionDistribution
 from fastrl.policy.model import NORMALIZER_FRAMES, ActorCritic
 from fastrl.policy.recurrent import Cuts, find_cuts
@@ -58,10 +59,10 @@ class Learner:
         if problem:
             raise ValueError(f"{problem} ({action_space})")
         self.device = device
-        self.optimizer = torch.optim.Adam(
-            model.parameters(), lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
-            eps=cfg.adam_eps,
-        )
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate,
+                                          betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps)
+        if cfg.learner_compile:
+            compile_encoders(model)  # fastrl/policy/compiled.py
         self.params = LossParams(
             gamma=cfg.gamma, ppo_clip_ratio=cfg.ppo_clip_ratio,
             value_loss_coeff=cfg.value_loss_coeff,
