@@ -44,10 +44,17 @@ def _start_helpers_early(argv: list[str]) -> None:
     command leaves the idle server to end with this process."""
     if any(a in ("-h", "--help") for a in argv):
         return
+    from fastrl.config.flags import str2bool
+
     for i, a in enumerate(argv):
         if a == "--serial_mode" or a.startswith("--serial_mode="):
-            value = a.partition("=")[2] or (argv[i + 1] if i + 1 < len(argv) else "")
-            if value.lower() not in ("false", "0", "no"):
+            value = a.partition("=")[2] if "=" in a else (
+                argv[i + 1] if i + 1 < len(argv) else "")
+            try:
+                serial = str2bool(value) if value and not value.startswith("--") else True
+            except Exception:  # a bad value: the parser says so in one line
+                return
+            if serial:
                 return
     from fastrl.transport.startup import start_helpers, start_method
 

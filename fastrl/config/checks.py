@@ -36,10 +36,13 @@ def validate(cfg: Config) -> list[str]:
 
 def _values(cfg: Config) -> list[str]:
     """Single values out of their range."""
-    errors = [f"--{name}={getattr(cfg, name)}: must be > 0" for name in POSITIVE
-              if getattr(cfg, name) is None or getattr(cfg, name) <= 0]
+    infinite = [name for name in POSITIVE + NON_NEGATIVE
+                if isinstance(getattr(cfg, name), float) and not math.isfinite(getattr(cfg, name))]
+    errors = [f"--{name}={getattr(cfg, name)}: must be a finite number" for name in infinite]
+    errors += [f"--{name}={getattr(cfg, name)}: must be > 0" for name in POSITIVE
+               if name not in infinite and (getattr(cfg, name) is None or getattr(cfg, name) <= 0)]
     errors += [f"--{name}={getattr(cfg, name)}: must be >= 0" for name in NON_NEGATIVE
-               if getattr(cfg, name) < 0]
+               if name not in infinite and getattr(cfg, name) < 0]
     for f in dataclasses.fields(cfg):  # the command line checks these; config.json does not
         choices = f.metadata.get("choices")
         if choices is not None and getattr(cfg, f.name) not in choices:

@@ -12,13 +12,30 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 
-_SERVER_PID = os.getpid()
+
+def _in_fork_server() -> bool:
+    """Whether this import runs inside multiprocessing's fork server, preloading."""
+    frame = sys._getframe()
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "main" and code.co_filename.endswith(
+                os.path.join("multiprocessing", "forkserver.py")):
+            return True
+        frame = frame.f_back
+    return False
 
 
-def _end_now() -> None:
-    if os.getpid() == _SERVER_PID:
+def _end_now(pid: int) -> None:
+    if os.getpid() == pid:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (AttributeError, OSError, ValueError):
+                pass
         os._exit(0)
 
 
-atexit.register(_end_now)
+if _in_fork_server():  # imported anywhere else (a test, a user's script) it does nothing
+    atexit.register(_end_now, os.getpid())
