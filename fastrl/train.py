@@ -89,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     _start_helpers_early(sys.argv[1:] if argv is None else argv)
     try:
         cfg = parse_or_exit(argv, prog="train.py")
+    except KeyboardInterrupt as exc:  # a stop signal while the command is checked
+        _stop_fork_server()
+        print(f"train.py: stopped ({exc or 'SIGINT'}) before training began", file=sys.stderr)
+        return 0
     except BaseException:  # a refused command line or env
         _stop_fork_server()
         raise

@@ -90,10 +90,10 @@ class Config:
     policy_cuda_graphs: bool = _f(True, "On CUDA, the policy workers replay their acting step "
                                   "from CUDA graphs (not apex/r2d2; False: eager)", "sampling")
     learner_compile: bool = _f(False, "Compile the learner's encoders with torch.compile "
-                               "(inductor), forward and backward: 10%% faster learner steps in bf16, "
-                               "5%% in fp32 on a 2-core AVX512 CPU, after 12-17 s of compiling "
-                               "at the first batch; eager, said in one line, where compiling "
-                               "fails", "sampling")
+                               "(inductor), forward and backward: 10%% faster learner steps in "
+                               "bf16, 5%% in fp32 on a 2-core AVX512 CPU, after 12-17 s of "
+                               "compiling at the first batch; eager, said in one line, where "
+                               "compiling fails", "sampling")
     learner_threads: int = _f(1, "Torch threads of the learner process (in serial mode: of the "
                               "one process)", "sampling")
     num_learners: int = _f(1, "Learner processes training as one torch.distributed group "

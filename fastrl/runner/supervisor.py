@@ -29,6 +29,7 @@ import torch
 
 from fastrl.log import log
 from fastrl.runner.wiring import Wiring
+from fastrl.sampling.backlog import backlog_cells
 from fastrl.sampling.startup import (
     CREATING,
     DECORRELATING,
@@ -330,6 +331,8 @@ class Supervisor:
         self.pump_until(lambda: self._fenced.get(worker_id) == generation, 120,
                         f"the learner{'s' if w.num_policies > 1 else ''} to release "
                         f"{child.name}'s buffers")
+        if w.backlog is not None:  # its trajectories no longer wait: others' splits go on
+            backlog_cells(w.backlog, w.num_workers)[:, worker_id] = 0
         self._wait_policy_ticks(ticks)
         self.start(child)
 
