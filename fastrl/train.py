@@ -86,8 +86,8 @@ def _stop_fork_server() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    _start_helpers_early(sys.argv[1:] if argv is None else argv)
     try:
+        _start_helpers_early(sys.argv[1:] if argv is None else argv)
         cfg = parse_or_exit(argv, prog="train.py")
     except KeyboardInterrupt as exc:  # a stop signal while the command is checked
         _stop_fork_server()
