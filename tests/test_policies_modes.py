@@ -72,7 +72,7 @@ def test_train_py_trains_two_policies_side_by_side(tmp_path):
     """Under PBT, on an env with reward-shaping terms (tests/agents_env.py): the terms travel
     through the shared buffers to each policy's learner, which weighs them itself."""
     before = shm_buffers()
-    proc = run_train(base_args(tmp_path, SHAPED, "--train_for_seconds", "2", "--num_policies",
+    proc = run_train(base_args(tmp_path, SHAPED, "--train_for_env_steps", "3000", "--num_policies",
                                "2", "--with_pbt", "True", "--pbt_period_env_steps", "1000",
                                "--pbt_min_episodes", "5", "--pbt_min_gap", "0"), timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
