@@ -67,7 +67,18 @@ def check_learner_devices(name: str, num_learners: int) -> torch.device:
     return device
 
 
-def _cpu_info() -> tuple[str, set[str]]:
+@contextlib.contextmanager
+def one_thread():
+    """Torch's intra-op threads at one inside, as before after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def cpu_info() -> tuple[str, set[str]]:
     """This CPU's model name and flags (empty where /proc/cpuinfo cannot be read)."""
     model, flags = "", set()
     try:
@@ -84,7 +95,7 @@ def _cpu_info() -> tuple[str, set[str]]:
 
 
 def _cpu_has_native_bf16() -> bool:
-    return bool(_cpu_info()[1] & {"avx512_bf16", "amx_bf16"})
+    return bool(cpu_info()[1] & {"avx512_bf16", "amx_bf16"})
 
 
 def _probe_cpu_bf16() -> tuple[float, float]:
@@ -93,9 +104,7 @@ def _probe_cpu_bf16() -> tuple[float, float]:
     each, alternated, after one warm-up each. About 0.15 s."""
     from torch import nn
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         gen = torch.Generator().manual_seed(0)
         net = nn.Sequential(nn.Conv2d(3, 32, 8, 4), nn.ELU(), nn.Conv2d(32, 64, 4, 2), nn.ELU(),
                             nn.Conv2d(64, 128, 3, 2), nn.ELU(), nn.Flatten(), nn.Linear(2304, 512))
@@ -115,8 +124,6 @@ def _probe_cpu_bf16() -> tuple[float, float]:
         for _ in range(3):
             fp32, bf16 = min(fp32, step(False)), min(bf16, step(True))
         return fp32, bf16
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _cache_path() -> str:
@@ -131,7 +138,7 @@ def cpu_bf16_is_faster() -> bool:
     (``FASTRL_CACHE_DIR`` moves it). A native bf16 instruction set is not enough: on a 2-core
     Intel Xeon VM with AVX512-BF16 the learner ran 1.24 s a batch in bf16 against 0.98 in
     fp32 (perf/RESULTS.md, 2026-11-27 morning), where an AMD EPYC with the same flags gained."""
-    model, flags = _cpu_info()
+    model, flags = cpu_info()
     key = f"{model} | {' '.join(sorted(flags & {'avx512_bf16', 'amx_bf16'}))} | {torch.__version__}"
     path = _cache_path()
     try:

@@ -49,16 +49,10 @@ def host_info() -> dict[str, Any]:
     """CPU model, the CPU flags that decide bf16 speed, torch version, date."""
     import torch
 
-    model, flags = platform.processor() or "unknown", set()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            lines = fh.read().splitlines()
-        models = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")]
-        flag_lines = [ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")]
-        model = models[0] if models else model
-        flags = set(flag_lines[0]) if flag_lines else flags
-    except OSError:
-        pass
+    from fastrl.device import cpu_info
+
+    model, flags = cpu_info()
+    model = model or platform.processor() or "unknown"
     return {
         "cpu": model,
         "cores": os.cpu_count(),

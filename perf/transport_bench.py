@@ -158,15 +158,10 @@ def make_destination(trajectories: int) -> dict[str, torch.Tensor]:
 
 
 def host_info() -> dict[str, Any]:
-    model, flags = "unknown", set()
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-                break
+    from fastrl.device import cpu_info
+
+    model, flags = cpu_info()
+    model = model or "unknown"
     return {
         "cpu_count": os.cpu_count(),
         "cpu_model": model,

@@ -37,6 +37,7 @@ import torch
 from gymnasium import spaces
 from torch import Tensor, nn
 
+from fastrl.device import one_thread
 from fastrl.policy.normalize import merge_moments, merge_summed_moments
 from fastrl.policy.spaces import ENCODABLE, leaf_kind, pixel_scale
 
@@ -66,12 +67,8 @@ def init_layer(layer: nn.Module, gain: float) -> nn.Module:
     The QR behind it runs on one thread: LAPACK's threaded QR of the Doom encoder's 512 x 2304
     layer took 0.1 s alone and 1-12 s on a 2-core machine where the run's other processes
     were starting (each child builds the model), 0.09-0.2 s on one thread either way."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         nn.init.orthogonal_(layer.weight, gain=gain)
-    finally:
-        torch.set_num_threads(threads)
     if layer.bias is not None:
         nn.init.zeros_(layer.bias)
     return layer
