@@ -107,8 +107,8 @@ def limit_of(result: dict) -> dict:
     settings = {k: v for k, v in result["settings"].items() if k != "warmup"}
     try:
         measured = measure(Config(**settings))
-    except ValueError as exc:
-        print(f"limit: not measured ({exc})", flush=True)
+    except Exception as exc:  # a perf tool: the run's own figures still come out
+        print(f"limit: not measured ({type(exc).__name__}: {exc})", flush=True)
         return result
     for line in report_lines(measured, result["fps"]):
         print(line, flush=True)

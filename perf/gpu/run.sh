@@ -104,12 +104,14 @@ graphs|graphs-test|graphs-infer|graphs-train)
     # --policy_cuda_graphs: its CUDA tests, then one inference call and training with 1 and
     # 2 policy workers against the eager acting step, side by side in one call.
     if [ "$stage" = graphs ] || [ "$stage" = graphs-train ]; then
+        limit=()  # the machine's limit is the same for all four: measured after the first
         for run in "1 False" "1 True" "2 False" "2 True"; do
             set -- $run
-            "$PY" perf/train_fps.py --env doom_basic --device cuda --precision fp32 \
+            "$PY" perf/train_fps.py "${limit[@]}" --env doom_basic --device cuda --precision fp32 \
                 --num_workers $((CORES - 2)) --num_envs_per_worker 8 --num_policy_workers "$1" \
                 --policy_cuda_graphs "$2" --seconds "$SECONDS_MEASURED" --warmup 20 2>&1 \
                 | tee -a "$log" | tail -1 > "$OUT/train_fps_fp32_${1}pw_graphs_${2}.json"
+            limit=(--no_limit)
         done
     fi
     if [ "$stage" = graphs ] || [ "$stage" = graphs-infer ]; then
