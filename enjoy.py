@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Watch and evaluate a trained agent: `python enjoy.py --env doom_basic --experiment NAME`
-(see --help)."""
+(see --help); installed with pip, the same command is `fastrl-enjoy` (or `python -m
+fastrl.enjoy`)."""
 
-from fastrl.enjoy import main
-from fastrl.transport.startup import exit_command
+from fastrl.enjoy import cli
 
 if __name__ == "__main__":
-    exit_command(main())
+    cli("enjoy.py")

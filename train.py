@@ -1,8 +1,8 @@
 #!/usr/bin/env python
-"""Train an agent: `python train.py --env doom_basic --experiment NAME` (see --help)."""
+"""Train an agent: `python train.py --env doom_basic --experiment NAME` (see --help); installed
+with pip, the same command is `fastrl-train` (or `python -m fastrl.train`)."""
 
-from fastrl.train import main
-from fastrl.transport.startup import exit_command
+from fastrl.train import cli
 
 if __name__ == "__main__":
-    exit_command(main())
+    cli("train.py")

@@ -1,4 +1,5 @@
-"""Entry point behind ``enjoy.py``: watch and measure a trained agent.
+"""The command behind ``fastrl-enjoy``, ``python -m fastrl.enjoy`` and ``enjoy.py``: watch and
+measure a trained agent.
 
 ``python enjoy.py --env ENV --experiment NAME`` loads the newest checkpoint of the experiment
 (or ``--checkpoint PATH``), rebuilds the model from the experiment's ``config.json``, plays
@@ -24,7 +25,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import gymnasium as gym
 
@@ -114,8 +115,9 @@ def add_enjoy_arguments(parser: argparse.ArgumentParser, suppress_defaults: bool
         "are counted", metavar="WHO")
 
 
-def build_enjoy_parser(suppress_defaults: bool = False) -> argparse.ArgumentParser:
-    parser = build_parser(PROG, suppress_defaults=suppress_defaults)
+def build_enjoy_parser(suppress_defaults: bool = False,
+                       prog: str = PROG) -> argparse.ArgumentParser:
+    parser = build_parser(prog, suppress_defaults=suppress_defaults)
     parser.description = (
         "Watch and evaluate a trained fastrl agent. Only --env/--experiment/--train_dir, "
         "--device, --seed, the environment flags and the enjoy flags matter here; the env and "
@@ -125,10 +127,11 @@ def build_enjoy_parser(suppress_defaults: bool = False) -> argparse.ArgumentPars
     return parser
 
 
-def parse_args(argv: list[str]) -> tuple[dict[str, Any], dict[str, Any], EnjoyOptions]:
+def parse_args(argv: list[str], prog: str = PROG
+               ) -> tuple[dict[str, Any], dict[str, Any], EnjoyOptions]:
     """``argv`` -> (every Config flag with defaults, the Config flags given explicitly, options)."""
-    full = vars(build_enjoy_parser().parse_args(argv))
-    explicit = vars(build_enjoy_parser(suppress_defaults=True).parse_args(argv))
+    full = vars(build_enjoy_parser(prog=prog).parse_args(argv))
+    explicit = vars(build_enjoy_parser(suppress_defaults=True, prog=prog).parse_args(argv))
     options = EnjoyOptions(**{k: v for k, v in full.items() if k not in _CONFIG_KEYS})
     errors = []
     for name in ("max_num_episodes", "video_frames"):
@@ -396,13 +399,13 @@ def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOp
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     """Run enjoy; user errors are one line on stderr with a non-zero status, no traceback."""
     from fastrl.train import user_error_types
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        full, explicit, options = parse_args(argv)
+        full, explicit, options = parse_args(argv, prog)
         if options.render and not has_display():
             raise ExperimentError("--render needs a display, and none is available (DISPLAY is not "
                                   "set); use --save_video to record the episodes instead")
@@ -416,11 +419,22 @@ def main(argv: list[str] | None = None) -> int:
             report = run(cfg, exp_dir, state, ckpt_path, options)
     except ConfigError as exc:
         for line in exc.errors:
-            print(f"{PROG}: error: {line}", file=sys.stderr)
+            print(f"{prog}: error: {line}", file=sys.stderr)
         return 2
     except user_error_types() as exc:
-        print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
         return 1
     if report["interrupted"]:  # fewer episodes than asked: 128 + the signal (130: Ctrl-C)
         return quit_status(signal.Signals[signals.stopped_by or "SIGINT"])
     return 0
+
+
+def cli(prog: str | None = None) -> NoReturn:
+    """The command line's entry: ``fastrl-enjoy``, ``python -m fastrl.enjoy``, ``enjoy.py``."""
+    from fastrl.transport.startup import run_command
+
+    run_command(main, prog)
+
+
+if __name__ == "__main__":
+    cli("python -m fastrl.enjoy")

@@ -1,8 +1,12 @@
-"""Entry point behind ``train.py``: parse, validate, run, turn user errors into one line."""
+"""The training command: parse, validate, run, turn user errors into one line.
+
+Installed, the command is ``fastrl-train`` (or ``python -m fastrl.train``); in a clone,
+``train.py`` at its root is the same. Each enters by :func:`cli`."""
 
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 from fastrl.config.load import parse_or_exit
 from fastrl.config.settings import Config
@@ -85,13 +89,15 @@ def _stop_fork_server() -> None:
         pass
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "train.py") -> int:
+    """Train as the command line ``argv`` (none: ``sys.argv``) says; the exit status. ``prog``
+    names the command in its messages."""
     try:
         _start_helpers_early(sys.argv[1:] if argv is None else argv)
-        cfg = parse_or_exit(argv, prog="train.py")
+        cfg = parse_or_exit(argv, prog=prog)
     except KeyboardInterrupt as exc:  # a stop signal while the command is checked
         _stop_fork_server()
-        print(f"train.py: stopped ({exc or 'SIGINT'}) before training began", file=sys.stderr)
+        print(f"{prog}: stopped ({exc or 'SIGINT'}) before training began", file=sys.stderr)
         return 0
     except BaseException:  # a refused command line or env
         _stop_fork_server()
@@ -99,10 +105,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(cfg)
     except user_error_types() as exc:
-        print(f"train.py: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         _stop_fork_server()
         return 1
     except KeyboardInterrupt as exc:  # a stop signal before training began: nothing to save
-        print(f"train.py: stopped ({exc or 'SIGINT'}) before training began", file=sys.stderr)
+        print(f"{prog}: stopped ({exc or 'SIGINT'}) before training began", file=sys.stderr)
         return 0
     return 0
+
+
+def cli(prog: str | None = None) -> NoReturn:
+    """The command line's entry: ``fastrl-train`` (named so in its messages), ``python -m
+    fastrl.train``, ``train.py``. Each child of a parallel run imports the module the run was
+    started from again, as ``__mp_main__`` (multiprocessing's way): this one, ``train.py`` or
+    pip's ``fastrl-train`` script, none of which does more than import under that name."""
+    from fastrl.transport.startup import run_command
+
+    run_command(main, prog)
+
+
+if __name__ == "__main__":
+    cli("python -m fastrl.train")

@@ -10,6 +10,10 @@ launcher's signals blocked (neither may die of a Ctrl-C to the group). ``train.p
 as soon as it knows the run is parallel, before it imports torch itself: the server's imports
 (about a second of CPU) then run beside the launcher's instead of after them. This module
 imports nothing heavy for that reason.
+
+:func:`run_command` is what every command line enters by (``fastrl-train``, ``python -m
+fastrl.train``, ``train.py``; the same for enjoy): it checks that ``envs`` is fastrl's own,
+runs the command and exits with its status.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 from fastrl.errors import StartMethodError
@@ -69,3 +74,44 @@ def exit_command(code: int) -> NoReturn:
     for a process that is about to end: frozen garbage is never collected."""
     gc.freeze()
     sys.exit(code)
+
+
+def own_envs_problem() -> str | None:
+    """Why ``import envs`` would not give fastrl's env package, or None when it would.
+
+    fastrl's envs install as the top-level package ``envs`` beside ``fastrl``. A package or
+    module of that name earlier on ``sys.path`` (a project's own ``envs/`` in the folder
+    ``python -m`` starts in, which it puts first; one on ``PYTHONPATH``) would be imported in
+    its place, by the fork server's preload too, and fail deep in the env registry."""
+    import importlib.util
+
+    home = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        spec = importlib.util.find_spec("envs")
+    except (ImportError, ValueError):  # a broken module of that name, or one without a spec
+        spec = None
+    if spec is None:
+        return f"fastrl's env package 'envs' cannot be imported (it belongs in {home})"
+    if spec.origin is None or spec.origin == "namespace":  # a folder without __init__.py
+        where = ", ".join(spec.submodule_search_locations or ())
+    else:
+        where = spec.origin
+        parent = os.path.dirname(spec.origin)
+        if spec.submodule_search_locations is not None:  # a package: .../envs/__init__.py
+            parent = os.path.dirname(parent)
+        if os.path.realpath(parent) == os.path.realpath(home):
+            return None
+    return (f"'import envs' finds {where}, not fastrl's env package beside fastrl in {home}: "
+            "a folder or module named envs in the current folder or on PYTHONPATH hides it; "
+            "run from another folder")
+
+
+def run_command(main: Callable[..., int], prog: str | None = None) -> NoReturn:
+    """Run a command-line entry, ``main(prog=prog)``, and exit with its status. ``prog`` names
+    the command in its messages (none: the name it was started by, ``fastrl-train``)."""
+    prog = prog or os.path.basename(sys.argv[0])
+    problem = own_envs_problem()
+    if problem is not None:
+        print(f"{prog}: error: {problem}", file=sys.stderr)
+        exit_command(1)
+    exit_command(main(prog=prog))
