@@ -19,52 +19,13 @@ from fastrl.runner.children import POLL
 from fastrl.runner.common import buffers_per_env, build_model
 from fastrl.runner.parallel import ParallelRunner
 from fastrl.transport.messages import BuffersFreed, TrajectoriesReady
+from fastrl.transport.procs import shm_files, shm_left_behind
 
 pytestmark = pytest.mark.multiprocess
 
 COUNTING = "tests.counting_env:CountingEnv-v0"
 BROKEN = "tests.counting_env:BrokenCountingEnv-v0"  # its env crashes and cannot be recreated
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHM_PATTERNS = ("torch_", "psm_", "sem.", "ViZDoom")
-
-
-def shm_files() -> set[str]:
-    return {f for f in os.listdir("/dev/shm") if f.startswith(SHM_PATTERNS)}
-
-
-def _held_shm_inodes() -> set[int]:
-    """Inodes of the /dev/shm files some live process maps or holds open. By inode, not name:
-    glibc makes a named semaphore under a temporary name and links it to its own, so a
-    process's maps name the semaphore by the temporary name, "(deleted)"."""
-    held = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                held.update(int(line.split()[4]) for line in f if "/dev/shm/" in line)
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/dev/shm/"):
-                    held.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
-        except OSError:  # the process ended meanwhile, or is not ours to read
-            continue
-    return held
-
-
-def shm_left_behind(before: set[str], keep=lambda name: True) -> set[str]:
-    """The /dev/shm files made since ``before`` that no live process maps or holds open: what
-    a run leaves behind. Files some other process on the machine holds (another test run's
-    named semaphores, say) are not this run's leftovers."""
-    new = {f for f in shm_files() - before if keep(f)}
-    if not new:
-        return new
-    held = _held_shm_inodes()
-    left = set()
-    for name in new:
-        try:
-            if os.stat(f"/dev/shm/{name}").st_ino not in held:
-                left.add(name)
-        except FileNotFoundError:  # removed meanwhile
-            continue
-    return left
 
 
 def base_args(tmp_path, env=COUNTING, *extra):

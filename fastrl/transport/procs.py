@@ -71,6 +71,51 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
+# The /dev/shm files a run makes: torch's tensors, multiprocessing's, named semaphores, and
+# each VizDoom engine's memory and queues.
+SHM_PATTERNS = ("torch_", "psm_", "sem.", "ViZDoom")
+
+
+def shm_files() -> set[str]:
+    """The /dev/shm files of the kinds a run makes (:data:`SHM_PATTERNS`)."""
+    return {f for f in os.listdir("/dev/shm") if f.startswith(SHM_PATTERNS)}
+
+
+def _held_shm_inodes() -> set[int]:
+    """Inodes of the /dev/shm files some live process maps or holds open. By inode, not name:
+    glibc makes a named semaphore under a temporary name and links it to its own, so a
+    process's maps name the semaphore by the temporary name, "(deleted)"."""
+    held = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                held.update(int(line.split()[4]) for line in f if "/dev/shm/" in line)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/dev/shm/"):
+                    held.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
+        except OSError:  # the process ended meanwhile, or is not ours to read
+            continue
+    return held
+
+
+def shm_left_behind(before: set[str], keep=lambda name: True) -> set[str]:
+    """The /dev/shm files made since ``before`` (a :func:`shm_files`) that no live process
+    maps or holds open: what a run left behind. Files another process on the machine holds
+    (another run's named semaphores or engines, say) are not this run's leftovers."""
+    new = {f for f in shm_files() - before if keep(f)}
+    if not new:
+        return new
+    held = _held_shm_inodes()
+    left = set()
+    for name in new:
+        try:
+            if os.stat(f"/dev/shm/{name}").st_ino not in held:
+                left.add(name)
+        except FileNotFoundError:  # removed meanwhile
+            continue
+    return left
+
+
 def process_title(pid: int) -> str:
     """The first word of a process's command line: its title once it set one (setproctitle)."""
     return _cmdline(pid).split(b"\0")[0].decode(errors="replace").strip()
