@@ -9,9 +9,11 @@ its wins, draws and losses are counted (:mod:`fastrl.experiment.versus`). With
 ``--save_video`` it also writes an mp4 of what the agent saw (and, when the env can render
 it, the full-resolution screen as ``*_full.mp4``); with ``--render`` it shows a window.
 
+``--push_to_hub --hf_repository user/name`` then uploads the agent to the Hugging Face Hub;
+``--hf_repository`` alone downloads one and plays it (:mod:`fastrl.hub`).
+
 The flags are the training ones (``fastrl.config.flags.build_parser``) plus enjoy's own.
-The env and
-model settings come from the saved config; a flag given explicitly overrides it, and a
+The env and model settings come from the saved config; a flag given explicitly overrides it, and a
 checkpoint whose env or model differs from the result is refused.
 """
 
@@ -430,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         # reported and the video is closed; a second signal quits at once.
         with headless_sdl(enabled=not options.render), LauncherSignals() as signals:
             report = run(cfg, exp_dir, state, ckpt_path, options)
-        if options.push_to_hub and not report["interrupted"]:
+        if options.push_to_hub:
             hub.push_to_hub(exp_dir, report, str(options.hf_repository),
                             state.get("cfg") or load_saved_config(exp_dir)[0])
     except ConfigError as exc:

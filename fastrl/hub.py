@@ -105,11 +105,13 @@ def hub_error(exc: BaseException, action: str, repo_id: str) -> ExperimentError:
     if isinstance(exc, errors.LocalTokenNotFoundError) or status in (401, 403):
         return ExperimentError(f"{what}: not logged in to the Hugging Face Hub, or the token "
                                f"cannot write there ({_first_line(exc)}): {LOGIN_HINT}")
-    if isinstance(exc, errors.LocalEntryNotFoundError) or status is None:
+    if status is not None:
+        return ExperimentError(f"{what}: the Hub answered HTTP {status}: {_first_line(exc)}")
+    if isinstance(exc, (errors.LocalEntryNotFoundError, errors.HTTPError, ConnectionError)):
         cause = exc.__cause__ or exc  # snapshot_download wraps the connection's error
         return ExperimentError(f"{what}: the Hugging Face Hub cannot be reached "
                                f"({type(cause).__name__}): check the network connection")
-    return ExperimentError(f"{what}: the Hub answered HTTP {status}: {_first_line(exc)}")
+    return ExperimentError(f"{what}: {type(exc).__name__}: {_first_line(exc)}")  # a disk full
 
 
 def _hub_errors(hf: Any) -> tuple[type[BaseException], ...]:
@@ -209,18 +211,28 @@ def _upload(hf: Any, repo_id: str, folder: str, message: str) -> str:
 
 
 def push_to_hub(exp_dir: str, report: dict[str, Any], repo_id: str,
-                saved: dict[str, Any]) -> str:
-    """Stage and upload an evaluated experiment; return the repository's URL."""
+                saved: dict[str, Any]) -> str | None:
+    """Stage and upload an evaluated experiment; return the repository's URL (None: the
+    evaluation was interrupted, and is not pushed)."""
     hf = import_hub()
+    if report.get("interrupted"):
+        log(f"not pushed to {repo_id}: the evaluation was interrupted")
+        return None
     # Staged inside the experiment, so that checkpoints are hard links, not copies.
-    with tempfile.TemporaryDirectory(prefix=".hub_upload_", dir=exp_dir) as folder:
-        files = stage(exp_dir, report, repo_id, saved, folder)
+    where = exp_dir if os.access(exp_dir, os.W_OK) else None
+    with tempfile.TemporaryDirectory(prefix=".hub_upload_", dir=where) as folder:
+        try:
+            files = stage(exp_dir, report, repo_id, saved, folder)
+        except OSError as exc:
+            raise ExperimentError(f"cannot prepare the upload to {repo_id}: {exc}") from None
         log(f"pushing {len(files)} files to {repo_id}: {', '.join(files)}")
         message = f"fastrl: {report['env']}, mean reward {report['mean_return']:.2f}"
         try:
             url = _upload(hf, repo_id, folder, message)
         except _hub_errors(hf) as exc:
             raise hub_error(exc, "push to", repo_id) from None
+        except KeyboardInterrupt:  # one commit: all of it, or nothing, is on the Hub
+            raise ExperimentError(f"push to {repo_id} interrupted") from None
     log(f"pushed to {url}")
     return url
 

@@ -307,6 +307,14 @@ def test_push_failures_are_one_line(tmp_path: Path, monkeypatch) -> None:
     assert not [p for p in exp.iterdir() if p.name.startswith(".hub_upload_")]
 
 
+def test_an_interrupted_evaluation_is_not_pushed(tmp_path: Path, monkeypatch) -> None:
+    exp = fake_experiment(tmp_path / "td")
+    calls = hub_boundary(monkeypatch, tmp_path / "remote")
+    report = fake_report(exp, next((exp / "checkpoints").iterdir()), interrupted=True)
+    assert hub.push_to_hub(str(exp), report, REPO_ID, saved_config()) is None
+    assert calls == []
+
+
 def test_push_is_refused_before_the_evaluation_offline_or_without_token(
         tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.delenv("HF_TOKEN", raising=False)
@@ -376,6 +384,8 @@ def test_download_failures_are_one_line() -> None:
     wrapped.__cause__ = httpx2.ConnectError("no route", request=request)
     text = str(hub.hub_error(wrapped, "download", REPO_ID))
     assert "cannot be reached (ConnectError)" in text and "\n" not in text
+    disk = str(hub.hub_error(PermissionError(13, "Permission denied"), "download", REPO_ID))
+    assert "PermissionError" in disk and "cannot be reached" not in disk
 
 
 def test_no_module_imports_huggingface_hub_at_its_top_level() -> None:
