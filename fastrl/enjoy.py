@@ -10,9 +10,11 @@ its wins, draws and losses are counted (:mod:`fastrl.experiment.versus`). With
 ``--save_video`` it also writes an mp4 of what the agent saw (and, when the env can render
 it, the full-resolution screen as ``*_full.mp4``); with ``--render`` it shows a window.
 
+``--push_to_hub --hf_repository user/name`` then uploads the agent to the Hugging Face Hub;
+``--hf_repository`` alone downloads one and plays it (:mod:`fastrl.hub`).
+
 The flags are the training ones (``fastrl.config.flags.build_parser``) plus enjoy's own.
-The env and
-model settings come from the saved config; a flag given explicitly overrides it, and a
+The env and model settings come from the saved config; a flag given explicitly overrides it, and a
 checkpoint whose env or model differs from the result is refused.
 """
 
@@ -29,6 +31,7 @@ from typing import Any, NoReturn
 
 import gymnasium as gym
 
+from fastrl import hub
 from fastrl.config.checks import validate
 from fastrl.config.flags import build_parser, str2bool
 from fastrl.config.load import load_saved_config, with_added_later
@@ -82,6 +85,8 @@ class EnjoyOptions:
     render: bool
     policies: str | None = None
     opponent: str = SELF
+    push_to_hub: bool = False
+    hf_repository: str | None = None
 
 
 def add_enjoy_arguments(parser: argparse.ArgumentParser, suppress_defaults: bool = False) -> None:
@@ -113,6 +118,11 @@ def add_enjoy_arguments(parser: argparse.ArgumentParser, suppress_defaults: bool
     add("opponent", SELF, f"A game of several agents: who plays against the policy: "
         f"{OPPONENT_HELP}; the policy takes each seat in turn and its wins, draws and losses "
         "are counted", metavar="WHO")
+    add("push_to_hub", False, "After the evaluation, upload the checkpoint, config, eval.json, "
+        "a model card and the video (recorded unless --save_video False) to --hf_repository "
+        "on the Hugging Face Hub (fastrl.hub)", **flag)
+    add("hf_repository", None, "A Hugging Face Hub repository: with --push_to_hub where to "
+        "upload; alone, download it to <train_dir>/<name or --experiment>", metavar="USER/NAME")
 
 
 def build_enjoy_parser(suppress_defaults: bool = False,
@@ -141,6 +151,9 @@ def parse_args(argv: list[str], prog: str = PROG
         errors.append(f"--fps={options.fps}: must be > 0")
     if check_opponent(options.opponent):
         errors.append(check_opponent(options.opponent))
+    errors += hub.option_errors(options.push_to_hub, options.hf_repository, options.checkpoint)
+    if options.push_to_hub and "save_video" not in explicit:  # the model card shows a video
+        options = dataclasses.replace(options, save_video=True)
     if errors:
         raise ConfigError(errors)
     return ({k: v for k, v in full.items() if k in _CONFIG_KEYS},
@@ -409,6 +422,11 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         if options.render and not has_display():
             raise ExperimentError("--render needs a display, and none is available (DISPLAY is not "
                                   "set); use --save_video to record the episodes instead")
+        if options.push_to_hub:  # before the evaluation, what can be known already
+            hub.check_push_possible(str(options.hf_repository))
+        elif options.hf_repository:  # someone's agent: download it, play it as an experiment
+            full["experiment"] = os.path.basename(hub.load_from_hub(
+                options.hf_repository, full["train_dir"], explicit.get("experiment")))
         exp_dir, state, ckpt_path = locate(full, explicit, options)
         cfg = merge_config(full, explicit, exp_dir, state, ckpt_path)
         if cfg.algo in REPLAY_ALGOS:  # a Q-network's advantages are no policy to sample
@@ -417,6 +435,9 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         # reported and the video is closed; a second signal quits at once.
         with headless_sdl(enabled=not options.render), LauncherSignals() as signals:
             report = run(cfg, exp_dir, state, ckpt_path, options)
+        if options.push_to_hub:
+            hub.push_to_hub(exp_dir, report, str(options.hf_repository),
+                            state.get("cfg") or load_saved_config(exp_dir)[0])
     except ConfigError as exc:
         for line in exc.errors:
             print(f"{prog}: error: {line}", file=sys.stderr)
