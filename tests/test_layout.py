@@ -10,7 +10,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("fastrl", "envs")
 MAX_TOP_LEVEL = 10
-MAX_LINES = 450
+# A guard against a module that has grown to hold several concerns, not a size to split at:
+# split by concern (a file may be long where one concern needs the room). At 450 lines the
+# cap was shaping the splits (issue 44): five files sat within 15 lines of it.
+MAX_LINES = 600
 
 
 def _module_name(path: Path) -> str:
