@@ -33,3 +33,8 @@ class UnknownEnvError(ValueError):
 class MissingExtraError(ImportError):
     """The env needs an optional dependency that is not installed (the message says which
     extra to install)."""
+
+
+class WandbError(RuntimeError):
+    """``--with_wandb`` cannot work here: wandb not installed, no login, W&B unreachable (the
+    message says what to do)."""

@@ -14,17 +14,27 @@ from fastrl.errors import ExperimentError, StartMethodError
 
 
 def user_error_types() -> tuple[type[BaseException], ...]:
-    from fastrl.errors import EnvSettingsError, MissingExtraError, StartMethodError, UnknownEnvError
+    from fastrl.errors import (
+        EnvSettingsError,
+        MissingExtraError,
+        StartMethodError,
+        UnknownEnvError,
+        WandbError,
+    )
     from fastrl.runner.parallel import ChildError
 
     return (ExperimentError, UnknownEnvError, ChildError, EnvSettingsError, MissingExtraError,
-            StartMethodError)
+            StartMethodError, WandbError)
 
 
 def run(cfg: Config) -> dict:
     from fastrl.log import log
     from fastrl.transport.procs import remove_stale_shm
 
+    if cfg.with_wandb:  # wandb installed and logged in: said before any env is made
+        from fastrl.experiment.wandb_run import check_wandb
+
+        check_wandb()
     removed = remove_stale_shm()
     if removed:
         log(f"removed {removed} VizDoom shared-memory files from /dev/shm that no process "

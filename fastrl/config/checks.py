@@ -30,7 +30,7 @@ NON_NEGATIVE = ("max_policy_lag", "eval_every_env_frames", "env_timeout", "max_w
 def validate(cfg: Config) -> list[str]:
     """Every problem with ``cfg`` as one line each (empty when it is valid)."""
     return [line for check in (_values, _env, _model, _batches, _learners, _placement, _replay,
-                               _policies, _pbt)
+                               _policies, _pbt, _wandb)
             for line in check(cfg)]
 
 
@@ -268,4 +268,18 @@ def _pbt(cfg: Config) -> list[str]:
                       f"{cfg.pbt_perturb_max}: need 1 <= pbt_perturb_min <= pbt_perturb_max")
     if not cfg.pbt_objective or not cfg.pbt_objective.strip():
         errors.append("--pbt_objective='': must be return or an episode metric's name")
+    return errors
+
+
+def _wandb(cfg: Config) -> list[str]:
+    """``--with_wandb``: a project name and tags W&B takes."""
+    if not cfg.with_wandb:
+        return []
+    from fastrl.experiment.wandb_run import parse_tags  # (imports no wandb)
+
+    errors = [] if cfg.wandb_project.strip() else ["--wandb_project='': must name a project"]
+    try:
+        parse_tags(cfg.wandb_tags)
+    except ValueError as exc:
+        errors.append(str(exc))
     return errors

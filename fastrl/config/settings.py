@@ -327,6 +327,17 @@ class Config:
                                   "logging")
     stats_avg: int = _f(100, "Episodes averaged for the reported mean return", "logging")
 
+    # --- Weights & Biases (--with_wandb; fastrl/experiment/wandb_run.py) ---------------
+    with_wandb: bool = _f(False, "Also log the TensorBoard scalars, the config and the command "
+                          "to a Weights & Biases run named after the experiment, which a "
+                          "resumed experiment continues (needs the wandb extra and `wandb "
+                          "login`, or WANDB_MODE=offline)", "wandb")
+    wandb_project: str = _f("fastrl", "W&B project of the run", "wandb")
+    wandb_entity: str = _f("", "W&B user or team of the run (empty: your default entity)",
+                           "wandb")
+    wandb_group: str = _f("", "W&B group of the run (empty: none)", "wandb")
+    wandb_tags: str = _f("", "Comma-separated W&B tags of the run", "wandb")
+
     # --- derived ----------------------------------------------------------------------
     @property
     def experiment_dir(self) -> str:

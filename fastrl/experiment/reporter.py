@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from fastrl.config.settings import Config
 from fastrl.experiment.bottleneck import (
@@ -14,19 +15,27 @@ from fastrl.experiment.folder import write_json_atomic
 from fastrl.experiment.stats import NodeStats, TrainingStats, _Trailing
 from fastrl.log import log
 
+if TYPE_CHECKING:
+    from fastrl.experiment.wandb_run import WandbRun
+
 BUSY_WINDOW = 30.0  # seconds of busy time behind each progress line's fractions
 
 
 class Reporter:
-    """Writes TensorBoard scalars, ``summary.json`` and console progress at their cadences."""
+    """Writes TensorBoard scalars (and W&B's: ``wandb_run``), ``summary.json`` and console
+    progress at their cadences."""
 
-    def __init__(self, cfg: Config, experiment_dir: str, stats: TrainingStats):
+    def __init__(self, cfg: Config, experiment_dir: str, stats: TrainingStats,
+                 wandb_run: WandbRun | None = None):
         from torch.utils.tensorboard import SummaryWriter
 
         self.cfg = cfg
         self.dir = experiment_dir
         self.stats = stats
-        self.writer = SummaryWriter(log_dir=os.path.join(experiment_dir, "tb"))
+        # Every scalar of the run goes through this writer (evaluation's and PBT's too); with
+        # --with_wandb it sends each to W&B as well.
+        writer = SummaryWriter(log_dir=os.path.join(experiment_dir, "tb"))
+        self.writer = writer if wandb_run is None else wandb_run.tee(writer)
         self._last_log = time.time()
         self._last_summary = time.time()
         # (time, busy seconds per stage) at recent progress lines: the line's busy fractions

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import time
 
 import torch
@@ -34,6 +35,7 @@ from fastrl.experiment.evaluation import PeriodicEvaluator
 from fastrl.experiment.folder import prepare_experiment_dir
 from fastrl.experiment.reporter import Reporter, print_final_summary
 from fastrl.experiment.stats import TrainingStats
+from fastrl.experiment.wandb_run import WandbRun, start_wandb
 from fastrl.log import log
 from fastrl.runner.children import POLL, start_learners, start_sampling
 from fastrl.runner.common import (
@@ -77,6 +79,7 @@ class ParallelRunner:
         self.store = None  # the learner node's store, where sampler nodes connect
         self.links: list[NodeLink] = []
         self.budget: MemoryBudget | None = None  # the trajectory buffers' (runner/memory.py)
+        self.wandb_run: WandbRun | None = None  # --with_wandb
 
     # The tests drive these directly (they play the learner).
     @property
@@ -130,6 +133,7 @@ class ParallelRunner:
         # folder and a config.json (a refused one would leave a config that the next bare
         # command resumes).
         self.exp_dir = prepare_experiment_dir(cfg)
+        self.wandb_run = start_wandb(cfg, self.exp_dir)  # before any child starts
         check_queue_layout(wiring.learner_queue.q)  # the lock repair must know the layout
         self.supervisor = Supervisor(wiring, self.ctx, self._pump)
         if cfg.eval_every_env_frames:
@@ -178,7 +182,7 @@ class ParallelRunner:
             if cfg.num_sampler_nodes:
                 self.start_sampling()
             stats.start_time = time.time()
-            reporter = Reporter(cfg, self.exp_dir, stats)
+            reporter = Reporter(cfg, self.exp_dir, stats, self.wandb_run)
             self._log_start(wiring, ready)
             pbt = (Population(cfg, self.exp_dir, wiring.learner_queues, readies,
                               reporter.writer) if cfg.with_pbt else None)
@@ -207,6 +211,8 @@ class ParallelRunner:
             if reporter is not None:
                 reporter.close()
             self.shutdown()
+            if self.wandb_run is not None:
+                self.wandb_run.finish(failed=sys.exc_info()[0] is not None)
             self.signals.__exit__()
 
     def _turn(self) -> None:

@@ -7,6 +7,8 @@ deterministically (a seeded run repeats).
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from fastrl.config.settings import Config
@@ -16,6 +18,7 @@ from fastrl.experiment.evaluation import PeriodicEvaluator
 from fastrl.experiment.folder import prepare_experiment_dir
 from fastrl.experiment.reporter import Reporter, print_final_summary
 from fastrl.experiment.stats import TrainingStats
+from fastrl.experiment.wandb_run import start_wandb
 from fastrl.log import log
 from fastrl.runner.common import (
     announce_inputs,
@@ -52,12 +55,13 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
     signals = LauncherSignals().__enter__()  # a second stop signal quits at once
     envs = []  # worker 0's, until its station holds them
     rollouts: list[RolloutStation] = []
-    reporter = evaluator = None
+    reporter = evaluator = wandb_run = None
     try:
         envs.extend(create_env(cfg) for _ in range(cfg.num_envs_per_worker))
         info = env_info(envs[0], cfg.env_obs_layout)
         check_env_settings(cfg, info)
         exp_dir = prepare_experiment_dir(cfg)  # only once the checks have passed
+        wandb_run = start_wandb(cfg, exp_dir)  # --with_wandb
         announce_recipe(cfg, info)
         # One learner per policy (--num_policies), each with its own checkpoints.
         made = [make_learner(cfg, info, device, policy=k) for k in range(cfg.num_policies)]
@@ -87,7 +91,7 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
         first, envs = envs, []  # worker 0's station holds them from here on
         for station in rollouts:
             station.start(first if station.worker_id == 0 else None)
-        reporter = Reporter(cfg, exp_dir, stats)
+        reporter = Reporter(cfg, exp_dir, stats, wandb_run)
         if cfg.eval_every_env_frames:
             evaluator = PeriodicEvaluator(create_env(cfg), learner.model, cfg.eval_every_env_frames,
                                           cfg.eval_episodes, cfg.eval_deterministic, device,
@@ -127,4 +131,6 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
                 env.close()
             except Exception:  # noqa: BLE001 - free every engine even if one fails
                 pass
+        if wandb_run is not None:
+            wandb_run.finish(failed=sys.exc_info()[0] is not None)
         signals.__exit__()

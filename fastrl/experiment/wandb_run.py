@@ -1,0 +1,229 @@
+"""Weights & Biases (``--with_wandb``): a run's scalars, config and command in a W&B run named
+after the experiment, which a resumed experiment continues.
+
+wandb is an optional extra (``pip install -c constraints.txt -e .[wandb]``), imported here
+only, and only when ``--with_wandb`` is given. Only the launcher talks to W&B: every scalar
+of a run goes through its :class:`~fastrl.experiment.reporter.Reporter`'s writer (the
+reporter's own, evaluation's and PBT's), which :class:`ScalarTee` makes send each scalar to
+W&B too, with the step TensorBoard gets (the run's env frames) as ``env_frames``, the x axis
+of every W&B chart. Explicit logging rather than wandb's ``sync_tensorboard``: the W&B
+history holds exactly the calls the writer got, whatever tensorboard version patches what.
+
+The run's id is kept in the experiment folder (:data:`RUN_ID_FILE`), so that training the
+experiment again continues the same W&B run (``resume="allow"``); an overwritten experiment
+starts a new one. Its local files go to ``<experiment>/wandb/`` unless ``WANDB_DIR`` says
+otherwise. ``WANDB_MODE=offline`` keeps the run in those files (``wandb sync`` uploads them).
+
+What cannot work is one line (:class:`~fastrl.errors.WandbError`) before any worker starts:
+wandb not installed, no login (online mode), W&B unreachable (``wandb.init`` gives up after
+:data:`INIT_TIMEOUT` seconds, or ``WANDB_INIT_TIMEOUT``). The run is finished when training
+ends, however it ends, and wandb's service process (``wandb-core``) is stopped with it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shlex
+import string
+import sys
+from typing import Any
+
+from fastrl.config.settings import Config
+from fastrl.errors import WandbError
+from fastrl.log import log
+
+RUN_ID_FILE = "wandb_run_id"
+STEP_KEY = "env_frames"  # the x axis of every W&B chart: the step TensorBoard gets
+INIT_TIMEOUT = 30.0  # seconds wandb.init may try to reach W&B (wandb's own default: 90)
+MAX_TAG_LENGTH = 64  # W&B refuses longer tags
+LOCAL_MODES = ("offline", "dryrun", "disabled")  # WANDB_MODE values that need no login
+INSTALL = "pip install 'fastrl[wandb]' (in a clone: pip install -c constraints.txt -e '.[wandb]')"
+_ID_CHARS = string.ascii_lowercase + string.digits
+
+
+def parse_tags(text: str) -> list[str]:
+    """``--wandb_tags``: comma-separated tags (spaces around them dropped), each once.
+
+    Raises ``ValueError`` with the line to show for an empty or too long tag."""
+    if not text.strip():
+        return []
+    tags = [tag.strip() for tag in text.split(",")]
+    if any(not tag for tag in tags):
+        raise ValueError(f"--wandb_tags={text!r}: must be tags separated by commas (e.g. a,b)")
+    long = [tag for tag in tags if len(tag) > MAX_TAG_LENGTH]
+    if long:
+        raise ValueError(f"--wandb_tags: tag {long[0]!r} is longer than {MAX_TAG_LENGTH} "
+                         "characters (W&B's limit)")
+    return list(dict.fromkeys(tags))
+
+
+def run_id(experiment_dir: str) -> str:
+    """The experiment's W&B run id: the one in :data:`RUN_ID_FILE`, else a new one, written
+    there (8 lower-case letters and digits, as wandb's own ids)."""
+    path = os.path.join(experiment_dir, RUN_ID_FILE)
+    try:
+        with open(path) as fh:
+            saved = fh.read().strip()
+    except FileNotFoundError:
+        saved = ""
+    if saved:
+        return saved
+    new = "".join(secrets.choice(_ID_CHARS) for _ in range(8))
+    with open(path + ".tmp", "w") as fh:
+        fh.write(new + "\n")
+    os.replace(path + ".tmp", path)
+    return new
+
+
+def train_command(argv: list[str] | None = None) -> str:
+    """The command line of this run, as a shell would take it back."""
+    return shlex.join(sys.argv if argv is None else argv)
+
+
+def import_wandb() -> Any:
+    try:
+        import wandb
+    except ImportError as exc:
+        raise WandbError(f"--with_wandb: the wandb package cannot be imported ({exc}); "
+                         f"install it with {INSTALL}") from None
+    return wandb
+
+
+def check_wandb() -> None:
+    """Whether a W&B run can start here, without starting one (nor any process): wandb
+    imports, and outside the local modes there are credentials (``WANDB_API_KEY``, ``wandb
+    login``'s netrc entry, or a settings file). Raises :class:`WandbError`."""
+    import_wandb()
+    from wandb.sdk import wandb_setup
+    from wandb.sdk.lib import wbauth
+
+    # The settings as wandb.init will read them: WANDB_MODE, or `wandb offline`'s file.
+    settings = wandb_setup.singleton().settings
+    if (os.environ.get("WANDB_MODE") or settings.mode) in LOCAL_MODES:
+        return
+    try:
+        host = wbauth.HostUrl(settings.base_url, app_url=settings.app_url)
+        auth = wbauth.authenticate_session(host=host, source="--with_wandb", prompt=False)
+    except Exception as exc:  # noqa: BLE001 - a malformed key or netrc: said in one line
+        raise WandbError(f"--with_wandb: the W&B credentials are unusable ({_first_line(exc)}); "
+                         "run `wandb login --relogin`, or set WANDB_MODE=offline") from None
+    if auth is None:
+        raise WandbError(f"--with_wandb: not logged in to W&B ({settings.base_url}): run "
+                         "`wandb login` (or set WANDB_API_KEY), or set WANDB_MODE=offline to "
+                         "keep the run in local files and upload them later with `wandb sync`")
+
+
+def start_wandb(cfg: Config, experiment_dir: str) -> WandbRun | None:
+    """The experiment's W&B run, started (``None`` without ``--with_wandb``). Call once the
+    experiment folder exists and before any worker starts; raises :class:`WandbError`."""
+    if not cfg.with_wandb:
+        return None
+    check_wandb()
+    wandb = import_wandb()
+    settings: dict[str, Any] = {"console": "wrap"}  # this process's output; no fd redirection
+    if not os.environ.get("WANDB_INIT_TIMEOUT"):
+        settings["init_timeout"] = INIT_TIMEOUT
+    try:
+        run = wandb.init(
+            project=cfg.wandb_project, entity=cfg.wandb_entity or None,
+            group=cfg.wandb_group or None, tags=parse_tags(cfg.wandb_tags) or None,
+            name=cfg.experiment, id=run_id(experiment_dir), resume="allow", job_type="train",
+            config={**cfg.to_dict(), "command": train_command()},
+            dir=None if os.environ.get("WANDB_DIR") else experiment_dir,
+            settings=wandb.Settings(**settings))
+    except Exception as exc:  # noqa: BLE001 - no network, a refused login, a bad project...
+        _teardown(wandb)
+        raise WandbError(
+            f"--with_wandb: the W&B run did not start ({_first_line(exc)}); check the network "
+            "and `wandb login`, or set WANDB_MODE=offline to keep the run in local files and "
+            "upload them later with `wandb sync`") from None
+    run.define_metric(STEP_KEY)
+    run.define_metric("*", step_metric=STEP_KEY)
+    log(f"W&B run {run.id} ({cfg.wandb_project}/{cfg.experiment}"
+        + (", offline" if run.settings.mode in LOCAL_MODES else "")
+        + f"): {os.path.dirname(run.dir)}")
+    return WandbRun(wandb, run)
+
+
+class WandbRun:
+    """A started W&B run: :meth:`tee` a TensorBoard writer into it, :meth:`finish` it once."""
+
+    def __init__(self, wandb: Any, run: Any):
+        self.wandb = wandb
+        self.run = run
+        self.failed_to_send = False
+
+    def tee(self, writer: Any) -> ScalarTee:
+        return ScalarTee(writer, self._send)
+
+    def _send(self, row: dict[str, float]) -> None:
+        if self.failed_to_send:
+            return
+        try:
+            self.run.log(row)
+        except Exception as exc:  # noqa: BLE001 - TensorBoard goes on; said once
+            self.failed_to_send = True
+            log(f"W&B: sending scalars failed ({_first_line(exc)}); TensorBoard goes on, W&B "
+                "gets no more scalars this run")
+
+    def finish(self, failed: bool) -> None:
+        """Finish the run (failed: marked so in W&B) and stop wandb's service process."""
+        try:
+            self.run.finish(exit_code=1 if failed else 0)
+        except Exception as exc:  # noqa: BLE001 - e.g. its service was killed; said in a line
+            log(f"W&B: the run did not finish cleanly ({_first_line(exc)}); what it wrote is in "
+                f"{os.path.dirname(self.run.dir)}")
+        _teardown(self.wandb)
+
+
+class ScalarTee:
+    """A TensorBoard ``SummaryWriter`` that also hands every scalar to ``send`` as W&B rows
+    ``{STEP_KEY: step, tag: value, ...}``.
+
+    TensorBoard keeps each value of a tag at a step (one episode's return after another); a
+    W&B row holds one value per key: a row is sent when a tag comes again or the step
+    changes, and at each flush and close."""
+
+    def __init__(self, writer: Any, send):
+        self.writer = writer
+        self._send = send
+        self._row: dict[str, float] = {}
+        self._step: int | None = None
+
+    def add_scalar(self, tag: str, value, step: int) -> None:
+        self.writer.add_scalar(tag, value, step)
+        if self._row and (step != self._step or tag in self._row):
+            self._send_row()
+        self._step = step
+        self._row[tag] = float(value)
+
+    def flush(self) -> None:
+        self._send_row()
+        self.writer.flush()
+
+    def close(self) -> None:
+        self._send_row()
+        self.writer.close()
+
+    def _send_row(self) -> None:
+        if self._row:
+            row, self._row = {STEP_KEY: self._step, **self._row}, {}
+            self._send(row)
+
+    def __getattr__(self, name: str) -> Any:  # anything else a SummaryWriter does
+        return getattr(self.writer, name)
+
+
+def _teardown(wandb: Any) -> None:
+    """Stop wandb's service process (it would stay until this process exits) and forget the
+    settings it read, so that a later run in this process reads the environment anew."""
+    try:
+        wandb.teardown()
+    except Exception:  # noqa: BLE001 - already gone (killed with the run)
+        pass
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
