@@ -30,9 +30,11 @@ from envs.doom_scenarios import OBS_HEIGHT, OBS_WIDTH, DoomScenario, scenario_na
 DEFAULT_FRAMESKIP = 4
 RENDER_MODES = ("human", "rgb_array")
 # Episodes an engine plays before fastrl makes the env anew (--env_recycle_episodes): an engine
-# grows about 0.3 KB an episode (perf/RESULTS.md, "Engine recycling"), so this bounds its growth
-# to a few MB, and a restart (0.2-0.3 s) costs about 0.1% of a doom_basic worker's time.
-RECYCLE_EPISODES = 10_000
+# grows about 0.3 KB an episode, so this bounds its growth to about 6 MB (a new one holds 17 MB),
+# and a new engine (0.26 s, measured to cost the pipeline about 500 agent steps) is about 0.2% of
+# the steps between two even with a trained doom_basic agent's 12-step episodes
+# (perf/RESULTS.md, "engine recycling").
+RECYCLE_EPISODES = 20_000
 
 
 class DoomEnv(gym.Env):

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -253,6 +256,25 @@ def test_a_doom_engine_is_made_anew_every_2_episodes_and_the_old_one_is_gone():
 
 
 @pytest.mark.doom
+def test_a_match_against_bots_is_hosted_anew_on_a_new_port():
+    pytest.importorskip("vizdoom")
+    env = create_env(_cfg("doom_duel_bots", env_recycle_episodes=1, env_max_episode_steps=5))
+    assert env.episodes == 1
+    pids, ports = [], []
+    for k in range(3):
+        env.reset(seed=3 if k == 0 else None)
+        pids += env.unwrapped.engine_pids()
+        ports.append(env.unwrapped.port)
+        assert _engines() == {pids[-1]}
+        for _ in range(5):
+            *_, truncated, info = env.step(env.action_space.sample())
+        assert truncated and set(info["episode_metrics"]) >= {"frags", "placing"}
+    assert len(set(pids)) == 3 and len(set(ports)) == 3
+    env.close()
+    assert _engines() == set()
+
+
+@pytest.mark.doom
 def test_a_training_run_with_recycled_engines_loses_nothing(tmp_path, monkeypatch):
     pytest.importorskip("vizdoom")
     from fastrl.runner.serial import run_serial
@@ -277,3 +299,14 @@ def test_a_training_run_with_recycled_engines_loses_nothing(tmp_path, monkeypatc
     assert sum(w.recycled for w in wrappers) >= 6  # engines were made anew during the run
     assert summary["env_restarts"] == 0 and not any(summary["env_faults"].values()), summary
     assert _engines() == set()
+
+
+@pytest.mark.doom
+@pytest.mark.parametrize("argv", [["cost", "--repeats", "2"], ["growth", "--seconds", "1"]])
+def test_the_sizing_script_prints_one_json_line(argv):
+    pytest.importorskip("vizdoom")
+    proc = subprocess.run([sys.executable, "perf/engine_recycle.py", *argv], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["what"] == argv[0] and (out.get("median_s", 0) > 0 or out.get("episodes", 0) > 0)

@@ -166,7 +166,7 @@ class Config:
         None, "Recreate an env after this many episodes, at an episode boundary (the new one "
         "gives the next episode's first observation: nothing is lost), so that a simulator "
         "whose engine grows with every episode stays bounded over days (a VizDoom engine "
-        "grows about 0.3 KB an episode); none: the env's own period (VizDoom 10,000, "
+        "grows about 0.3 KB an episode); none: the env's own period (VizDoom 20,000, "
         "multi-agent envs and other envs never); 0: never", "environment")
     env_recycle_mb: int = _f(0, "Also recreate an env, at its next episode boundary, once "
                              "the processes it runs (a VizDoom engine: its resident memory) hold "

@@ -6,6 +6,9 @@ env) belong to that group and outlive the worker when it is killed. :func:`kill_
 kills what is left of a group and removes the engines' shared-memory segments, which
 nobody else would remove: a VizDoom engine started with ``+viz_instance_id ID`` talks to
 Python through ``/dev/shm/ViZDoomSM<ID>``, ``ViZDoomMQCtr<ID>`` and ``ViZDoomMQDoom<ID>``.
+
+A live engine is found the same way (:func:`children`, :func:`vizdoom_instance_id`) and its
+memory read (:func:`rss_bytes`) for ``--env_recycle_mb`` (``envs.wrappers.Recycle``).
 """
 
 from __future__ import annotations
