@@ -17,12 +17,24 @@ import numpy as np
 import vizdoom as vzd
 from gymnasium import spaces
 
-from envs.doom_game import SCREEN_SHAPE, button_table, default_max_episode_steps, start_game
+from envs.doom_game import (
+    SCREEN_SHAPE,
+    button_table,
+    default_max_episode_steps,
+    engine_pid,
+    start_game,
+)
 from envs.doom_image import INTERPOLATIONS, ImageResizer
 from envs.doom_scenarios import OBS_HEIGHT, OBS_WIDTH, DoomScenario, scenario_named
 
 DEFAULT_FRAMESKIP = 4
 RENDER_MODES = ("human", "rgb_array")
+# Episodes an engine plays before fastrl makes the env anew (--env_recycle_episodes): an engine
+# grows about 0.3 KB an episode, so this bounds its growth to about 6 MB (a new one holds 17 MB),
+# and a new engine (0.26 s, measured to cost the pipeline about 500 agent steps) is about 0.2% of
+# the steps between two even with a trained doom_basic agent's 12-step episodes
+# (perf/RESULTS.md, "engine recycling").
+RECYCLE_EPISODES = 20_000
 
 
 class DoomEnv(gym.Env):
@@ -43,7 +55,8 @@ class DoomEnv(gym.Env):
     episode.
     """
 
-    metadata: dict[str, Any] = {"render_modes": list(RENDER_MODES), "render_fps": 35}
+    metadata: dict[str, Any] = {"render_modes": list(RENDER_MODES), "render_fps": 35,
+                                "recycle_episodes": RECYCLE_EPISODES}
     _multiplayer = False  # envs.doom_multiplayer.DoomBotsEnv hosts the scenarios with bots
 
     def __init__(
@@ -58,6 +71,7 @@ class DoomEnv(gym.Env):
         interpolation: str = "nearest",
     ) -> None:
         self._game: vzd.DoomGame | None = None
+        self._engine_pid: int | None = None
         scenario = scenario_named(scenario)
         if scenario.bots is not None and not self._multiplayer:
             raise ValueError(
@@ -266,6 +280,14 @@ class DoomEnv(gym.Env):
             self._episode_end(info)
             self._needs_reset = True
         return obs, float(reward), terminated, truncated, info
+
+    def engine_pids(self) -> list[int]:
+        """The engine's process (none once closed): what `--env_recycle_mb` bounds."""
+        if self._game is None:
+            return []
+        if self._engine_pid is None:
+            self._engine_pid = engine_pid(self._game)
+        return [] if self._engine_pid is None else [self._engine_pid]
 
     def render(self) -> np.ndarray | None:
         """`rgb_array`: the last full-resolution screen, `uint8 [120, 160, 3]`."""

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import vizdoom as vzd
 
 from envs.doom_scenarios import DoomScenario
+from fastrl.transport.procs import children, vizdoom_instance_id
 
 SCREEN_RESOLUTION = vzd.ScreenResolution.RES_160X120
 SCREEN_SHAPE = (3, 120, 160)  # the CRCGCB screen buffer at SCREEN_RESOLUTION
@@ -81,6 +82,16 @@ def start_game(
         f"ViZDoom failed to start scenario {scenario.name!r} ({path}) after {attempts} "
         f"attempts; last error: {last_error!r}"
     ) from last_error
+
+
+def engine_pid(game: vzd.DoomGame) -> int | None:
+    """The pid of the engine process of a started `game`: the child of this process whose
+    `+viz_instance_id` is the game's (vizdoom 1.3 has no call for it); None if not found."""
+    wanted = game.get_instance_id()
+    for pid in children(os.getpid()):
+        if vizdoom_instance_id(pid) == wanted:
+            return pid
+    return None
 
 
 def default_max_episode_steps(

@@ -288,7 +288,10 @@ class DoomMatchEnv(gym.Env):
             raise
         first = self._players[0]
         self.observation_space, self.action_space = first.observation_space, first.action_space
-        self.metadata = {**DoomMatchEnv.metadata, **first.metadata}
+        # No recycling (--env_recycle_episodes): the match restarts itself inside step, where
+        # the trainer never resets it, and its engines can only start together.
+        self.metadata = {k: v for k, v in {**DoomMatchEnv.metadata, **first.metadata}.items()
+                         if k != "recycle_episodes"}
         self.max_episode_steps = first.max_episode_steps
         self.spec = EnvSpec(scenario.name, entry_point=f"{__name__}:DoomMatchEnv",
                             nondeterministic=True,

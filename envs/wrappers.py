@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np
@@ -10,6 +11,7 @@ from gymnasium import spaces
 
 from fastrl.policy.obs import ACTION_MASK_KEY as MASK_KEY  # never stacked
 from fastrl.policy.obs import obs_to_dict
+from fastrl.transport.procs import rss_bytes
 
 
 class FrameStack(gym.Wrapper, gym.utils.RecordConstructorArgs):
@@ -66,3 +68,64 @@ class FrameStack(gym.Wrapper, gym.utils.RecordConstructorArgs):
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
         return self._stacked(obs), reward, terminated, truncated, info
+
+
+def engine_rss(env: gym.Env) -> int:
+    """Bytes of resident memory held by the processes ``env`` runs (the ``engine_pids()`` of
+    the env underneath its wrappers: a VizDoom engine); 0 for processes already gone."""
+    return sum(rss_bytes(pid) or 0 for pid in env.unwrapped.engine_pids())
+
+
+class Recycle(gym.Wrapper):
+    """``env``, made anew by ``factory`` at an episode boundary once it has started
+    ``episodes`` episodes (0: never) or once the processes it runs hold more than ``max_rss``
+    bytes (``rss(env)``, by default :func:`engine_rss`; 0: no bound), so that a simulator whose
+    engine grows with every episode (VizDoom) stays bounded over a run of days.
+
+    It happens inside ``reset``, where a new episode begins anyway: the old env is closed (its
+    engine process ends with it), the new one is reset and its first observation is the
+    reset's. The caller sees an ordinary reset, so an episode in progress loses nothing, and
+    what follows a reset (recurrent state, frame stacks) starts afresh as at any episode.
+    A new env's first reset without a seed is seeded from the last seed given to ``reset``
+    and the count of envs made since (a seeded run stays reproducible, and envs of different
+    seeds stay apart); with no seed ever given, the new env seeds itself (VizDoom: at random).
+    ``recycled`` counts the envs made anew.
+    """
+
+    def __init__(self, env: gym.Env, factory: Callable[[], gym.Env], *, episodes: int = 0,
+                 max_rss: int = 0, rss: Callable[[gym.Env], int] | None = None):
+        super().__init__(env)
+        self._factory = factory
+        self.episodes = episodes
+        self.max_rss = max_rss
+        self._rss = engine_rss if rss is None else rss
+        self.started = 0  # episodes the current env has begun
+        self.recycled = 0
+        self._seed: int | None = None
+        self._since_seed = 0  # envs made since the last seed given
+        if max_rss:
+            fresh = self._rss(env)
+            if fresh > max_rss:  # (it would be recreated at every episode)
+                raise ValueError(f"a new env's processes already hold {fresh / 2**20:.0f} MB, "
+                                 f"above the bound of {max_rss / 2**20:.0f} MB")
+
+    def due(self) -> bool:
+        """Whether the next reset makes the env anew."""
+        if self.episodes and self.started >= self.episodes:
+            return True
+        return bool(self.max_rss) and self._rss(self.env) > self.max_rss
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self._seed, self._since_seed = seed, 0
+        if self.started and self.due():
+            self.env.close()
+            self.env = self._factory()
+            self.started = 0
+            self.recycled += 1
+            self._since_seed += 1
+            if seed is None and self._seed is not None:
+                entropy = (int(self._seed), self._since_seed)
+                seed = int(np.random.SeedSequence(entropy).generate_state(1)[0])
+        self.started += 1
+        return self.env.reset(seed=seed, options=options)

@@ -56,9 +56,11 @@ EnvFactory = Callable[..., gym.Env]
 # names are not listed by ``registered_envs``; matched before gymnasium's registry).
 BUILTIN_FAMILIES = ("envs.doom_scenarios", "envs.atari_games", "envs.pettingzoo_env",
                     "envs.memory_tasks", "envs.package_envs")
-# Any gymnasium id, through the adapter; and the frame-stacking wrapper for --env_framestack.
+# Any gymnasium id, through the adapter; the frame-stacking wrapper for --env_framestack, and
+# the one that makes an env anew for --env_recycle_episodes and --env_recycle_mb.
 GYM_FACTORY = "envs.gym_env:make_gym_env"
 FRAMESTACK = "envs.wrappers:FrameStack"
+RECYCLE = "envs.wrappers:Recycle"
 
 
 class _LazyFactory:
@@ -338,6 +340,12 @@ def _gym_factory(env_id: str) -> EnvFactory:
 def stack_frames(env: gym.Env, num_frames: int) -> gym.Env:
     """``env`` with its image observations stacked over the last ``num_frames`` steps."""
     return _LazyFactory(FRAMESTACK, (env, num_frames)).resolve()()
+
+
+def recycle_env(env: gym.Env, factory: Callable[[], gym.Env], **limits: Any) -> gym.Env:
+    """``env``, made anew by ``factory`` at an episode boundary within ``limits`` (``episodes``,
+    ``max_rss``: see ``envs.wrappers.Recycle``; a ``ValueError`` for a bound it starts above)."""
+    return _LazyFactory(RECYCLE, (env, factory)).resolve()(**limits)
 
 
 def make_env(name: str, **options: Any) -> gym.Env:

@@ -83,6 +83,7 @@ def run(args: argparse.Namespace, extra: list[str], mode_flags: list[str]) -> di
         "seconds": round(measured.get("seconds", 0.0), 2),
         "stages": {k: v for k, v in measured.items() if isinstance(v, dict)},
         "mean_episode_return": summary["mean_episode_return"],
+        "episodes": summary["episodes"],
         "policy_lag": summary["policy_lag"],
         "settings": {**cfg.to_dict(), "warmup": args.warmup},
         "host": {

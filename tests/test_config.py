@@ -109,6 +109,7 @@ def test_incompatible_saved_config_is_one_clear_error(tmp_path):
     (["--rollout", "abc"], "--rollout"),
     (["--no_such_flag", "1"], "unrecognized arguments: --no_such_flag"),
     (["--gamma", "7"], "--gamma=7.0"),
+    (["--env_recycle_episodes", "-3"], "--env_recycle_episodes=-3: must be >= 0"),
     (["--env_check", "loose"], "--env_check: invalid choice: 'loose' (choose from 'warn', "
                                "'strict')"),
 ])

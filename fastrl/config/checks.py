@@ -73,6 +73,11 @@ def _env(cfg: Config) -> list[str]:
     if cfg.env_max_episode_steps is not None and cfg.env_max_episode_steps < 1:
         errors.append(f"--env_max_episode_steps={cfg.env_max_episode_steps}: "
                       "must be >= 1 (or None)")
+    if cfg.env_recycle_episodes is not None and cfg.env_recycle_episodes < 0:
+        errors.append(f"--env_recycle_episodes={cfg.env_recycle_episodes}: must be >= 0 "
+                      "(0: never; None: the env's own period)")
+    if cfg.env_recycle_mb < 0:
+        errors.append(f"--env_recycle_mb={cfg.env_recycle_mb}: must be >= 0 (0: no bound)")
     for name in ("obs_keys", "env_packages"):
         items = getattr(cfg, name).split(",")
         if getattr(cfg, name) and (any(not item.strip() for item in items)

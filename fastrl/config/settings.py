@@ -162,6 +162,16 @@ class Config:
     env_atari_rgb: bool = _f(False, "Atari envs (ALE/<Game>-v5...): observe the screen in colour, "
                              "uint8 [3, 84, 84], instead of grayscale [1, 84, 84]", "environment")
     reward_clip: float = _f(1000.0, "Clip scaled training rewards to [-x, x]", "environment")
+    env_recycle_episodes: int | None = _f(
+        None, "Recreate an env after this many episodes, at an episode boundary (the new one "
+        "gives the next episode's first observation: nothing is lost), so that a simulator "
+        "whose engine grows with every episode stays bounded over days (a VizDoom engine "
+        "grows about 0.3 KB an episode); none: the env's own period (VizDoom 20,000, "
+        "multi-agent envs and other envs never); 0: never", "environment")
+    env_recycle_mb: int = _f(0, "Also recreate an env, at its next episode boundary, once "
+                             "the processes it runs (a VizDoom engine: its resident memory) hold "
+                             "more than this many MB; for envs that name their processes "
+                             "(engine_pids); 0: no bound", "environment")
     env_obs_layout: str = _f("auto", "Rank-3 image observations: chw = channels first, hwc = "
                              "channels last (transposed once, into the channels-first buffers), "
                              "auto = channels last when the last dimension is smaller than the "

@@ -4,6 +4,7 @@ reward scale, and the spaces (``EnvInfo``) that size the model and the shared bu
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -14,6 +15,7 @@ from fastrl.env_registry import (
     import_env_packages,
     make_env,
     recommended_settings,
+    recycle_env,
     renders_frames,
     stack_frames,
 )
@@ -115,13 +117,42 @@ def obs_plan(cfg: Config, space: spaces.Space) -> ObsPlan:
         raise EnvSettingsError(f"env {cfg.env!r}: {exc}") from None
 
 
-def create_env(cfg: Config, **extra) -> gym.Env:
-    import_env_packages(cfg.env_packages, render=renders_frames(extra))
+def _make(cfg: Config, extra: dict) -> gym.Env:
     # The processes an env starts (VizDoom's engine) never see the launcher's signals: a
     # scheduler's SIGTERM to the whole job must not kill them mid-step; they are closed in
     # order (fastrl.transport.signals).
     with held():
-        env = make_env(cfg.env, **env_options(cfg), **extra)
+        return make_env(cfg.env, **env_options(cfg), **extra)
+
+
+def recycled(cfg: Config, env: gym.Env, factory) -> gym.Env:
+    """``env``, made anew by ``factory`` at an episode boundary as ``--env_recycle_episodes``
+    (None: the env's own ``metadata["recycle_episodes"]``, none for a multi-agent env) and
+    ``--env_recycle_mb`` ask (``envs.wrappers.Recycle``); ``env`` itself when neither does.
+    What the env cannot do is an ``EnvSettingsError`` naming the flag (``env`` closed)."""
+    episodes, mb = cfg.env_recycle_episodes, cfg.env_recycle_mb
+    if episodes is None:
+        episodes = 0 if is_multi_agent(env) else int(env.metadata.get("recycle_episodes") or 0)
+    if not episodes and not mb:
+        return env
+    flag = f"--env_recycle_mb={mb}" if mb else f"--env_recycle_episodes={episodes}"
+    try:
+        if is_multi_agent(env):
+            raise ValueError(f"env {cfg.env!r} ({env.num_agents} agents) restarts its episodes "
+                             "itself, where nothing can make it anew; use 0")
+        if mb and not callable(getattr(env.unwrapped, "engine_pids", None)):
+            raise ValueError(f"env {cfg.env!r} names no processes of its own (an "
+                             "engine_pids() method) whose memory could be bounded; use 0")
+        return recycle_env(env, factory, episodes=episodes, max_rss=mb * 2**20)
+    except ValueError as exc:
+        env.close()
+        raise EnvSettingsError(f"{flag}: {exc}") from None
+
+
+def create_env(cfg: Config, **extra) -> gym.Env:
+    import_env_packages(cfg.env_packages, render=renders_frames(extra))
+    make = functools.partial(_make, cfg, extra)
+    env = recycled(cfg, make(), make)
     plan = obs_plan(cfg, env.observation_space)
     if not plan.identity:  # an env the model takes as it is keeps exactly its own path
         env = (AgentsObsAdapter if is_multi_agent(env) else ObsAdapter)(env, plan)

@@ -6,6 +6,9 @@ env) belong to that group and outlive the worker when it is killed. :func:`kill_
 kills what is left of a group and removes the engines' shared-memory segments, which
 nobody else would remove: a VizDoom engine started with ``+viz_instance_id ID`` talks to
 Python through ``/dev/shm/ViZDoomSM<ID>``, ``ViZDoomMQCtr<ID>`` and ``ViZDoomMQDoom<ID>``.
+
+A live engine is found the same way (:func:`children`, :func:`vizdoom_instance_id`) and its
+memory read (:func:`rss_bytes`) for ``--env_recycle_mb`` (``envs.wrappers.Recycle``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import time
 
 SHM_DIR = "/dev/shm"
 VIZDOOM_SHM_PREFIXES = ("ViZDoomSM", "ViZDoomMQCtr", "ViZDoomMQDoom")
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -128,6 +132,34 @@ def vizdoom_instance_id(pid: int) -> str | None:
         if flag == b"+viz_instance_id":
             return value.decode(errors="replace")
     return None
+
+
+def rss_bytes(pid: int) -> int | None:
+    """Resident memory of process ``pid`` in bytes (``/proc/<pid>/statm``: one small read),
+    or None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * PAGE_SIZE
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of process ``pid`` (those each of its threads started: a VizDoom
+    engine is started by a thread of the process that made the DoomGame), read from
+    ``/proc/<pid>/task/*/children``; where the kernel lacks those files, from every
+    process's parent in ``/proc``."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        found = []
+        for tid in tasks:
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                found += [int(c) for c in fh.read().split()]
+        return found
+    except FileNotFoundError:
+        return [p for p, f in _stat_fields().items() if len(f) > 1 and int(f[1]) == pid]
+    except OSError:
+        return []
 
 
 def session_members(sid: int) -> list[int]:
