@@ -33,7 +33,7 @@ RENDER_MODES = ("human", "rgb_array")
 # grows about 0.3 KB an episode, so this bounds its growth to about 6 MB (a new one holds 17 MB),
 # and a new engine (0.26 s, measured to cost the pipeline about 500 agent steps) is about 0.2% of
 # the steps between two even with a trained doom_basic agent's 12-step episodes
-# (perf/RESULTS.md, "engine recycling").
+# (perf/log/RESULTS.md, "engine recycling").
 RECYCLE_EPISODES = 20_000
 
 

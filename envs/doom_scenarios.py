@@ -142,7 +142,7 @@ MATCH_TICS = 4 * 60 * 35  # a 4-minute match: 2100 agent steps at frameskip 4
 # ammo jump back to their start values at a respawn; the env does not count that jump.
 # Recommended (on unless --env_reward_shaping False): in 10-minute doom_duel_bots runs on
 # the 2-core machine the frag count fell from about -80 to -130 per match on frags alone and
-# rose from about -80 to +30 with the shaping (perf/RESULTS.md).
+# rose from about -80 to +30 with the shaping (perf/log/RESULTS.md).
 # The frag count is a match's true objective: population-based training (--with_pbt) ranks
 # the policies by the `frags` episode metric unless --pbt_objective says otherwise.
 MULTIPLAYER_RECOMMENDED = (("reward_scale", 1.0), ("env_reward_shaping", True),
@@ -237,7 +237,7 @@ SCENARIOS: dict[str, DoomScenario] = {
         # Self-play (envs.doom_selfplay): several learning players in one match, one engine
         # each, hosted and joined over the loopback; the same actions, variables and reward.
         # doom_deathmatch_full: 4 learners + 4 bots, the 8 players of doom_deathmatch_bots
-        # (4 engines per env: what 2 cores can step, perf/RESULTS.md "VizDoom self-play");
+        # (4 engines per env: what 2 cores can step, perf/log/RESULTS.md "VizDoom self-play");
         # 2 matches per worker: with the default 8 (32 engines) a worker took more than the
         # 60 s heartbeat to start them on the busy 2-core machine and was restarted.
         _multiplayer("doom_duel", "multi_duel.cfg", bots=0, agents=2),

@@ -3,7 +3,7 @@
 ``cartpole_masked``: gymnasium's CartPole-v1 whose observations keep the cart's position and
 the pole's angle and hide both velocities (the classic partially observed CartPole). From
 one observation the velocities are unknown; from two, a recurrent core can estimate them.
-It is what ``--algo r2d2`` is measured on against ``--algo apex`` (perf/RESULTS.md, "R2D2
+It is what ``--algo r2d2`` is measured on against ``--algo apex`` (perf/log/RESULTS.md, "R2D2
 (issue 26)").
 
 A family of ``fastrl.env_registry.BUILTIN_FAMILIES``: plain data, nothing imported until an

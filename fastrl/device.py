@@ -137,7 +137,7 @@ def cpu_bf16_is_faster() -> bool:
     per CPU model and torch version and kept in ``~/.cache/fastrl/precision.json``
     (``FASTRL_CACHE_DIR`` moves it). A native bf16 instruction set is not enough: on a 2-core
     Intel Xeon VM with AVX512-BF16 the learner ran 1.24 s a batch in bf16 against 0.98 in
-    fp32 (perf/RESULTS.md, 2026-11-27 morning), where an AMD EPYC with the same flags gained."""
+    fp32 (perf/log/RESULTS.md, 2026-11-27 morning), where an AMD EPYC with the same flags gained."""
     model, flags = cpu_info()
     key = f"{model} | {' '.join(sorted(flags & {'avx512_bf16', 'amx_bf16'}))} | {torch.__version__}"
     path = _cache_path()

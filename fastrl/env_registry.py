@@ -129,14 +129,14 @@ def register_env(name: str, factory: EnvFactory, *, recommended: dict[str, Any] 
     _REGISTRY[name] = (factory, dict(recommended or {}))
 
 
-# Gymnasium ids with measured recommendations (perf/RESULTS.md, "Learning"), over the recipe
+# Gymnasium ids with measured recommendations (perf/log/RESULTS.md, "Learning"), over the recipe
 # for their kind (fastrl.config.recipes). CartPole learned the classic recipe first; its
 # rewards of 1 per step are scaled to 0.1.
 _GYM_RECOMMENDED: dict[str, dict[str, Any]] = {
     "CartPole-v1": {"recipe": "classic", "reward_scale": 0.1},
 }
 # MuJoCo control tasks (the optional extra fastrl[mujoco]): the continuous recipe, measured
-# on Hopper-v5 (perf/RESULTS.md, "Continuous control").
+# on Hopper-v5 (perf/log/RESULTS.md, "Continuous control").
 _MUJOCO_TASKS = ("Ant", "HalfCheetah", "Hopper", "Humanoid", "HumanoidStandup",
                  "InvertedDoublePendulum", "InvertedPendulum", "Pusher", "Reacher", "Swimmer",
                  "Walker2d")
@@ -145,7 +145,7 @@ _GYM_RECOMMENDED.update({f"{task}-v{v}": {"recipe": "continuous"}
 # HalfCheetah's Gaussian starts at std exp(-2) = 0.14 (rl-baselines3-zoo's initial log-std
 # for it): 3 seeds passed 4,000 within 1M steps, where std 1 ended at 1,675-2,952. It stays
 # HalfCheetah's alone: Hopper learned far slower with it and Walker2d no better
-# (perf/RESULTS.md, "HalfCheetah's initial log-std").
+# (perf/log/RESULTS.md, "HalfCheetah's initial log-std").
 for _v in (4, 5):
     _GYM_RECOMMENDED[f"HalfCheetah-v{_v}"]["action_init_log_std"] = -2.0
 

@@ -5,7 +5,7 @@ mean episode return against env frames and wall time, next to Sample Factory's f
     python perf/learning.py --env doom_basic --seeds 1 2 3 --frames 550000 --target 75
     python perf/learning.py --env CartPole-v1 --seeds 1 2 3 --seconds 120 --use_rnn False
     python perf/learning.py --suite gym-spaces --seeds 1 2 3   # every env of a suite
-    python perf/learning.py --table perf/learning_results/*/suite.json  # stored results' tables
+    python perf/learning.py --table perf/results/learning/*/suite.json  # stored results' tables
 
 Any flag this script does not know goes to train.py unchanged. Each run's curve is its
 TensorBoard scalar ``episode/mean_return`` (the mean of the last 100 episodes, written every

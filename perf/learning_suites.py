@@ -5,7 +5,7 @@ largest fall after reaching it) and one PNG of every env's curves.
 
     python perf/learning.py --suite gym-spaces --seeds 1 2 3
     python perf/learning.py --suite gym-spaces --only FrozenLake-v1,Taxi-v4 --frames 200000
-    python perf/learning.py --table perf/learning_results/classic_serial/suite.json
+    python perf/learning.py --table perf/results/learning/classic_serial/suite.json
 
 ``--frames`` caps each env's budget (a short check); ``--only`` picks envs. An env whose
 package is not installed (minigrid, box2d) is skipped with a line saying what to install.

@@ -1,7 +1,7 @@
 """Transport throughput: ship trajectory batches from a sampler process to a learner process.
 
     python perf/transport_bench.py --trajectories 16 --messages 200
-    PYTHONPATH=/tmp/raypkgs python perf/transport_bench.py --out perf/transport_results/x.json
+    PYTHONPATH=/tmp/raypkgs python perf/transport_bench.py --out perf/results/transport/x.json
 
 One message is a batch of `--trajectories` whole trajectories as raw tensors, by default
 doom_basic's: obs uint8 [33, 3, 72, 128] plus five [32] float32/int64 tensors per trajectory
@@ -64,7 +64,7 @@ FIELDS: dict[str, tuple[tuple[int, ...], np.dtype]] = {
 SAMPLES_PER_FIELD = 64
 RAY_IN_FLIGHT = 2
 PG_TIMEOUT = datetime.timedelta(seconds=60)
-RESULTS_DIR = Path(__file__).resolve().parent / "transport_results"
+RESULTS_DIR = Path(__file__).resolve().parent / "results" / "transport"
 
 Payload = dict[str, np.ndarray]
 

@@ -162,7 +162,7 @@ def test_rate_limiter_holds_inserts_until_the_learner_catches_up(tmp_path):
 def test_serial_apex_learns_cartpole(tmp_path):
     """The apex recipe in serial mode, seed 1, 20K steps, a greedy evaluation of 5 episodes
     every 5K: one of them averages 450 or more (measured: 329, 384, 500, 500; with 10
-    episodes over 50K steps, 500 from 15K; perf/RESULTS.md, "Ape-X (issue 26)")."""
+    episodes over 50K steps, 500 from 15K; perf/log/RESULTS.md, "Ape-X (issue 26)")."""
     cfg = parse_config([*APEX, "--serial_mode", "--train_dir", str(tmp_path), "--seed", "1",
                         "--train_for_env_steps", "20000", "--eval_every_env_frames", "5000",
                         "--eval_episodes", "5"])

@@ -298,7 +298,7 @@ def test_parallel_r2d2_links_sequences_written_by_other_processes(tmp_path):
 def test_serial_r2d2_learns_cartpole_with_the_velocities_hidden(tmp_path):
     """The bare command's recipe in serial mode (deterministic), seed 1: a greedy evaluation
     of 10 episodes averages 450 or more within 120K steps (measured: 473 at 110K, 498 at
-    120K). Ape-X on the same env, 3 seeds, never passed 47 (perf/RESULTS.md, "R2D2")."""
+    120K). Ape-X on the same env, 3 seeds, never passed 47 (perf/log/RESULTS.md, "R2D2")."""
     cfg = parse_config([*R2D2, "--serial_mode", "--train_dir", str(tmp_path), "--seed", "1",
                         "--train_for_env_steps", "120000", "--eval_every_env_frames", "10000",
                         "--eval_episodes", "10"])

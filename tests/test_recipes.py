@@ -162,7 +162,7 @@ class _PublishesMask(gym.Env):
 
 
 def test_an_env_that_publishes_its_legal_actions_is_masked_by_default(tmp_path):
-    """Taxi-v4 with the bare command learns only with its mask (perf/RESULTS.md): an env
+    """Taxi-v4 with the bare command learns only with its mask (perf/log/RESULTS.md): an env
     whose reset gives info["action_mask"] shaped for its actions gets
     --env_action_mask_from_info on, under any recipe, unless a flag says otherwise."""
     register_env("publishes_mask", lambda: _PublishesMask(), overwrite=True)

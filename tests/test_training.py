@@ -114,7 +114,7 @@ def test_async_pipeline_learns_cartpole_to_450_within_200k_steps(tmp_path):
     development machine, 500K steps, seeds 1-6: 450 at 68-109K, never below 475 once there,
     500 at the end in all six. With 2 x 16 envs the lag doubled (mean ~60 SGD steps) and 2 of
     12 runs fell back after reaching 500 (to 302 and 347), until --max_batches_waiting held
-    it at about two batches whatever the env count (perf/RESULTS.md)."""
+    it at about two batches whatever the env count (perf/log/RESULTS.md)."""
     # The classic recipe trains CartPole in sync mode; this test is about the async pipeline.
     args = [*(a for a in CARTPOLE if a != "--serial_mode"), "--async_rl", "True"]
     # --log_every_sec 2 overrides CARTPOLE's 10 (the last value given counts), and the curve

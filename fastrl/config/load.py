@@ -138,7 +138,7 @@ def apply_recommended(cfg: Config, keep: set[str]) -> list[str]:
             setattr(cfg, key, value)
     if mask_open and probe is not None and probe.info_action_mask:
         # An env whose reset gives its legal actions in info["action_mask"] (gymnasium's
-        # Taxi; measured: perf/RESULTS.md) is masked by them.
+        # Taxi; measured: perf/log/RESULTS.md) is masked by them.
         cfg.env_action_mask_from_info = True
     if not errors:
         fit_round(cfg, keep, agents)

@@ -22,7 +22,7 @@ resumed experiment's ``config.json``, and last the flags given on the command li
 ``--recipe auto`` (the default) looks at the env's spaces, unless its registry entry names a
 recipe (the VizDoom and Atari families do, and declare their spaces for the memory budget: no
 engine is started to find out). How each
-recipe was measured: perf/RESULTS.md, "Default recipes".
+recipe was measured: perf/log/RESULTS.md, "Default recipes".
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ RECIPES: dict[str, dict[str, Any]] = {
 RECIPE_CHOICES = ("auto", *RECIPES)
 
 # ``--algo apex``, over the recipe and the env's registry entry (flags still win): what any
-# Q-learning run needs, then per recipe what was measured (perf/RESULTS.md, "Ape-X (issue
+# Q-learning run needs, then per recipe what was measured (perf/log/RESULTS.md, "Ape-X (issue
 # 26)").
 APEX_SETTINGS: dict[str, Any] = {
     "async_rl": True, "use_rnn": False, "normalize_returns": False, "eval_deterministic": True,
@@ -71,7 +71,7 @@ APEX_RECIPES: dict[str, dict[str, Any]] = {
         "encoder_mlp_layers": [256, 256], "nonlinearity": "relu", "learning_rate": 5e-4,
         "adam_eps": 1e-8, "max_grad_norm": 10.0, "precision": "fp32",
     },
-    # Measured on doom_basic (perf/RESULTS.md): the pixel defaults' batches of 1,024 at 8
+    # Measured on doom_basic (perf/log/RESULTS.md): the pixel defaults' batches of 1,024 at 8
     # samples per insert trained 19 learner steps in a 43 s serial run on 2 cores; batches of
     # 128 at 2 per insert train at about 2,000 frames a second and pass a greedy 75 within 1M.
     "pixels": {"batch_size": 128, "replay_samples_per_insert": 2.0, "replay_min_size": 5_000},
@@ -79,7 +79,7 @@ APEX_RECIPES: dict[str, dict[str, Any]] = {
 
 
 # ``--algo r2d2``: the same, with the recurrent core. The classic row was measured on
-# CartPole with its velocities hidden (perf/RESULTS.md, "R2D2 (issue 26)"); the other
+# CartPole with its velocities hidden (perf/log/RESULTS.md, "R2D2 (issue 26)"); the other
 # recipes take Ape-X's layer with R2D2's sequence shape (rollout 40: sequences of 80 with
 # the predecessor's 40 as burn-in), not measured yet.
 R2D2_SETTINGS: dict[str, Any] = {**APEX_SETTINGS, "use_rnn": True, "rollout": 40,

@@ -12,7 +12,7 @@ A stage's busy time is wall time, so it includes time spent waiting for a core. 
 *CPU busy fraction* (``cpu``: the cores this process may use, from /proc/stat, whoever uses
 them) tells the two apart: when nearly every core is busy, the cores limit the run, and more
 rollout or policy workers would only share them (measured on a 16-core GPU machine, where
-doubling the policy workers halved each one's throughput: perf/RESULTS.md).
+doubling the policy workers halved each one's throughput: perf/log/RESULTS.md).
 """
 
 from __future__ import annotations

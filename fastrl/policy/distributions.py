@@ -76,7 +76,7 @@ class _Categoricals:
         """Random actions, int64 ``[*batch, D]``."""
         # The Gumbel-max trick: argmax(log p + G), G standard Gumbel, is a draw from p. A
         # few elementwise kernels: less host work per call than torch.multinomial (0.35 ms on
-        # an H100 machine, perf/RESULTS.md "where an inference call's time goes"), no
+        # an H100 machine, perf/log/RESULTS.md "where an inference call's time goes"), no
         # host-device checks, and safe to capture in a CUDA graph. Masked and padding slots
         # (-inf) are never drawn; u is kept above 0 so that G stays finite.
         u = torch.rand_like(self._log_probs).clamp_(min=1e-30)

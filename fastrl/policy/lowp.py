@@ -3,7 +3,7 @@
 Under ``torch.autocast(dtype=bfloat16)`` every convolution and linear layer casts its
 float32 weights to bf16 on each call. A policy worker acts on a few rows at a time, so those
 casts (and reading the float32 weights they come from) take a large share of an inference
-call on a CPU: without them a doom_deathmatch_bots call is 5-20% shorter (perf/RESULTS.md,
+call on a CPU: without them a doom_deathmatch_bots call is 5-20% shorter (perf/log/RESULTS.md,
 "four policies' inference"), and a call with four policies runs four models. :func:`lowp_encoders`
 makes a copy of a model's encoders whose convolution and linear weights are already bf16;
 autocast then has nothing to cast, and the output is bit for bit the same (the same bf16

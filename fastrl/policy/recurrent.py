@@ -8,7 +8,7 @@ take, so the rest of fastrl never needs to know which core it runs.
 The core runs in float32 with autocast off, whatever ``--precision`` says (its input is cast
 up): autocast sends GRU/LSTM to low-precision kernels, cuDNN has no bf16 GRU on every GPU
 (a slow fallback), and on an H100 bf16 autocast measured slower than fp32 for the conv+GRU
-model (perf/RESULTS.md, the GPU sessions of 2026-11-25), so nothing shows it faster.
+model (perf/log/RESULTS.md, the GPU sessions of 2026-11-25), so nothing shows it faster.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def rnn_step(rnn: nn.Module, x: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
     float32 (see the module docstring)."""
     # The one-step cell functions: the same arithmetic as the module on a length-1 sequence
     # with a fraction of its host work per call (cuDNN's RNN set-up costs the host about
-    # 0.26 ms on an H100 machine, perf/RESULTS.md "where an inference call's time goes"),
+    # 0.26 ms on an H100 machine, perf/log/RESULTS.md "where an inference call's time goes"),
     # and no cuDNN RNN to capture in a CUDA graph.
     weights = (rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0, rnn.bias_hh_l0)
     with autocast_off(x.device):

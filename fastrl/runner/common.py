@@ -96,7 +96,7 @@ def buffers_per_env(cfg: Config, num_envs: int) -> int:
     training and the next), and no more: a learner-bound run fills every slot, so each slot
     beyond that adds policy lag, not speed. (Rounding up per batch rather than for both
     gave CartPole's classic recipe 3 slots per env where 2 hold both batches: its policy lag
-    went from 88-95 SGD steps to 45-63, perf/RESULTS.md, "Default recipes".)
+    went from 88-95 SGD steps to 45-63, perf/log/RESULTS.md, "Default recipes".)
 
     With ``--num_policies P > 1`` each policy's learner waits for a whole batch of its own:
     room for ``P + 1`` batches, so that however the waiting slots fall among the learners,
@@ -107,7 +107,7 @@ def buffers_per_env(cfg: Config, num_envs: int) -> int:
     into the store on its own, as the rate limiter lets it. Two slots per env (the one filling
     and the one handed in) keep the actors' weights at most about a trajectory's worth of
     learner steps old; CartPole's classic Ape-X row had 5 and acted with weights 310 learner
-    steps old (perf/RESULTS.md)."""
+    steps old (perf/log/RESULTS.md)."""
     if cfg.algo in REPLAY_ALGOS:
         return 2
     batches = 2 if cfg.num_policies <= 1 else cfg.num_policies + 1

@@ -50,7 +50,7 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
     keep_freed_memory()
     # One process does it all: --learner_threads intra-op threads (default 1), not torch's
     # default of one per core, which on a busy 2-core machine doubled CartPole's run time
-    # (threads spinning at each op's barrier; perf/RESULTS.md, "Default recipes").
+    # (threads spinning at each op's barrier; perf/log/RESULTS.md, "Default recipes").
     torch.set_num_threads(cfg.learner_threads)
     signals = LauncherSignals().__enter__()  # a second stop signal quits at once
     envs = []  # worker 0's, until its station holds them

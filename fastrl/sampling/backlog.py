@@ -4,7 +4,7 @@ new trajectories while about two learner batches of trajectories wait for the le
 Why: when the learner is the bottleneck, the rollout workers fill every trajectory slot and
 the learner trains on the oldest data, so the policy lag grows with the number of envs (async
 CartPole with 2 x 16 envs: 50-64 SGD steps, and 2 of 12 runs unlearned;
-perf/RESULTS.md, "async CartPole falling back"). Two batches waiting is all the learner can
+perf/log/RESULTS.md, "async CartPole falling back"). Two batches waiting is all the learner can
 use: the one it takes next and the one that fills meanwhile.
 
 **What is counted.** Each rollout worker owns two cells of a small shared array

@@ -1,7 +1,7 @@
 """The policy workers' acting step replayed from CUDA graphs, one graph per batch-size bucket.
 
 On an H100 machine an inference call of the conv+GRU Doom model kept the host busy 1.7-2.5
-ms while the GPU worked about 0.4 ms of it (perf/RESULTS.md, "where an inference call's
+ms while the GPU worked about 0.4 ms of it (perf/log/RESULTS.md, "where an inference call's
 time goes"): a policy worker is bound by the host issuing some fifty kernels per call and
 the framework's work around each. A CUDA graph issues the whole step (encoders, recurrent
 core, heads, sampling, log-probs) with one launch.

@@ -6,7 +6,7 @@ glibc serves an allocation larger than its mmap threshold (at most 32 MiB) with 
 many such blocks (the float copy of 1,056 images alone is 117 MB), so every step pays for
 page faults on memory it has just freed. Serving everything from the heap and never trimming
 it removes that: the ``Learner.train`` micro-benchmark (32 x 32 samples, conv + GRU 512, one
-CPU thread) went from 540-760 ms to 390-480 ms per step (perf/RESULTS.md). The price is that a
+CPU thread) went from 540-760 ms to 390-480 ms per step (perf/log/RESULTS.md). The price is that a
 process keeps its peak heap size until it exits. ``FASTRL_KEEP_FREED_MEMORY=0`` in the
 environment turns it off.
 """

@@ -83,7 +83,7 @@ train)
     ;;
 infer)
     # An inference call cost 2.6-4.9 ms whatever its batch (56-224 envs) on an H100
-    # (perf/RESULTS.md, 2026-11-26 afternoon): fewer, larger calls may serve more. The
+    # (perf/log/RESULTS.md, 2026-11-26 afternoon): fewer, larger calls may serve more. The
     # profile of batch 112 says where a call's time goes (host issuing against device).
     for batch in 56 112 224; do
         prof=()
