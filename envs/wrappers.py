@@ -76,6 +76,9 @@ def engine_rss(env: gym.Env) -> int:
     return sum(rss_bytes(pid) or 0 for pid in env.unwrapped.engine_pids())
 
 
+_SAID_BOUND_OFF = False  # Recycle's one line about a bound turned off, once per process
+
+
 class Recycle(gym.Wrapper):
     """``env``, made anew by ``factory`` at an episode boundary once it has started
     ``episodes`` episodes (0: never) or once the processes it runs hold more than ``max_rss``
@@ -89,6 +92,14 @@ class Recycle(gym.Wrapper):
     A new env's first reset without a seed is seeded from the last seed given to ``reset``
     and the count of envs made since (a seeded run stays reproducible, and envs of different
     seeds stay apart); with no seed ever given, the new env seeds itself (VizDoom: at random).
+    The period counts the episodes since the env was made or last given a seed, so a
+    sequence of episodes that begins with a seeded reset (an evaluation) recycles at the
+    same episodes each time and plays the same episodes.
+
+    A bound that an env's processes pass after their first episode would remake the env at
+    every episode: the bound is then turned off for this env, said in one line (once per
+    process). A new env that cannot be made leaves the wrapper without one: the next reset
+    tries again (never the closed env).
     ``recycled`` counts the envs made anew.
     """
 
@@ -99,8 +110,10 @@ class Recycle(gym.Wrapper):
         self.episodes = episodes
         self.max_rss = max_rss
         self._rss = engine_rss if rss is None else rss
-        self.started = 0  # episodes the current env has begun
+        self.started = 0  # episodes begun since the current env was made or last seeded
+        self.played = 0  # episodes the current env has begun
         self.recycled = 0
+        self._closed = False  # the old env is closed and no new one could be made yet
         self._seed: int | None = None
         self._since_seed = 0  # envs made since the last seed given
         if max_rss:
@@ -117,15 +130,37 @@ class Recycle(gym.Wrapper):
 
     def reset(self, *, seed=None, options=None):
         if seed is not None:
-            self._seed, self._since_seed = seed, 0
-        if self.started and self.due():
-            self.env.close()
-            self.env = self._factory()
-            self.started = 0
+            self._seed, self._since_seed, self.started = seed, 0, 0
+        if self.played == 1 and self.max_rss:
+            self._check_bound()
+        if self._closed or (self.started and self.due()):
+            if not self._closed:
+                self.env.close()
+                self._closed = True
+            self.env = self._factory()  # raises: the next reset tries again
+            self._closed = False
+            self.started = self.played = 0
             self.recycled += 1
             self._since_seed += 1
             if seed is None and self._seed is not None:
                 entropy = (int(self._seed), self._since_seed)
                 seed = int(np.random.SeedSequence(entropy).generate_state(1)[0])
         self.started += 1
+        self.played += 1
         return self.env.reset(seed=seed, options=options)
+
+    def _check_bound(self) -> None:
+        """After the env's first episode: a bound its processes already pass is turned off."""
+        held = self._rss(self.env)
+        if held > self.max_rss:
+            global _SAID_BOUND_OFF
+            if not _SAID_BOUND_OFF:
+                _SAID_BOUND_OFF = True
+                from fastrl.log import log
+
+                log(f"--env_recycle_mb={self.max_rss / 2**20:g}: a new env's processes hold "
+                    f"{held / 2**20:.1f} MB after one episode, above the bound, which would "
+                    "remake the env at every episode; the bound is off for such envs (set it "
+                    f"well above {held / 2**20:.0f} MB)")
+            self.max_rss = 0
+

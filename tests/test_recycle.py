@@ -295,8 +295,10 @@ def test_a_training_run_with_recycled_engines_loses_nothing(tmp_path, monkeypatc
                         "--seed", "1"])
     summary = run_serial(cfg)
     assert summary["env_frames"] >= 4000
-    assert summary["episodes"] >= 20, summary
-    assert sum(w.recycled for w in wrappers) >= 6  # engines were made anew during the run
+    # 1,024 agent steps on 4 envs; doom_basic times out after 75 agent steps: at least 14
+    # episodes (18-20 seen), so each env passes its period of 2 at least once or twice.
+    assert summary["episodes"] >= 14, summary
+    assert sum(w.recycled for w in wrappers) >= 4  # engines were made anew during the run
     assert summary["env_restarts"] == 0 and not any(summary["env_faults"].values()), summary
     assert _engines() == set()
 
