@@ -12,12 +12,12 @@ import torch
 from gymnasium import spaces
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from fastrl.algo.apex import ApexLearner, double_q_targets, q_learning_problem
+from fastrl.algo.replay.apex import ApexLearner, double_q_targets, q_learning_problem
+from fastrl.algo.replay.dueling import chosen_q, dueling_heads
 from fastrl.config.load import parse_config
 from fastrl.config.settings import ConfigError
 from fastrl.errors import EnvSettingsError
 from fastrl.experiment.checkpoint import list_checkpoints, load_checkpoint
-from fastrl.policy.dueling import chosen_q, dueling_heads
 from fastrl.policy.model import ActorCritic
 from fastrl.runner.serial import run_serial
 from tests.test_parallel import run_train

@@ -328,11 +328,11 @@ def test_a_lost_node_is_reported_and_served_anew_while_its_sender_hangs(tmp_path
 
 def test_each_nodes_policy_worker_takes_its_share_of_the_ape_x_epsilons(tmp_path):
     """Ape-X's eps_i = 0.4 ** (1 + 7 i / (N - 1)) runs over every env slot of every node."""
+    from fastrl.algo.replay.exploration import ape_x_epsilons
     from fastrl.runner.common import build_model
     from fastrl.runner.cores import make_policy_worker
     from fastrl.runner.wiring import build_wiring
     from fastrl.sampling.env_setup import probe_env
-    from fastrl.sampling.inference import ape_x_epsilons
 
     cfg = parse_config(base_args(tmp_path, COUNTING, *NODE_ARGS, "--num_sampler_nodes", "3",
                                  "--algo", "apex", "--replay_min_size", "128"))

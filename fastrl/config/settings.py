@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
 ALGOS = ("appo", "apex", "r2d2")
-REPLAY_ALGOS = ("apex", "r2d2")  # trained from a replay store (fastrl/algo/apex.py, r2d2.py)
+REPLAY_ALGOS = ("apex", "r2d2")  # trained from a replay store (fastrl/algo/replay/apex.py, r2d2.py)
 
 
 def _f(default: Any, help: str, group: str = "training", choices: tuple | None = None) -> Any:

@@ -9,7 +9,8 @@ import random
 import numpy as np
 import torch
 
-from fastrl.algo.apex import build_store, q_learning_problem
+from fastrl.algo.replay.apex import build_store, q_learning_problem
+from fastrl.algo.replay.store import check_fits
 from fastrl.config.recipes import recipe_line
 from fastrl.config.settings import REPLAY_ALGOS, Config
 from fastrl.errors import EnvSettingsError
@@ -17,7 +18,6 @@ from fastrl.log import log
 from fastrl.policy.actions import ActionSpec, exploration_problem
 from fastrl.policy.model import ActorCritic
 from fastrl.sampling.env_setup import EnvInfo
-from fastrl.sampling.replay import check_fits
 from fastrl.transport.startup import start_helpers, start_method
 
 # A replay store this large makes every checkpoint that large: said once at start.

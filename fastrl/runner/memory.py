@@ -21,13 +21,13 @@ from dataclasses import dataclass
 
 from gymnasium import spaces
 
+from fastrl.algo.replay.store import available_memory, shm_free
 from fastrl.config.settings import Config
 from fastrl.policy.obs import as_dict_space
 from fastrl.policy.recurrent import state_size
 from fastrl.policy.spaces import ObsPlan
 from fastrl.runner.common import buffers_per_env
 from fastrl.sampling.buffers import BufferLayout
-from fastrl.sampling.replay import available_memory, shm_free
 
 # The trajectory buffers may take 1/RAM_SHARE of the RAM available at start: the rest of a
 # run (a torch process per worker, env engines, the learner's batches and activations) takes

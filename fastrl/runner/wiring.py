@@ -42,8 +42,9 @@ from typing import Any
 
 import torch
 
-from fastrl.algo.apex import build_store, shared_store_nbytes
 from fastrl.algo.learner_group import free_port
+from fastrl.algo.replay.apex import build_store, shared_store_nbytes
+from fastrl.algo.replay.store import shm_free
 from fastrl.algo.run_frames import RunFrames
 from fastrl.config.settings import REPLAY_ALGOS, Config
 from fastrl.errors import ExperimentError
@@ -51,7 +52,6 @@ from fastrl.runner.common import buffers_per_env
 from fastrl.sampling.backlog import backlog_limit
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.env_setup import EnvInfo, weighed_reward_terms
-from fastrl.sampling.replay import shm_free
 from fastrl.sampling.weights import LocalWeights, SharedWeights, WeightsSource
 from fastrl.transport.mailbox import Mailbox
 from fastrl.transport.procs import Lifeline
@@ -90,7 +90,7 @@ class Wiring:
     learner_port: int = 0
     learner_ports: list[int] = field(default_factory=list)  # one group per policy
     # --algo apex|r2d2 with --num_learners > 1: the replay store's tensors, in shared memory
-    # (every rank binds its store to them; fastrl/sampling/replay.py).
+    # (every rank binds its store to them; fastrl/algo/replay/store.py).
     replay_columns: dict[str, torch.Tensor] | None = None
     # Sampler nodes (--num_sampler_nodes): the port of the learner node's store, where they
     # connect. On the learner node "rollout worker" k stands for sampler node k.

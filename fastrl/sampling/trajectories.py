@@ -160,7 +160,7 @@ def traj_id(env: np.ndarray, generation: int, count: np.ndarray) -> np.ndarray:
     """The ids of trajectories number ``count`` of env slots ``env`` (a rollout worker of
     ``generation``): consecutive trajectories of one env slot in one worker's life have
     consecutive ids, so that a replay store finds a trajectory's predecessor (the id one
-    less: ``fastrl.sampling.sequences``)."""
+    less: ``fastrl.algo.replay.sequence_store``)."""
     env = np.asarray(env, dtype=np.int64)
     head = (env << _GEN_BITS) | (int(generation) & ((1 << _GEN_BITS) - 1))
     return (head << _COUNT_BITS) | (np.asarray(count, dtype=np.int64) & ((1 << _COUNT_BITS) - 1))
