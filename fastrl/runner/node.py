@@ -25,6 +25,7 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
+from fastrl.algo.batcher import PendingSlots
 from fastrl.config.settings import Config
 from fastrl.log import log
 from fastrl.runner.children import POLL, start_sampling
@@ -42,7 +43,6 @@ from fastrl.runner.link import (
     join_store,
     node_policy_report,
 )
-from fastrl.runner.slots import PendingSlots
 from fastrl.runner.supervisor import Supervisor
 from fastrl.runner.wiring import Wiring, build_wiring
 from fastrl.sampling.env_setup import probe_env

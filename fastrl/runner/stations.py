@@ -12,11 +12,11 @@ from __future__ import annotations
 import time
 from typing import NoReturn
 
+from fastrl.algo.batcher import PendingSlots
 from fastrl.algo.learner import Learner
 from fastrl.errors import EnvOutputError
 from fastrl.experiment.checkpoint import checkpoint_state, save_checkpoint
 from fastrl.runner.fault_log import FaultLog
-from fastrl.runner.slots import PendingSlots
 from fastrl.runner.wiring import Wiring
 from fastrl.sampling.agents import MultiAgentRolloutWorker
 from fastrl.sampling.backlog import Backlog, backlog_cells

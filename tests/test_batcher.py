@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from fastrl.runner.slots import PendingSlots
+from fastrl.algo.batcher import PendingSlots
 from fastrl.transport.messages import BuffersFreed, TrajectoriesReady
 
 PER_WORKER = 4
