@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fastrl.algo.replay.sequence_store import SequenceStore  # noqa: E402
 from fastrl.algo.replay.store import ReplayStore  # noqa: E402
-from fastrl.sampling.trajectories import traj_id  # noqa: E402
+from fastrl.sampling.rollout_records import traj_id  # noqa: E402
 
 
 def trajectories(k: int, t: int, obs_size: int, g: torch.Generator) -> dict:

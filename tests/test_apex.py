@@ -270,7 +270,7 @@ def test_the_replay_algorithms_give_each_env_two_slots(tmp_path):
     """One filling and one handed in: the replay learner waits for no batch, and every slot
     more held older trajectories back (the actors' weights were 310 learner steps old with
     CartPole's 5 slots per env, 122 with 2)."""
-    from fastrl.runner.common import buffers_per_env
+    from fastrl.runner.memory import buffers_per_env
 
     for algo in ("apex", "r2d2"):
         cfg = parse_config(["--env", "CartPole-v1", "--algo", algo, "--train_dir",

@@ -24,10 +24,10 @@ from fastrl.config.load import parse_config
 from fastrl.config.settings import ConfigError
 from fastrl.experiment.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.policy.model import ActorCritic
-from fastrl.runner.common import check_env_settings
+from fastrl.runner.run_start import check_env_settings
 from fastrl.runner.serial import run_serial
 from fastrl.sampling.env_setup import EnvInfo
-from fastrl.sampling.trajectories import traj_id
+from fastrl.sampling.rollout_records import traj_id
 from tests.test_parallel import run_train
 from tests.test_replay import _trajectories
 

@@ -213,12 +213,12 @@ def test_store_round_trip_with_and_without_contents():
 
 
 def test_a_store_larger_than_memory_is_one_line(monkeypatch):
-    from fastrl.algo.replay import store as replay
+    from fastrl.runner import memory
 
-    monkeypatch.setattr(replay, "available_memory", lambda: 2**30)
-    replay.check_fits(2**29, 1000)  # fits
+    monkeypatch.setattr(memory, "available_memory", lambda: 2**30)
+    memory.check_fits(2**29, 1000)  # fits
     with pytest.raises(MemoryError) as info:
-        replay.check_fits(3 * 2**30, 5_000_000)
+        memory.check_fits(3 * 2**30, 5_000_000)
     assert str(info.value).startswith("--replay_capacity=5,000,000: ")
     assert "\n" not in str(info.value)
 

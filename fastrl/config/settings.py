@@ -254,7 +254,7 @@ class Config:
                          "steps into the minibatches and --rollout exceed --batch_size",
                          choices=("minibatch", "batch"))
 
-    # --- population-based training (--with_pbt; fastrl/runner/pbt.py) ----------------
+    # --- population-based training (--with_pbt; fastrl/algo/pbt/population.py) ----------------
     with_pbt: bool = _f(False, "Population-based training over the --num_policies (>= 2): every "
                         "--pbt_period_env_steps the worst policies take the weights of the best "
                         "and their hyperparameters perturbed", "pbt")

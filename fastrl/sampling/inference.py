@@ -17,8 +17,8 @@ from fastrl.algo.replay.dueling import chosen_q, dueling_heads, greedy_q
 from fastrl.algo.replay.exploration import epsilon_greedy
 from fastrl.device import autocast
 from fastrl.policy.actions import ActionSpec
+from fastrl.policy.bf16_encoders import lowp_encoders, refresh
 from fastrl.policy.distributions import ActionDistribution
-from fastrl.policy.lowp import lowp_encoders, refresh
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.obs import lowest_obs
 from fastrl.sampling.buffers import TrajectoryBuffers
@@ -74,7 +74,7 @@ class PolicyWorker:
         # Observations and memory reach the device through buffers kept from call to call.
         self.staging = Staging(device)
         # Under bf16, each model's encoders with their weights already in bf16, refreshed at
-        # every load: autocast then casts nothing (fastrl/policy/lowp.py).
+        # every load: autocast then casts nothing (fastrl/policy/bf16_encoders.py).
         self._lowp = ([lowp_encoders(m.encoders) for m in self.models]
                       if precision == "bf16" else None)
         self._flat_obs = {k: v.view(-1, *v.shape[2:]) for k, v in buffers.obs.items()}

@@ -8,7 +8,7 @@ slot: R2D2's *stored state*). Each frame is stored once.
 
 **Overlap and burn-in.** The rollout worker tags every trajectory with its env slot and its
 number in that env's run of trajectories (``TrajectoryBuffers.traj_ids``,
-:func:`fastrl.sampling.trajectories.traj_id`), so the store knows, for each row, the row that
+:func:`fastrl.sampling.rollout_records.traj_id`), so the store knows, for each row, the row that
 holds the same env's trajectory just before it (``prev_row``, -1 when that one is not, or no
 longer, in the store).
 The learner unrolls a sampled row's predecessor first, from the predecessor's stored state,

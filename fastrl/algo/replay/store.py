@@ -41,7 +41,6 @@ of a batch (``fastrl/runner/replay_station.py``).
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import numpy as np
@@ -57,27 +56,6 @@ PRIORITY_EPS = 1e-6
 def annealed_beta(beta0: float, done_fraction: float) -> float:
     """Beta from ``beta0`` (nothing trained) linearly to 1 (``done_fraction`` >= 1)."""
     return beta0 + (1.0 - beta0) * min(1.0, max(0.0, done_fraction))
-
-
-def shm_free() -> int | None:
-    """Bytes free in /dev/shm (where shared tensors live), or None."""
-    try:
-        st = os.statvfs("/dev/shm")
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
-
-
-def available_memory() -> int | None:
-    """Bytes the kernel says can be allocated without swapping (MemAvailable), or None."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 class RateLimiter:
@@ -116,17 +94,6 @@ class RateLimiter:
 
     def ratio(self) -> float:
         return self.samples / max(1, self.inserts)
-
-
-def check_fits(nbytes: int, capacity: int) -> None:
-    """A one-line ``MemoryError`` when a store of ``nbytes`` cannot be held in memory (a
-    shared store's room in /dev/shm is checked with the rest of the run's shared memory:
-    ``fastrl.runner.wiring.check_shared_memory``)."""
-    free = available_memory()
-    if free is not None and nbytes > free:
-        raise MemoryError(
-            f"--replay_capacity={capacity:,}: the replay store needs {nbytes / 2**30:.2f} GiB, "
-            f"more than the {free / 2**30:.2f} GiB of memory available; lower --replay_capacity")
 
 
 # A column's shape, dtype and initial value (None: left uninitialised).
