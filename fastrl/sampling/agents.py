@@ -206,12 +206,7 @@ class MultiAgentRolloutWorker(RolloutWorker):
         for a in range(n):
             j = i * n + a
             self._start_agent_episode(j, self.worker_id * len(self._ep_len) + j, first_step)
-        if fault is None:
-            try:
-                return self._reset(i, seed)
-            except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
-                fault = exc
-        return self._replace_env(i, fault, out)
+        return self._reset_or_replace(i, out, seed, fault)
 
     def _reset(self, i: int, seed: int | None = None) -> list[dict]:
         obs = self._timer.call(self.envs[i].reset, seed=seed)[0]

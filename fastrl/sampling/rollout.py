@@ -364,6 +364,12 @@ class RolloutWorker(EnvStartup):
         self._ep_start[i] = first_step
         self._ep_version[i] = NO_VERSION
         self._policy_rnn_np[e] = 0.0
+        return self._reset_or_replace(i, out, seed, fault)
+
+    def _reset_or_replace(self, i: int, out: StepOutput, seed: int | None = None,
+                          fault: Exception | None = None):
+        """Env ``i``'s first observation (a multi-agent env's, one per agent): reset it, or
+        replace it after ``fault`` or after a reset that fails."""
         if fault is None:
             try:
                 return self._reset(i, seed)
