@@ -9,8 +9,8 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.wrappers import DtypeObservation, RecordEpisodeStatistics
 
+from fastrl.env_registry import is_multi_agent
 from fastrl.policy.obs import ACTION_MASK_KEY, flat_action_mask, obs_to_dict
-from fastrl.sampling.agent_count import is_multi_agent
 from fastrl.sampling.env_faults import check_reward
 
 

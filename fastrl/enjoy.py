@@ -279,7 +279,7 @@ def _episode_line(i: int, options: EnjoyOptions, ret: float, length: int, metric
 def _load_model(cfg: Config, info, state: dict, ckpt_path: str, device) -> Any:
     """The model of one checkpoint, checked against the env and the config."""
     from fastrl.experiment.checkpoint import check_checkpoint_compatible
-    from fastrl.runner.common import build_model
+    from fastrl.runner.run_start import build_model
 
     check_checkpoint_compatible(state, cfg, info, ckpt_path)
     model = build_model(cfg, info, device)
@@ -300,7 +300,7 @@ def _load_model(cfg: Config, info, state: dict, ckpt_path: str, device) -> Any:
 def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOptions) -> dict:
     """Play, print and write ``eval.json``; return what was written."""
     from fastrl.device import resolve_device
-    from fastrl.runner.common import seed_everything
+    from fastrl.runner.process_setup import seed_everything
     from fastrl.sampling.env_setup import env_info
 
     device = resolve_device(cfg.device)

@@ -368,3 +368,27 @@ def make_env(name: str, **options: Any) -> gym.Env:
         # Copy rather than mutate: metadata is often a dict shared by the class.
         env.metadata = {**env.metadata, "frameskip": 1}
     return env
+
+
+# The multi-agent contract (fastrl/sampling/agents.py) as far as telling such an env apart:
+# here, without torch, for env adapters and the launcher's probe of an env, which read it
+# before train.py imports torch.
+INACTIVE = "inactive"  # infos[a][INACTIVE] = True: agent a has no step this time
+FINAL_OBS = "final_obs"  # infos[a][FINAL_OBS]: agent a's last observation at a time limit
+
+
+def is_multi_agent(env: Any) -> bool:
+    """Whether ``env`` follows the multi-agent contract (an int ``num_agents``)."""
+    n = getattr(env, "num_agents", None)
+    return isinstance(n, int) and not isinstance(n, bool)
+
+
+def num_agents(env: Any) -> int:
+    """How many agents ``env`` controls: its ``num_agents``, 1 for a single-agent env;
+    ``ValueError`` naming the value when it is not a positive int."""
+    if not hasattr(env, "num_agents"):
+        return 1
+    n = env.num_agents
+    if not is_multi_agent(env) or n < 1:
+        raise ValueError(f"the env's num_agents={n!r}: must be an int of 1 or more")
+    return n

@@ -9,6 +9,6 @@ import time
 
 
 def log(msg: str) -> None:
-    # A sampler node's processes name their node (fastrl/runner/node.py sets the variable).
+    # A sampler node's processes name their node (fastrl/runner/sampler_node.py sets the variable).
     who = os.environ.get("FASTRL_LOG_PREFIX", "fastrl")
     print(f"[{who} {time.strftime('%H:%M:%S')}] {msg}", flush=True)

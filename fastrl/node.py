@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     import threading
 
     from fastrl.runner.link import join_store
-    from fastrl.runner.node import run_node
+    from fastrl.runner.sampler_node import run_node
     from fastrl.train import user_error_types
     from fastrl.transport.signals import LauncherSignals
 

@@ -75,7 +75,7 @@ def main() -> None:
 
     from fastrl.algo.learner import Learner
     from fastrl.config.load import parse_config
-    from fastrl.runner.common import build_model
+    from fastrl.runner.run_start import build_model
     from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
     from fastrl.sampling.env_setup import probe_env
     from fastrl.sampling.inference import PolicyWorker

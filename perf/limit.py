@@ -241,7 +241,7 @@ def measure(cfg, env_seconds: float = 2.0) -> dict[str, Any]:
     """Every piece of the limit of ``cfg`` on this machine, and the limit (see the module
     docstring)."""
     from fastrl.device import learner_device, resolve_device, resolve_precision
-    from fastrl.runner.common import build_model, check_env_settings
+    from fastrl.runner.run_start import build_model, check_env_settings
     from fastrl.sampling.env_setup import probe_env
 
     if cfg.algo != "appo":

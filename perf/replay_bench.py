@@ -8,7 +8,7 @@ of waiting slots), then times: inserts over a full store (FIFO eviction), priori
 of ``--batch`` transitions with their n-step targets and importance weights, and priority
 updates of a batch. Prints one JSON object on its last line.
 
-``--sequences`` times fastrl/sampling/sequences.py instead: ``--capacity`` frames of
+``--sequences`` times fastrl/algo/replay/sequence_store.py instead: ``--capacity`` frames of
 ``--frame_shape`` uint8 (default 200K of 3x72x128, Doom's default resolution) in rows of
 ``--rollout`` (default 40: R2D2's sequences of 80 with overlap 40 and the predecessor as
 burn-in), the recurrent state (``--rnn_size`` floats) stored with each; ``--batch`` counts
@@ -32,9 +32,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fastrl.sampling.replay import ReplayStore  # noqa: E402
-from fastrl.sampling.sequences import SequenceStore  # noqa: E402
-from fastrl.sampling.trajectories import traj_id  # noqa: E402
+from fastrl.algo.replay.sequence_store import SequenceStore  # noqa: E402
+from fastrl.algo.replay.store import ReplayStore  # noqa: E402
+from fastrl.sampling.rollout_records import traj_id  # noqa: E402
 
 
 def trajectories(k: int, t: int, obs_size: int, g: torch.Generator) -> dict:

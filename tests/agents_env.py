@@ -21,7 +21,7 @@ class AgentsEnv(gym.Env):
     (``info["inactive"]``) until then, and all restart together. ``truncate``: episodes end
     by a time limit (``truncated``, with ``info["final_obs"]``) instead of terminating.
     ``crash_at``: step raises once the env has taken that many steps. ``shaping``: the
-    reward also holds two shaping terms (fastrl/algo/shaping.py), named in
+    reward also holds two shaping terms (fastrl/algo/pbt/reward_weights.py), named in
     ``metadata["reward_terms"]`` and reported in ``info["reward_terms"]``: ``alive`` (0.1 a
     step) and ``zero`` (-0.05 for action 0).
     """

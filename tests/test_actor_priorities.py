@@ -11,16 +11,17 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.algo.apex import ApexLearner
-from fastrl.algo.r2d2 import R2D2Learner
+from fastrl.algo.replay.apex import ApexLearner
+from fastrl.algo.replay.dueling import dueling_heads
+from fastrl.algo.replay.r2d2 import R2D2Learner
+from fastrl.algo.replay.sequence_store import sequence_priorities
+from fastrl.algo.replay.store import PRIORITY_EPS
+from fastrl.algo.replay.targets import actor_td_errors, value_rescale
 from fastrl.config.load import parse_config
 from fastrl.config.settings import Config
-from fastrl.policy.dueling import dueling_heads
 from fastrl.policy.model import ActorCritic, as_dict_space
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.inference import PolicyWorker
-from fastrl.sampling.replay import PRIORITY_EPS
-from fastrl.sampling.sequences import actor_td_errors, sequence_priorities, value_rescale
 from fastrl.sampling.weights import SharedWeights
 from fastrl.transport.messages import InferenceRequest
 from tests.test_r2d2 import _rows

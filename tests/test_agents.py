@@ -13,7 +13,7 @@ from fastrl.config.load import parse_config
 from fastrl.enjoy import main as enjoy_main
 from fastrl.errors import EnvSettingsError
 from fastrl.policy.obs import as_dict_space
-from fastrl.runner.common import check_env_settings
+from fastrl.runner.run_start import check_env_settings
 from fastrl.runner.serial import run_serial
 from fastrl.sampling.agents import MultiAgentRolloutWorker, is_multi_agent, num_agents
 from fastrl.sampling.buffers import INVALID_VERSION, BufferLayout, TrajectoryBuffers

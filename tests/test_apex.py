@@ -12,12 +12,12 @@ import torch
 from gymnasium import spaces
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from fastrl.algo.apex import ApexLearner, double_q_targets, q_learning_problem
+from fastrl.algo.replay.apex import ApexLearner, double_q_targets, q_learning_problem
+from fastrl.algo.replay.dueling import chosen_q, dueling_heads
 from fastrl.config.load import parse_config
 from fastrl.config.settings import ConfigError
 from fastrl.errors import EnvSettingsError
 from fastrl.experiment.checkpoint import list_checkpoints, load_checkpoint
-from fastrl.policy.dueling import chosen_q, dueling_heads
 from fastrl.policy.model import ActorCritic
 from fastrl.runner.serial import run_serial
 from tests.test_parallel import run_train
@@ -270,7 +270,7 @@ def test_the_replay_algorithms_give_each_env_two_slots(tmp_path):
     """One filling and one handed in: the replay learner waits for no batch, and every slot
     more held older trajectories back (the actors' weights were 310 learner steps old with
     CartPole's 5 slots per env, 122 with 2)."""
-    from fastrl.runner.common import buffers_per_env
+    from fastrl.runner.memory import buffers_per_env
 
     for algo in ("apex", "r2d2"):
         cfg = parse_config(["--env", "CartPole-v1", "--algo", algo, "--train_dir",

@@ -17,7 +17,7 @@ from fastrl.runner.wiring import build_wiring
 from fastrl.sampling.backlog import Backlog, backlog_cells, backlog_limit
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.rollout import RolloutWorker
-from fastrl.sampling.trajectories import Split
+from fastrl.sampling.rollout_records import Split
 from tests.counting_env import CountingEnv
 
 
@@ -106,7 +106,7 @@ def test_the_wiring_bounds_async_appo_only(tmp_path):
     args = ["--env", "tests.counting_env:CountingEnv-v0", "--train_dir", str(tmp_path),
             "--num_workers", "2", "--num_envs_per_worker", "4", "--rollout", "8",
             "--batch_size", "32", "--device", "cpu", "--recipe", "pixels", "--use_rnn", "False"]
-    from fastrl.runner.common import build_model
+    from fastrl.runner.run_start import build_model
     from fastrl.sampling.env_setup import create_env, env_info
 
     def limit(*extra):
@@ -129,7 +129,7 @@ def test_the_summary_gives_the_lag_of_every_batch_and_how_often_splits_were_held
     from fastrl.config.settings import Config
     from fastrl.experiment.reporter import print_final_summary
     from fastrl.experiment.stats import TrainingStats
-    from fastrl.runner.loop import RunLoop
+    from fastrl.runner.run_loop import RunLoop
     from fastrl.transport.messages import LearnerReport, RolloutReport
 
     stats = TrainingStats(Config(device="cpu"), 1)
@@ -164,7 +164,7 @@ def run_pipeline(num_workers: int, envs_per_worker: int, bound: bool = True,
     Returns the lag (learner versions between a step's acting and its training) over the
     second half, the batches trained and the splits held."""
     num_envs = num_workers * envs_per_worker
-    per_env = math.ceil(2 * B / num_envs) + 1  # fastrl.runner.common.buffers_per_env
+    per_env = math.ceil(2 * B / num_envs) + 1  # fastrl.runner.run_start.buffers_per_env
     env0 = CountingEnv(env_tag=0)
     layout = BufferLayout.from_spaces(spaces.Dict({"obs": env0.observation_space}),
                                       env0.action_space, num_envs * per_env, T, 0)
@@ -249,8 +249,8 @@ def slow_learner_lag(tmp_path, envs_per_worker: int, max_batches: float, period:
     publishes new weights one version up. Returns the mean lag of the steps trained after
     ``warmup`` batches, in versions (batches), and the splits held meanwhile."""
     from fastrl.runner.children import POLL
-    from fastrl.runner.common import build_model
     from fastrl.runner.parallel import ParallelRunner
+    from fastrl.runner.run_start import build_model
     from fastrl.transport.messages import BuffersFreed, RolloutReport, TrajectoriesReady
     from tests.test_parallel import COUNTING, base_args
 
@@ -307,7 +307,7 @@ def test_real_workers_keep_the_lag_of_a_slow_learner_bounded(tmp_path):
 
 def _small_wiring(tmp_path):
     """2 rollout workers of 4 envs (splits of 2), batches of 4 trajectories: limit 8."""
-    from fastrl.runner.common import build_model
+    from fastrl.runner.run_start import build_model
     from fastrl.sampling.env_setup import create_env, env_info
 
     cfg = parse_config(["--env", "tests.counting_env:CountingEnv-v0", "--train_dir",

@@ -24,7 +24,7 @@ from fastrl.experiment.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from fastrl.runner.common import build_model
+from fastrl.runner.run_start import build_model
 from fastrl.sampling.env_setup import EnvInfo
 
 INFO = EnvInfo(spaces.Dict({"obs": spaces.Box(-1.0, 1.0, (5,))}), spaces.Discrete(4), 1)

@@ -160,7 +160,7 @@ def test_the_launcher_creates_no_cuda_context(tmp_path, no_cuda_context, capsys)
 
 
 def test_the_learner_says_what_it_resolved(tmp_path):
-    from tests.test_slots import _learner_station
+    from tests.test_batcher import _learner_station
 
     wiring, station = _learner_station(tmp_path, "--precision", "fp32")
     station.announce(None, None)

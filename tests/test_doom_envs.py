@@ -205,7 +205,8 @@ def test_reward_shaping_leaves_native_return_alone() -> None:
         shaped.reset(seed=3)
         plain.action_space.seed(3)
         sum_plain = sum_shaped = 0.0
-        # The terms (fastrl/algo/shaping.py): named, and each step's parts make up the shaping.
+        # The terms (fastrl/algo/pbt/reward_weights.py): named, and each step's parts make up
+        # the shaping.
         assert shaped.metadata["reward_terms"] == ("HEALTH", "KILLCOUNT")
         assert "reward_terms" not in plain.metadata
         for _ in range(100):

@@ -236,7 +236,7 @@ def test_the_runner_counts_faults_by_kind_and_stops_on_a_strict_failure(capsys):
     from fastrl.config.settings import Config
     from fastrl.experiment.reporter import print_final_summary
     from fastrl.experiment.stats import TrainingStats
-    from fastrl.runner.loop import RunLoop
+    from fastrl.runner.run_loop import RunLoop
     from fastrl.transport.messages import EnvCheckFailed, RolloutReport
 
     stats = TrainingStats(Config(), frameskip=1)

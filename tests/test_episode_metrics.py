@@ -13,7 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from fastrl.config.settings import Config
 from fastrl.experiment.reporter import Reporter, print_final_summary
 from fastrl.experiment.stats import TrainingStats
-from fastrl.runner.loop import RunLoop
+from fastrl.runner.run_loop import RunLoop
 from fastrl.transport.messages import EpisodeStats, RolloutReport
 from tests.counting_env import CountingEnv
 from tests.test_rollout import drive, make_worker

@@ -1,6 +1,6 @@
 """Each episode report carries the oldest policy version that acted any of its steps
 (``EpisodeStats.version``), so that population-based training ranks a replaced policy's new
-weights only on episodes they acted whole (fastrl/runner/pbt.py). In-process, with a fake
+weights only on episodes they acted whole (fastrl/algo/pbt/population.py). In-process, with a fake
 policy worker that stamps every step with a random version of the acting policy's own range
 (single- and multi-agent workers, one and several policies)."""
 

@@ -29,7 +29,7 @@ def _tiny(precision: str = "fp32"):
                  batch_size=T * TRAJECTORIES, num_epochs=EPOCHS, num_batches_per_epoch=3,
                  precision=precision, device="cpu", recipe="classic")
     info = EnvInfo(spaces.Dict({"obs": spaces.Box(-1, 1, (IN,))}), spaces.Discrete(A), 1)
-    from fastrl.runner.common import build_model
+    from fastrl.runner.run_start import build_model
 
     torch.manual_seed(0)
     return cfg, info, build_model(cfg, info, torch.device("cpu"))

@@ -1,4 +1,4 @@
-"""fastrl.transport.malloc: the glibc tuning applies on Linux and can be turned off."""
+"""fastrl.runner.process_setup: the glibc tuning applies on Linux and can be turned off."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-CHECK = "from fastrl.transport.malloc import keep_freed_memory; print(keep_freed_memory())"
+CHECK = "from fastrl.runner.process_setup import keep_freed_memory; print(keep_freed_memory())"
 
 
 @pytest.mark.slow

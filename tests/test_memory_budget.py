@@ -73,7 +73,7 @@ def test_the_size_is_the_one_the_buffers_have(tmp_path):
     """``buffers_nbytes`` is what ``build_wiring`` allocates for these settings."""
     from gymnasium import spaces
 
-    from fastrl.runner.common import buffers_per_env
+    from fastrl.runner.memory import buffers_per_env
     from fastrl.sampling.buffers import BufferLayout
 
     cfg = parse(tmp_path, "--num_envs_per_worker", "2", "--num_workers", "1")

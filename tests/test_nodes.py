@@ -328,11 +328,11 @@ def test_a_lost_node_is_reported_and_served_anew_while_its_sender_hangs(tmp_path
 
 def test_each_nodes_policy_worker_takes_its_share_of_the_ape_x_epsilons(tmp_path):
     """Ape-X's eps_i = 0.4 ** (1 + 7 i / (N - 1)) runs over every env slot of every node."""
-    from fastrl.runner.common import build_model
+    from fastrl.algo.replay.exploration import ape_x_epsilons
     from fastrl.runner.cores import make_policy_worker
+    from fastrl.runner.run_start import build_model
     from fastrl.runner.wiring import build_wiring
     from fastrl.sampling.env_setup import probe_env
-    from fastrl.sampling.inference import ape_x_epsilons
 
     cfg = parse_config(base_args(tmp_path, COUNTING, *NODE_ARGS, "--num_sampler_nodes", "3",
                                  "--algo", "apex", "--replay_min_size", "128"))
@@ -354,7 +354,7 @@ def test_a_sampler_node_holds_no_replay_store(tmp_path, monkeypatch):
     to lower --replay_capacity. It makes no learner ranks' inboxes either."""
     import multiprocessing
 
-    from fastrl.runner.node import node_wiring
+    from fastrl.runner.sampler_node import node_wiring
     from tests.test_shared_memory import dev_shm_free
 
     dev_shm_free(monkeypatch, 32 * 2**20)
@@ -374,7 +374,7 @@ def test_a_sampler_node_holds_no_replay_store(tmp_path, monkeypatch):
 def test_trajectory_ids_from_two_nodes_never_collide_and_keep_their_order():
     """--algo r2d2 finds a sequence's predecessor by id (one less): node 0's env 3 and node
     1's env 3 are two env slots."""
-    from fastrl.sampling.trajectories import from_node, traj_id
+    from fastrl.sampling.rollout_records import from_node, traj_id
 
     ids = traj_id(np.array([3, 3, 5]), 2, np.array([7, 8, 7]))
     node0, node1 = from_node(ids, 0), from_node(ids, 1)

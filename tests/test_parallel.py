@@ -16,8 +16,9 @@ import torch
 
 from fastrl.config.load import parse_config
 from fastrl.runner.children import POLL
-from fastrl.runner.common import buffers_per_env, build_model
+from fastrl.runner.memory import buffers_per_env
 from fastrl.runner.parallel import ParallelRunner
+from fastrl.runner.run_start import build_model
 from fastrl.transport.messages import BuffersFreed, TrajectoriesReady
 from fastrl.transport.procs import shm_files, shm_left_behind
 

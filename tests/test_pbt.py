@@ -16,6 +16,7 @@ import torch
 from gymnasium import spaces
 
 from fastrl.algo.learner import PBT_HYPERPARAMS, Learner
+from fastrl.algo.pbt.population import HISTORY, Population, choose, perturb
 from fastrl.algo.run_frames import RunFrames
 from fastrl.config.load import parse_config
 from fastrl.config.settings import Config, ConfigError
@@ -24,8 +25,7 @@ from fastrl.errors import EnvSettingsError
 from fastrl.experiment.checkpoint import checkpoint_state, restore_learner, save_checkpoint
 from fastrl.experiment.stats import TrainingStats
 from fastrl.policy.model import ActorCritic
-from fastrl.runner.loop import RunLoop
-from fastrl.runner.pbt import HISTORY, Population, choose, perturb
+from fastrl.runner.run_loop import RunLoop
 from fastrl.runner.stations import LearnerStation
 from fastrl.sampling.weights import LocalWeights
 from fastrl.transport.messages import (

@@ -19,7 +19,7 @@ from fastrl.policy.model import ActorCritic
 from fastrl.runner.serial import run_serial
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.inference import PolicyWorker
-from fastrl.sampling.trajectories import PolicyAssignment, by_policy
+from fastrl.sampling.policy_assignment import PolicyAssignment, by_policy
 from fastrl.sampling.weights import LocalWeights
 from fastrl.transport.messages import InferenceRequest
 from tests.test_agents import make_worker as make_agents_worker

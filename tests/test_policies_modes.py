@@ -12,8 +12,8 @@ import torch
 
 from fastrl.config.load import parse_config
 from fastrl.runner.children import POLL
-from fastrl.runner.common import build_model
 from fastrl.runner.parallel import ParallelRunner
+from fastrl.runner.run_start import build_model
 from fastrl.transport.messages import BuffersFreed, TrajectoriesReady
 from tests.test_agents_modes import MATCH, check_agent_steps, shm_buffers
 from tests.test_parallel import base_args, run_train, shm_left_behind

@@ -11,23 +11,23 @@ import torch
 from gymnasium import spaces
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from fastrl.algo.apex import q_learning_problem
-from fastrl.algo.r2d2 import R2D2Learner
+from fastrl.algo.replay.apex import q_learning_problem
+from fastrl.algo.replay.r2d2 import R2D2Learner
+from fastrl.algo.replay.sequence_store import SequenceStore, sequence_priorities
+from fastrl.algo.replay.targets import (
+    nstep_returns,
+    sequence_targets,
+    value_rescale,
+    value_rescale_inv,
+)
 from fastrl.config.load import parse_config
 from fastrl.config.settings import ConfigError
 from fastrl.experiment.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.policy.model import ActorCritic
-from fastrl.runner.common import check_env_settings
+from fastrl.runner.run_start import check_env_settings
 from fastrl.runner.serial import run_serial
 from fastrl.sampling.env_setup import EnvInfo
-from fastrl.sampling.replay import nstep_returns, sequence_targets
-from fastrl.sampling.sequences import (
-    SequenceStore,
-    sequence_priorities,
-    value_rescale,
-    value_rescale_inv,
-)
-from fastrl.sampling.trajectories import traj_id
+from fastrl.sampling.rollout_records import traj_id
 from tests.test_parallel import run_train
 from tests.test_replay import _trajectories
 

@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.sampling.inference import ape_x_epsilons, epsilon_greedy
-from fastrl.sampling.replay import (
+from fastrl.algo.replay.exploration import ape_x_epsilons, epsilon_greedy
+from fastrl.algo.replay.store import (
     RateLimiter,
     ReplayStore,
     SumTree,
     annealed_beta,
     importance_weights,
-    nstep_returns,
     stratified_prefixes,
 )
+from fastrl.algo.replay.targets import nstep_returns
 
 
 def _find_loop(priorities: np.ndarray, prefix: float) -> int:
@@ -213,12 +213,12 @@ def test_store_round_trip_with_and_without_contents():
 
 
 def test_a_store_larger_than_memory_is_one_line(monkeypatch):
-    from fastrl.sampling import replay
+    from fastrl.runner import memory
 
-    monkeypatch.setattr(replay, "available_memory", lambda: 2**30)
-    replay.check_fits(2**29, 1000)  # fits
+    monkeypatch.setattr(memory, "available_memory", lambda: 2**30)
+    memory.check_fits(2**29, 1000)  # fits
     with pytest.raises(MemoryError) as info:
-        replay.check_fits(3 * 2**30, 5_000_000)
+        memory.check_fits(3 * 2**30, 5_000_000)
     assert str(info.value).startswith("--replay_capacity=5,000,000: ")
     assert "\n" not in str(info.value)
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.algo.apex import ApexLearner, build_store
 from fastrl.algo.learner_group import LearnerGroup
-from fastrl.algo.r2d2 import R2D2Learner
+from fastrl.algo.replay.apex import ApexLearner, build_store
+from fastrl.algo.replay.r2d2 import R2D2Learner
 from fastrl.config.checks import validate
 from fastrl.config.load import parse_config
 from fastrl.config.settings import Config
@@ -139,7 +139,7 @@ def test_dev_shm_is_checked_for_the_sum_of_the_shared_store_and_the_buffers(tmp_
     parallel mode places there refuses it in one line, before the experiment folder is made."""
     import os
 
-    from fastrl.algo.apex import shared_store_nbytes
+    from fastrl.algo.replay.apex import shared_store_nbytes
     from fastrl.errors import ExperimentError
     from fastrl.runner.parallel import ParallelRunner
     from fastrl.sampling.env_setup import probe_env
@@ -165,7 +165,7 @@ def test_dev_shm_is_checked_for_the_sum_of_the_shared_store_and_the_buffers(tmp_
 
 
 def test_the_shared_store_size_is_what_its_columns_hold():
-    from fastrl.algo.apex import shared_store_nbytes
+    from fastrl.algo.replay.apex import shared_store_nbytes
 
     for algo in ("apex", "r2d2"):
         cfg = parse_config([*FLAGS[algo], "--device", "cpu"])

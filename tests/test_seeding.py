@@ -1,4 +1,4 @@
-"""Each process draws its own random numbers: fastrl.runner.common.seed_everything with a
+"""Each process draws its own random numbers: fastrl.runner.run_start.seed_everything with a
 stream, and the policy workers' use of it (issue 23, defect 4: every policy worker, on every
 node and after every restart, drew the same action-sampling stream) and the rollout workers'
 (issue 41: envs drawing from numpy's global generator, crafter's without a seed, made the
@@ -11,7 +11,7 @@ import torch
 
 from fastrl.config.settings import Config
 from fastrl.runner import children
-from fastrl.runner.common import (
+from fastrl.runner.process_setup import (
     LEARNER_STREAM,
     POLICY_STREAM,
     ROLLOUT_STREAM,

@@ -1,7 +1,7 @@
-"""Reward-shaping weights under PBT (fastrl/algo/shaping.py): the reweighting against a loop,
-the terms' path from an env through the rollout workers into the buffers, the learner's use
-of its own weights, their perturbation and their checkpoint. The end-to-end runs are in
-tests/test_pbt.py (serial) and tests/test_policies_modes.py (parallel)."""
+"""Reward-shaping weights under PBT (fastrl/algo/pbt/reward_weights.py): the reweighting
+against a loop, the terms' path from an env through the rollout workers into the buffers,
+the learner's use of its own weights, their perturbation and their checkpoint. The
+end-to-end runs are in tests/test_pbt.py (serial) and tests/test_policies_modes.py (parallel)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import torch
 from gymnasium import spaces
 
 from fastrl.algo.learner import Learner
-from fastrl.algo.shaping import RewardWeights
+from fastrl.algo.pbt.population import perturb
+from fastrl.algo.pbt.reward_weights import RewardWeights
 from fastrl.config.settings import Config
 from fastrl.errors import EnvOutputError, EnvSettingsError
 from fastrl.policy.model import ActorCritic
-from fastrl.runner.pbt import perturb
 from fastrl.sampling.agents import MultiAgentRolloutWorker
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.env_faults import write_reward_terms

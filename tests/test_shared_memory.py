@@ -16,7 +16,7 @@ import torch
 from fastrl.config.load import parse_config
 from fastrl.errors import ExperimentError
 from fastrl.runner import wiring as wiring_module
-from fastrl.runner.common import build_model
+from fastrl.runner.run_start import build_model
 from fastrl.runner.wiring import build_wiring, check_shared_memory
 from fastrl.sampling.env_setup import probe_env
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fastrl.config.load import parse_config
-from fastrl.runner.common import build_model
+from fastrl.runner.run_start import build_model
 from fastrl.runner.stations import RolloutStation
 from fastrl.runner.supervisor import hung_message
 from fastrl.runner.wiring import build_wiring

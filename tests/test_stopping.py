@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fastrl.config.load import parse_config
-from fastrl.runner.common import build_model
+from fastrl.runner.run_start import build_model
 from fastrl.runner.stations import RolloutStation
 from fastrl.runner.wiring import build_wiring
 from fastrl.sampling.env_setup import probe_env

@@ -64,36 +64,26 @@ class LossParams:
             )
 
 
-def _check_shapes(
-    target_log_probs: Tensor,
-    entropy: Tensor,
-    behaviour_log_probs: Tensor,
-    values: Tensor,
-    rewards: Tensor,
-    dones: Tensor,
-    valid: Tensor,
-) -> None:
+def _check_shapes(tensors: dict[str, Tensor]) -> None:
+    """``appo_loss``'s tensors, by argument name: ``[B, T]`` each, ``values`` ``[B, T + 1]``,
+    ``dones`` and ``valid`` bool."""
+    target_log_probs, values = tensors["target_log_probs"], tensors["values"]
     if target_log_probs.dim() != 2 or target_log_probs.shape[1] < 1:
         raise ValueError(
             "appo_loss: target_log_probs must be batch-major [B, T] with T >= 1, "
             f"got {tuple(target_log_probs.shape)}"
         )
     b, t = target_log_probs.shape
-    for name, x in (
-        ("entropy", entropy),
-        ("behaviour_log_probs", behaviour_log_probs),
-        ("rewards", rewards),
-        ("dones", dones),
-        ("valid", valid),
-    ):
+    for name in ("entropy", "behaviour_log_probs", "rewards", "dones", "valid"):
+        x = tensors[name]
         if x.shape != (b, t):
             raise ValueError(f"appo_loss: {name} must be [B, T] = {(b, t)}, got {tuple(x.shape)}")
     if values.shape != (b, t + 1):
         raise ValueError(
             f"appo_loss: values must be [B, T + 1] = {(b, t + 1)}, got {tuple(values.shape)}"
         )
-    for name, x in (("dones", dones), ("valid", valid)):
-        if x.dtype != torch.bool:
+    for name in ("dones", "valid"):
+        if (x := tensors[name]).dtype != torch.bool:
             raise ValueError(f"appo_loss: {name} must be a bool tensor, got {x.dtype}")
 
 
@@ -159,7 +149,9 @@ def appo_loss(
     had ended after it.
     With no valid sample the loss is a zero still connected to the inputs' graph.
     """
-    _check_shapes(target_log_probs, entropy, behaviour_log_probs, values, rewards, dones, valid)
+    _check_shapes(dict(target_log_probs=target_log_probs, entropy=entropy,
+                       behaviour_log_probs=behaviour_log_probs, values=values, rewards=rewards,
+                       dones=dones, valid=valid))
     num_steps = target_log_probs.shape[1]
     # Both callees replace invalid entries (which may be NaN or inf) before any arithmetic.
     vs, pg_adv = return_targets_and_advantages(

@@ -19,7 +19,7 @@ import torch
 
 from fastrl.algo.appo import LossParams, appo_loss, clipped_loss, return_targets_and_advantages
 from fastrl.algo.learner_group import LearnerGroup
-from fastrl.algo.shaping import RewardWeights
+from fastrl.algo.pbt.reward_weights import RewardWeights
 from fastrl.config.settings import Config
 from fastrl.device import autocast, resolve_precision
 from fastrl.policy.actions import ActionSpec, exploration_problem
@@ -29,7 +29,7 @@ from fastrl.policy.model import NORMALIZER_FRAMES, ActorCritic
 from fastrl.policy.recurrent import Cuts, find_cuts
 from fastrl.sampling.env_setup import reward_scale
 
-# What population-based training (fastrl/runner/pbt.py) perturbs, per policy's learner;
+# What population-based training (fastrl/algo/pbt/population.py) perturbs, per policy's learner;
 # also the weights of the env's reward-shaping terms, if it names them (``reward/<term>``).
 PBT_HYPERPARAMS = ("learning_rate", "exploration_loss_coeff", "gamma")
 
@@ -72,7 +72,7 @@ class Learner:
         )
         self.precision = resolve_precision(cfg.precision, device)
         self.learning_rate = cfg.learning_rate  # this policy's own under --with_pbt
-        # The env's shaping terms, weighed by this learner (fastrl/algo/shaping.py).
+        # The env's shaping terms, weighed by this learner (fastrl/algo/pbt/reward_weights.py).
         self.shaping = (RewardWeights(reward_terms, reward_scale(cfg), cfg.reward_clip, device)
                         if reward_terms else None)
         self.version = 0

@@ -1,6 +1,6 @@
 """The run's trained env frames, every policy's together: the clock of ``--lr_schedule
 linear_decay``, which reaches 0 when they reach ``--train_for_env_steps`` (the run stops on
-the same sum: ``fastrl/runner/loop.py``).
+the same sum: ``fastrl/runner/run_loop.py``).
 
 Envs draw a policy per episode, so the policies' shares of the frames differ (one whose
 episodes last longer acts more of them): a decay over each policy's own frames against a

@@ -146,8 +146,7 @@ def probe_spaces(env_name: str, packages: str = "") -> EnvProbe:
     """Make env ``env_name`` with its default options (after importing ``packages``, the
     run's ``--env_packages``), read its spaces and how many agents it controls, reset it once
     to see whether it publishes its legal actions, close it."""
-    from fastrl.env_registry import import_env_packages, make_env
-    from fastrl.sampling.agent_count import is_multi_agent
+    from fastrl.env_registry import import_env_packages, is_multi_agent, make_env
 
     import_env_packages(packages)
     env = make_env(env_name)

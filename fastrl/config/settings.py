@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
 ALGOS = ("appo", "apex", "r2d2")
-REPLAY_ALGOS = ("apex", "r2d2")  # trained from a replay store (fastrl/algo/apex.py, r2d2.py)
+REPLAY_ALGOS = ("apex", "r2d2")  # trained from a replay store (fastrl/algo/replay/apex.py, r2d2.py)
 
 
 def _f(default: Any, help: str, group: str = "training", choices: tuple | None = None) -> Any:
@@ -264,7 +264,7 @@ class Config:
                          "steps into the minibatches and --rollout exceed --batch_size",
                          choices=("minibatch", "batch"))
 
-    # --- population-based training (--with_pbt; fastrl/runner/pbt.py) ----------------
+    # --- population-based training (--with_pbt; fastrl/algo/pbt/population.py) ----------------
     with_pbt: bool = _f(False, "Population-based training over the --num_policies (>= 2): every "
                         "--pbt_period_env_steps the worst policies take the weights of the best "
                         "and their hyperparameters perturbed", "pbt")

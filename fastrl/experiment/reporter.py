@@ -138,8 +138,8 @@ LEARNER_TAGS = {"policy_loss": "train/policy_loss", "value_loss": "train/value_l
                 "adv_std": "train/adv_std", "ratio_mean": "train/ratio_mean",
                 "policy_lag_min": "policy_lag/min", "policy_lag_mean": "policy_lag/mean",
                 "policy_lag_max": "policy_lag/max",
-                "stale_samples": "pbt/stale_samples",  # --with_pbt (fastrl/runner/pbt.py)
-                # --algo apex, r2d2 (fastrl/algo/apex.py, r2d2.py, runner/replay_station.py)
+                "stale_samples": "pbt/stale_samples",  # --with_pbt (fastrl/algo/pbt/population.py)
+                # --algo apex, r2d2 (fastrl/algo/replay/apex.py, r2d2.py, runner/replay_station.py)
                 "q_loss": "train/q_loss", "q_mean": "train/q_mean", "td_error": "train/td_error",
                 "priority_mean": "replay/priority_mean", "replay_size": "replay/size",
                 "samples_per_insert": "replay/samples_per_insert", "beta": "replay/beta",

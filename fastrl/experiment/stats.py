@@ -167,7 +167,7 @@ class TrainingStats:
         # --num_policies > 1: each policy's figures (none with one policy: the run's are its).
         self.policies = ([PolicyStats(cfg.stats_avg) for _ in range(cfg.num_policies)]
                          if cfg.num_policies > 1 else [])
-        self.pbt = None  # --with_pbt: the population (fastrl/runner/pbt.py), set by the run loop
+        self.pbt = None  # --with_pbt: the population (algo/pbt/population.py), set by the run loop
 
     @property
     def run_seconds(self) -> float:

@@ -26,10 +26,10 @@ from typing import Any
 
 import gymnasium as gym
 
+from fastrl.env_registry import is_multi_agent, num_agents
 from fastrl.errors import ExperimentError
 from fastrl.experiment.match import play_match
 from fastrl.policy.obs import random_legal_action
-from fastrl.sampling.agent_count import is_multi_agent, num_agents
 
 SELF = "self"
 RANDOM = "random"

@@ -220,7 +220,7 @@ class ActorCritic(nn.Module):
             obs: dict of ``[B, ...]`` (a bare tensor is taken as ``{"obs": tensor}``).
             rnn_state: ``[B, H]``, H = ``rnn_state_size`` (0 without an RNN).
             encoders: a copy of ``self.encoders`` to encode with (the policy workers' copy
-                in bf16: :func:`fastrl.policy.lowp.lowp_encoders`); default: its own.
+                in bf16: :func:`fastrl.policy.bf16_encoders.lowp_encoders`); default: its own.
 
         Returns:
             logits ``[B, P]``, values ``[B]``, new_rnn_state ``[B, H]`` (without an RNN, the

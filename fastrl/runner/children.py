@@ -12,15 +12,15 @@ from fastrl.algo.learner_group import LearnerGroup
 from fastrl.config.settings import Config
 from fastrl.device import learner_device, resolve_device, resolve_precision
 from fastrl.log import log
-from fastrl.runner.common import (
+from fastrl.runner.cores import make_learner, make_policy_worker
+from fastrl.runner.process_setup import (
     LEARNER_STREAM,
     POLICY_STREAM,
     ROLLOUT_STREAM,
-    build_model,
     seed_everything,
 )
-from fastrl.runner.cores import make_learner, make_policy_worker
 from fastrl.runner.replay_station import make_learner_station, make_rank_station
+from fastrl.runner.run_start import build_model
 from fastrl.runner.stations import PolicyStation, RolloutStation
 from fastrl.runner.supervisor import Child, Supervisor
 from fastrl.runner.wiring import Wiring

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import torch
 
-from fastrl.algo.apex import ApexLearner
 from fastrl.algo.learner import Learner
 from fastrl.algo.learner_group import LearnerGroup
-from fastrl.algo.r2d2 import R2D2Learner
+from fastrl.algo.replay.apex import ApexLearner
+from fastrl.algo.replay.exploration import ape_x_epsilons
+from fastrl.algo.replay.r2d2 import R2D2Learner
 from fastrl.config.settings import REPLAY_ALGOS
 from fastrl.experiment.checkpoint import restore_learner
-from fastrl.runner.common import build_model
+from fastrl.runner.run_start import build_model
 from fastrl.runner.wiring import Wiring
 from fastrl.sampling.env_setup import EnvInfo, weighed_reward_terms
-from fastrl.sampling.inference import PolicyWorker, ape_x_epsilons
+from fastrl.sampling.inference import PolicyWorker
 
 
 def make_policy_worker(wiring: Wiring, model: torch.nn.Module, device: torch.device,

@@ -1,7 +1,7 @@
 """Sampler nodes (``--num_sampler_nodes``): the link between a node and the learner.
 
 A sampler node runs rollout workers and policy workers with its own shared memory and
-queues, exactly as one machine does without nodes (``fastrl/runner/node.py``). Instead of a
+queues, exactly as one machine does without nodes (``fastrl/runner/sampler_node.py``). Instead of a
 learner it has a gateway that ships whole trajectories to the learner node and takes new
 weights back. The transport is torch.distributed: for every connection the two ends build
 two standalone Gloo process groups of two ranks (the learner is rank 0, the node rank 1),
@@ -37,7 +37,7 @@ import torch.distributed as dist
 from fastrl.config.settings import Config
 from fastrl.log import log
 from fastrl.sampling.buffers import TrajectoryBuffers
-from fastrl.sampling.trajectories import from_node
+from fastrl.sampling.rollout_records import from_node
 from fastrl.transport.messages import (
     BuffersFreed,
     Fence,

@@ -1,5 +1,7 @@
-"""The memory budget of the trajectory buffers: a bare command allocates what the machine
-can spare.
+"""The run's memory: how many trajectory slots each env gets (:func:`buffers_per_env`), the
+budget of the trajectory buffers (a bare command allocates what the machine can spare), the
+replay store's check (:func:`check_fits`), and what the host has free (:func:`shm_free`,
+:func:`available_memory`).
 
 The buffers hold ``env slots x slots per env`` trajectories of ``rollout + 2`` observations
 each (``fastrl.sampling.buffers``), allocated at start in shared memory (``/dev/shm``, which
@@ -17,17 +19,73 @@ recipe and the flags; the result is saved in ``config.json``, so a resumed run k
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 
 from gymnasium import spaces
 
-from fastrl.config.settings import Config
+from fastrl.config.settings import REPLAY_ALGOS, Config
 from fastrl.policy.obs import as_dict_space
 from fastrl.policy.recurrent import state_size
 from fastrl.policy.spaces import ObsPlan
-from fastrl.runner.common import buffers_per_env
 from fastrl.sampling.buffers import BufferLayout
-from fastrl.sampling.replay import available_memory, shm_free
+
+
+def shm_free() -> int | None:
+    """Bytes free in /dev/shm (where shared tensors live), or None."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel says can be allocated without swapping (MemAvailable), or None."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_fits(nbytes: int, capacity: int) -> None:
+    """A one-line ``MemoryError`` when a store of ``nbytes`` cannot be held in memory (a
+    shared store's room in /dev/shm is checked with the rest of the run's shared memory:
+    ``fastrl.runner.wiring.check_shared_memory``)."""
+    free = available_memory()
+    if free is not None and nbytes > free:
+        raise MemoryError(
+            f"--replay_capacity={capacity:,}: the replay store needs {nbytes / 2**30:.2f} GiB, "
+            f"more than the {free / 2**30:.2f} GiB of memory available; lower --replay_capacity")
+
+
+def buffers_per_env(cfg: Config, num_envs: int) -> int:
+    """Trajectory slots per env: one being filled plus room for two learner batches (the one
+    training and the next), and no more: a learner-bound run fills every slot, so each slot
+    beyond that adds policy lag, not speed. (Rounding up per batch rather than for both
+    gave CartPole's classic recipe 3 slots per env where 2 hold both batches: its policy lag
+    went from 88-95 SGD steps to 45-63, perf/log/RESULTS.md, "Default recipes".)
+
+    With ``--num_policies P > 1`` each policy's learner waits for a whole batch of its own:
+    room for ``P + 1`` batches, so that however the waiting slots fall among the learners,
+    one of them always has a whole batch (``P`` learners each one trajectory short hold
+    fewer than ``P`` batches) while the envs go on filling theirs.
+
+    The replay learners (``--algo apex``, ``r2d2``) wait for no batch: each trajectory goes
+    into the store on its own, as the rate limiter lets it. Two slots per env (the one filling
+    and the one handed in) keep the actors' weights at most about a trajectory's worth of
+    learner steps old; CartPole's classic Ape-X row had 5 and acted with weights 310 learner
+    steps old (perf/log/RESULTS.md)."""
+    if cfg.algo in REPLAY_ALGOS:
+        return 2
+    batches = 2 if cfg.num_policies <= 1 else cfg.num_policies + 1
+    return math.ceil(batches * cfg.trajectories_per_batch / num_envs) + 1
+
 
 # The trajectory buffers may take 1/RAM_SHARE of the RAM available at start: the rest of a
 # run (a torch process per worker, env engines, the learner's batches and activations) takes

@@ -7,7 +7,7 @@ starts the learner, the policy workers and the rollout workers together: the lea
 a checkpoint and publishes the weights while the workers start their envs, and the policy
 workers act only once the weights are there (sampler nodes start once the learner is ready);
 it keeps the statistics from their reports
-(``fastrl/runner/loop.py``, shared with serial mode) and checks on every child each loop
+(``fastrl/runner/run_loop.py``, shared with serial mode) and checks on every child each loop
 turn, so that a crash or a hang is noticed at once (``fastrl/runner/supervisor.py``).
 
 Faults (docs/reliability.md has the whole story): a learner failure stops the run with the
@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from fastrl.algo.pbt.population import Population
 from fastrl.config.settings import Config
 from fastrl.device import check_learner_devices
 from fastrl.errors import ExperimentError
@@ -38,26 +39,24 @@ from fastrl.experiment.stats import TrainingStats
 from fastrl.experiment.wandb_run import WandbRun, start_wandb
 from fastrl.log import log
 from fastrl.runner.children import POLL, start_learners, start_sampling
-from fastrl.runner.common import (
+from fastrl.runner.link import NodeLink, host_store, publish_config
+from fastrl.runner.memory import MemoryBudget, buffers_per_env, memory_budget
+from fastrl.runner.process_setup import seed_everything
+from fastrl.runner.run_loop import RunLoop
+from fastrl.runner.run_start import (
     announce_inputs,
     announce_recipe,
-    buffers_per_env,
     build_model,
     check_env_settings,
-    process_context,
-    seed_everything,
 )
-from fastrl.runner.link import NodeLink, host_store, publish_config
-from fastrl.runner.loop import RunLoop
-from fastrl.runner.memory import MemoryBudget, memory_budget
-from fastrl.runner.node import local_node_main
-from fastrl.runner.pbt import Population
+from fastrl.runner.sampler_node import local_node_main
 from fastrl.runner.supervisor import Child, ChildError, Supervisor
 from fastrl.runner.wiring import Wiring, build_wiring
 from fastrl.sampling.env_setup import create_env, probe_env
 from fastrl.transport.messages import ChildFailed, Fenced, LearnerReady
 from fastrl.transport.procs import check_queue_layout, kill_descendants
 from fastrl.transport.signals import LauncherSignals, quit_status
+from fastrl.transport.startup import process_context
 
 __all__ = ["ChildError", "ParallelRunner", "run_parallel"]
 

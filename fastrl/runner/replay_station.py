@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import time
 
-from fastrl.algo.apex import ApexLearner
+from fastrl.algo.replay.apex import ApexLearner
+from fastrl.algo.replay.exploration import ape_x_epsilons
 from fastrl.runner.stations import LearnerRankStation, LearnerStation
 from fastrl.runner.wiring import Wiring
-from fastrl.sampling.inference import ape_x_epsilons
 from fastrl.transport.messages import ReplayShare
 
 

@@ -11,6 +11,7 @@ import sys
 
 import torch
 
+from fastrl.algo.pbt.population import Population
 from fastrl.config.settings import Config
 from fastrl.device import resolve_device
 from fastrl.experiment.checkpoint import restore_counters
@@ -20,20 +21,14 @@ from fastrl.experiment.reporter import Reporter, print_final_summary
 from fastrl.experiment.stats import TrainingStats
 from fastrl.experiment.wandb_run import start_wandb
 from fastrl.log import log
-from fastrl.runner.common import (
-    announce_inputs,
-    announce_recipe,
-    check_env_settings,
-    seed_everything,
-)
 from fastrl.runner.cores import make_learner, make_policy_worker
-from fastrl.runner.loop import RunLoop
-from fastrl.runner.pbt import Population
+from fastrl.runner.process_setup import keep_freed_memory, seed_everything
 from fastrl.runner.replay_station import make_learner_station
+from fastrl.runner.run_loop import RunLoop
+from fastrl.runner.run_start import announce_inputs, announce_recipe, check_env_settings
 from fastrl.runner.stations import PolicyStation, RolloutStation
 from fastrl.runner.wiring import build_wiring
 from fastrl.sampling.env_setup import create_env, env_info
-from fastrl.transport.malloc import keep_freed_memory
 from fastrl.transport.messages import LearnerReady
 from fastrl.transport.signals import LauncherSignals
 

@@ -12,20 +12,20 @@ from __future__ import annotations
 import time
 from typing import NoReturn
 
+from fastrl.algo.batcher import PendingSlots
 from fastrl.algo.learner import Learner
 from fastrl.errors import EnvOutputError
 from fastrl.experiment.checkpoint import checkpoint_state, save_checkpoint
 from fastrl.runner.fault_log import FaultLog
-from fastrl.runner.slots import PendingSlots
 from fastrl.runner.wiring import Wiring
 from fastrl.sampling.agents import MultiAgentRolloutWorker
 from fastrl.sampling.backlog import Backlog, backlog_cells
 from fastrl.sampling.env_setup import create_env, reward_scale
 from fastrl.sampling.inference import PolicyWorker
 from fastrl.sampling.rollout import RolloutWorker
+from fastrl.sampling.rollout_records import StepOutput
 from fastrl.sampling.staging import Staging
 from fastrl.sampling.startup import CREATING, Activity
-from fastrl.sampling.trajectories import StepOutput
 from fastrl.transport.messages import (
     ActionsReady,
     BuffersFreed,
@@ -303,9 +303,10 @@ class LearnerStation:
             self._last_report = time.monotonic()
 
     def _replace(self, msg: PbtReplace) -> None:
-        """Population-based training replaces this policy (fastrl/runner/pbt.py): the donor's
-        current published weights and the new hyperparameters (``Learner.take_weights``); the
-        trajectories waiting here were acted by the old weights: freed untrained."""
+        """Population-based training replaces this policy (fastrl/algo/pbt/population.py):
+        the donor's current published weights and the new hyperparameters
+        (``Learner.take_weights``); the trajectories waiting here were acted by the old
+        weights: freed untrained."""
         learner = self.learner
         learner.take_weights(self.wiring.policy_weights[msg.donor], msg.hyperparams)
         dropped = self.pending.take_all()

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from fastrl.log import log
+from fastrl.runner.process_setup import keep_freed_memory
 from fastrl.runner.wiring import Wiring
 from fastrl.sampling.backlog import backlog_cells
 from fastrl.sampling.startup import (
@@ -38,7 +39,6 @@ from fastrl.sampling.startup import (
     WAITING,
     describe_activity,
 )
-from fastrl.transport.malloc import keep_freed_memory
 from fastrl.transport.messages import ChildFailed, Fence, Fenced, Reissue
 from fastrl.transport.procs import (
     Lifeline,

@@ -12,7 +12,7 @@ buffers)::
     learner (rank 0) --TrainShare---------------> its ranks' queues (--num_learners > 1;
                                                   rank_queues_of(policy)[r - 1])
     sampler node k   --trajectories, reports----> its link, which plays rollout worker k
-                       (--num_sampler_nodes; fastrl/runner/link.py, fastrl/runner/node.py)
+                       (--num_sampler_nodes; fastrl/runner/link.py, fastrl/runner/sampler_node.py)
     learner          --LearnerReady, Fenced,
                        CheckpointSaved----------> runner_queue
     learner k        --weights------------------> policy_weights[k] (every policy worker)
@@ -42,16 +42,15 @@ from typing import Any
 
 import torch
 
-from fastrl.algo.apex import build_store, shared_store_nbytes
 from fastrl.algo.learner_group import free_port
+from fastrl.algo.replay.apex import build_store, shared_store_nbytes
 from fastrl.algo.run_frames import RunFrames
 from fastrl.config.settings import REPLAY_ALGOS, Config
 from fastrl.errors import ExperimentError
-from fastrl.runner.common import buffers_per_env
+from fastrl.runner.memory import buffers_per_env, shm_free
 from fastrl.sampling.backlog import backlog_limit
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.env_setup import EnvInfo, weighed_reward_terms
-from fastrl.sampling.replay import shm_free
 from fastrl.sampling.weights import LocalWeights, SharedWeights, WeightsSource
 from fastrl.transport.mailbox import Mailbox
 from fastrl.transport.procs import Lifeline
@@ -90,7 +89,7 @@ class Wiring:
     learner_port: int = 0
     learner_ports: list[int] = field(default_factory=list)  # one group per policy
     # --algo apex|r2d2 with --num_learners > 1: the replay store's tensors, in shared memory
-    # (every rank binds its store to them; fastrl/sampling/replay.py).
+    # (every rank binds its store to them; fastrl/algo/replay/store.py).
     replay_columns: dict[str, torch.Tensor] | None = None
     # Sampler nodes (--num_sampler_nodes): the port of the learner node's store, where they
     # connect. On the learner node "rollout worker" k stands for sampler node k.
@@ -105,7 +104,7 @@ class Wiring:
     learner_queues: list[MessageQueue] = field(default_factory=list)
     policy_weights: list[WeightsSource] = field(default_factory=list)
     # --num_policies: the seed of the policy draws, which every rollout worker shares
-    # (fastrl.sampling.trajectories.PolicyAssignment): --seed, or drawn once for the run.
+    # (fastrl.sampling.rollout_records.PolicyAssignment): --seed, or drawn once for the run.
     assign_seed: int = 0
     # int64 per rollout worker: what it is doing (fastrl.sampling.startup.Activity), for the
     # runner to say when it kills the worker as hung.
@@ -204,7 +203,7 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
     itself). ``slots_per_env``: trajectory slots per env slot (default: room for two learner
     batches, see ``buffers_per_env``). ``models``: serial mode with ``--num_policies`` > 1,
     every policy's learner model (``model`` is the first). ``node``: the wiring of sampler
-    node ``node`` (``fastrl/runner/node.py``), which has no learners: no replay store (the
+    node ``node`` (``fastrl/runner/sampler_node.py``), which has no learners: no replay store (the
     learner node's) and no learner ranks' inboxes."""
     envs_per_worker *= info.num_agents
     num_envs = num_workers * envs_per_worker

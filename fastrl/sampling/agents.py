@@ -40,19 +40,20 @@ from collections.abc import Callable
 
 import gymnasium as gym
 
-from fastrl.errors import EnvOutputError
-from fastrl.policy.obs import random_legal_action
-from fastrl.sampling.agent_count import (  # noqa: F401 - the contract, here too
+from fastrl.env_registry import (  # noqa: F401 - the contract, here too
     FINAL_OBS,
     INACTIVE,
     is_multi_agent,
     num_agents,
 )
+from fastrl.errors import EnvOutputError
+from fastrl.policy.obs import random_legal_action
 from fastrl.sampling.buffers import INVALID_VERSION
 from fastrl.sampling.env_faults import brief, check_step, write_reward_terms
+from fastrl.sampling.policy_assignment import PolicyAssignment
 from fastrl.sampling.rollout import NO_VERSION, RolloutWorker
+from fastrl.sampling.rollout_records import Split, StepOutput
 from fastrl.sampling.startup import STEPPING
-from fastrl.sampling.trajectories import PolicyAssignment, Split, StepOutput
 
 # What step returns, each a sequence of one item per agent, and the kind of fault when it is not
 _STEP_ITEMS = (("observations", "obs_shape"), ("rewards", "reward"), ("terminated", "flags"),
@@ -123,7 +124,7 @@ class MultiAgentRolloutWorker(RolloutWorker):
             obs = [self._check_obs(o) for o in obs]
             steps = [check_step(*item) for item in zip(rewards, terminated, truncated, infos)]
             finals = [self._final_obs(*step) for step in steps]
-            if self._terms_np is not None:  # (fastrl/algo/shaping.py)
+            if self._terms_np is not None:  # (fastrl/algo/pbt/reward_weights.py)
                 for b, step in zip(bufs, steps, strict=True):
                     write_reward_terms(self._terms_np[b, t], step[3].get("reward_terms"))
         except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
@@ -205,12 +206,7 @@ class MultiAgentRolloutWorker(RolloutWorker):
         for a in range(n):
             j = i * n + a
             self._start_agent_episode(j, self.worker_id * len(self._ep_len) + j, first_step)
-        if fault is None:
-            try:
-                return self._reset(i, seed)
-            except Exception as exc:  # noqa: BLE001 - any env fault is handled alike
-                fault = exc
-        return self._replace_env(i, fault, out)
+        return self._reset_or_replace(i, out, seed, fault)
 
     def _reset(self, i: int, seed: int | None = None) -> list[dict]:
         obs = self._timer.call(self.envs[i].reset, seed=seed)[0]

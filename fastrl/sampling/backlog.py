@@ -35,7 +35,7 @@ import math
 
 import numpy as np
 
-from fastrl.sampling.trajectories import Split
+from fastrl.sampling.rollout_records import Split
 
 
 def backlog_limit(max_batches: float, trajectories_per_batch: int, split_size: int,

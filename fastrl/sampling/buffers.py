@@ -49,7 +49,7 @@ class BufferLayout:
     # (fastrl.policy.actions.ActionSpec).
     action_dtype: torch.dtype = torch.int64
     # The env's reward-shaping terms kept per step apart from the reward, for a learner that
-    # weighs them itself (--with_pbt: fastrl/algo/shaping.py); 0 keeps none.
+    # weighs them itself (--with_pbt: fastrl/algo/pbt/reward_weights.py); 0 keeps none.
     reward_terms: int = 0
 
     @classmethod
@@ -113,7 +113,7 @@ class TrajectoryBuffers:
         self.final_obs = {key: torch.full_like(obs[:, 0], _fill_value(obs.dtype))
                           for key, obs in self.obs.items()}
         self.final_step = torch.full((n,), -1, dtype=torch.int64)
-        # Each trajectory's id (fastrl.sampling.trajectories.traj_id): its env slot and its
+        # Each trajectory's id (fastrl.sampling.rollout_records.traj_id): its env slot and its
         # number in that slot's run, for --algo r2d2 to find a trajectory's predecessor.
         # Read by the replay station itself, not gathered.
         self.traj_ids = torch.full((n,), -1, dtype=torch.int64)

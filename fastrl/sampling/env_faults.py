@@ -285,9 +285,10 @@ class CallTimer:
 
 
 def write_reward_terms(out: np.ndarray, values: Any, what: str = "step") -> None:
-    """One step's ``info["reward_terms"]`` (fastrl/algo/shaping.py) into ``out``, its row of
-    the buffer: zeros when the env reported none at this step; :class:`EnvOutputError` when
-    it reported another number of terms than it names, or a value that is not finite."""
+    """One step's ``info["reward_terms"]`` (fastrl/algo/pbt/reward_weights.py) into ``out``,
+    its row of the buffer: zeros when the env reported none at this step;
+    :class:`EnvOutputError` when it reported another number of terms than it names, or a
+    value that is not finite."""
     if values is None:
         out[:] = 0.0
         return

@@ -12,8 +12,11 @@ from gymnasium import spaces
 
 from fastrl.config.settings import Config
 from fastrl.env_registry import (
+    FINAL_OBS,
     import_env_packages,
+    is_multi_agent,
     make_env,
+    num_agents,
     recommended_settings,
     recycle_env,
     renders_frames,
@@ -22,7 +25,6 @@ from fastrl.env_registry import (
 from fastrl.errors import EnvSettingsError
 from fastrl.policy.obs import as_dict_space
 from fastrl.policy.spaces import ObsPlan
-from fastrl.sampling.agent_count import FINAL_OBS, is_multi_agent, num_agents
 from fastrl.transport.signals import held
 
 
@@ -178,7 +180,8 @@ class EnvInfo:
     # one line per kind of key left out: for the first lines of a run, not for checkpoints.
     obs_sources: tuple[tuple[str, str], ...] = ()
     obs_left_out: tuple[str, ...] = ()
-    # The reward-shaping terms the env names (metadata["reward_terms"]: fastrl/algo/shaping.py).
+    # The reward-shaping terms the env names (metadata["reward_terms"]:
+    # fastrl/algo/pbt/reward_weights.py).
     reward_terms: tuple[str, ...] = ()
     # Whether the env declares a time limit (has_time_limit): without one, the run warns when
     # episodes grow far longer than its first ones (fastrl.experiment.stats.long_episodes).
@@ -246,7 +249,7 @@ def has_time_limit(env) -> bool:
 
 def weighed_reward_terms(cfg: Config, info: EnvInfo) -> tuple[str, ...]:
     """The env's shaping terms each policy's learner weighs itself: all it names under
-    ``--with_pbt`` with ``--pbt_reward_shaping`` (fastrl/algo/shaping.py), else none."""
+    ``--with_pbt`` with ``--pbt_reward_shaping`` (fastrl/algo/pbt/reward_weights.py), else none."""
     return info.reward_terms if cfg.with_pbt and cfg.pbt_reward_shaping else ()
 
 

@@ -13,11 +13,12 @@ import functools
 
 import torch
 
+from fastrl.algo.replay.dueling import chosen_q, dueling_heads, greedy_q
+from fastrl.algo.replay.exploration import epsilon_greedy
 from fastrl.device import autocast
 from fastrl.policy.actions import ActionSpec
+from fastrl.policy.bf16_encoders import lowp_encoders, refresh
 from fastrl.policy.distributions import ActionDistribution
-from fastrl.policy.dueling import chosen_q, dueling_heads, greedy_q
-from fastrl.policy.lowp import lowp_encoders, refresh
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.obs import lowest_obs
 from fastrl.sampling.buffers import TrajectoryBuffers
@@ -73,7 +74,7 @@ class PolicyWorker:
         # Observations and memory reach the device through buffers kept from call to call.
         self.staging = Staging(device)
         # Under bf16, each model's encoders with their weights already in bf16, refreshed at
-        # every load: autocast then casts nothing (fastrl/policy/lowp.py).
+        # every load: autocast then casts nothing (fastrl/policy/bf16_encoders.py).
         self._lowp = ([lowp_encoders(m.encoders) for m in self.models]
                       if precision == "bf16" else None)
         self._flat_obs = {k: v.view(-1, *v.shape[2:]) for k, v in buffers.obs.items()}
@@ -210,25 +211,6 @@ class PolicyWorker:
                 full[dev_rows] = outputs[i]
             out.append(full)
         return (*out, versions)
-
-
-def ape_x_epsilons(num_envs: int, base: float = 0.4, alpha: float = 7.0) -> torch.Tensor:
-    """Ape-X's exploration rates ``[num_envs]``: env ``i`` of ``N`` explores with
-    ``base ** (1 + alpha * i / (N - 1))`` (one env: ``base``)."""
-    i = torch.arange(num_envs, dtype=torch.float64)
-    return (base ** (1.0 + alpha * i / max(1, num_envs - 1))).float()
-
-
-def epsilon_greedy(greedy: torch.Tensor, epsilons: torch.Tensor,
-                   nvec: tuple[int, ...]) -> torch.Tensor:
-    """``greedy`` actions ``[B, D]`` where each row, with probability ``epsilons[b]``, is
-    replaced by uniform choices (every dimension ``j`` among its ``nvec[j]``)."""
-    b = greedy.shape[0]
-    n = torch.tensor(nvec, device=greedy.device, dtype=torch.float32)
-    uniform = (torch.rand((b, len(nvec)), device=greedy.device) * n).long().clamp(
-        max=n.long() - 1)
-    explore = torch.rand(b, device=greedy.device) < epsilons
-    return torch.where(explore.unsqueeze(1), uniform.to(greedy.dtype), greedy)
 
 
 def to_host(parts: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -33,14 +33,9 @@ from fastrl.sampling.env_faults import (
     fault_kind,
     write_reward_terms,
 )
+from fastrl.sampling.policy_assignment import PolicyAssignment, by_policy
+from fastrl.sampling.rollout_records import Split, StepOutput, TrajectoryTags
 from fastrl.sampling.startup import CREATING, STEPPING, Activity, Decorrelation, EnvStartup
-from fastrl.sampling.trajectories import (
-    PolicyAssignment,
-    Split,
-    StepOutput,
-    TrajectoryTags,
-    by_policy,
-)
 from fastrl.transport.messages import (
     ActionsReady,
     EpisodeStats,
@@ -67,7 +62,8 @@ class RolloutWorker(EnvStartup):
         free_buffers: slot indices this worker may fill at the start.
         num_splits: groups to split the envs into.
         reward_scale, reward_clip: applied to the training reward (episode returns stay
-            native); with ``buffers.reward_terms`` the learner clips (fastrl/algo/shaping.py).
+            native); with ``buffers.reward_terms`` the learner clips
+            (fastrl/algo/pbt/reward_weights.py).
         trajectories_per_round: sync mode (``async_rl=False``): each split pauses after
             this many trajectories per env until :meth:`resume` is called; ``None`` = async.
         seed: base seed; env ``e`` is reset with ``seed + e`` on its first reset.
@@ -88,7 +84,7 @@ class RolloutWorker(EnvStartup):
         env_check: ``"warn"``: bad env output is a fault like any other; ``"strict"``: it
             raises :class:`~fastrl.errors.EnvOutputError` at once, naming the env.
         num_policies, policy_seed: ``--num_policies``: each slot's policy, drawn per episode
-            (``fastrl.sampling.trajectories.PolicyAssignment``, seeded with ``policy_seed``,
+            (``fastrl.sampling.rollout_records.PolicyAssignment``, seeded with ``policy_seed``,
             the same for every worker of a run); a trajectory goes to its policy's learner.
         activity: where it records what it is doing (``fastrl.sampling.startup.Activity``).
         backlog: holds splits while enough trajectories wait (``fastrl.sampling.backlog``).
@@ -368,6 +364,12 @@ class RolloutWorker(EnvStartup):
         self._ep_start[i] = first_step
         self._ep_version[i] = NO_VERSION
         self._policy_rnn_np[e] = 0.0
+        return self._reset_or_replace(i, out, seed, fault)
+
+    def _reset_or_replace(self, i: int, out: StepOutput, seed: int | None = None,
+                          fault: Exception | None = None):
+        """Env ``i``'s first observation (a multi-agent env's, one per agent): reset it, or
+        replace it after ``fault`` or after a reset that fails."""
         if fault is None:
             try:
                 return self._reset(i, seed)

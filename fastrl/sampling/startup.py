@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from fastrl.policy.obs import random_legal_action
-from fastrl.sampling.trajectories import StepOutput
+from fastrl.sampling.rollout_records import StepOutput
 
 # What a rollout worker is doing (Activity codes); an env is its index in the worker.
 STARTING, WAITING, CREATING, RESETTING, DECORRELATING, STEPPING, CLOSING = range(7)

@@ -175,7 +175,7 @@ class CheckpointSaved(NamedTuple):
     policy: int = 0
 
 
-# --- population-based training (--with_pbt; fastrl/runner/pbt.py) ---------------------------
+# --- population-based training (--with_pbt; fastrl/algo/pbt/population.py) -------------
 
 
 class PbtReplace(NamedTuple):

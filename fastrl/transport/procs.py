@@ -178,7 +178,7 @@ def kill_group(pgid: int, wait: float = 2.0) -> int:
 
 def kill_session(sid: int, wait: float = 2.0) -> int:
     """:func:`kill_group` for a whole session: a sampler node leads one, and each of its
-    workers leads a process group inside it (fastrl/runner/node.py)."""
+    workers leads a process group inside it (fastrl/runner/sampler_node.py)."""
     if sid == os.getsid(0):  # never our own session
         return 0
     return _kill_all(lambda: session_members(sid), _kill_each, wait)

@@ -33,8 +33,8 @@ from fastrl.transport.signals import held
 # torch._dynamo too: torch's optimizers import it the first time a parameter group is added
 # (1-2 s of CPU in every learner); it starts no thread.
 # fastrl.transport.server_exit last: it makes the server's own exit quick.
-FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "fastrl.runner.parallel", "fastrl.runner.node",
-                      "envs", "fastrl.transport.server_exit"]
+FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "fastrl.runner.parallel",
+                      "fastrl.runner.sampler_node", "envs", "fastrl.transport.server_exit"]
 START_METHODS = ("forkserver", "spawn")
 
 
@@ -115,3 +115,17 @@ def run_command(main: Callable[..., int], prog: str | None = None) -> NoReturn:
         print(f"{prog}: error: {problem}", file=sys.stderr)
         exit_command(1)
     exit_command(main(prog=prog))
+
+
+def process_context():
+    """The multiprocessing context for the parallel runner's children (see
+    ``fastrl.transport.startup``), with the fork server and the resource tracker running.
+
+    A child's parent is the fork server, not the runner, and the fork server can outlive a
+    killed runner; children therefore watch the runner itself (``Wiring.parent``, a
+    :class:`fastrl.transport.procs.Lifeline`), not their parent pid."""
+    import torch.multiprocessing as tmp
+
+    method = start_method()
+    start_helpers(method)
+    return tmp.get_context(method)

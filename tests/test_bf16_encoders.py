@@ -1,4 +1,4 @@
-"""The policy workers' bf16 copy of the encoders (fastrl/policy/lowp.py): bit for bit the
+"""The policy workers' bf16 copy of the encoders (fastrl/policy/bf16_encoders.py): bit for bit the
 output of bf16 autocast over the float32 model, for every kind of encoder, and kept up to
 date as new weights are loaded."""
 
@@ -12,7 +12,7 @@ import torch
 from gymnasium import spaces
 
 from fastrl.device import autocast
-from fastrl.policy.lowp import lowp_encoders, refresh
+from fastrl.policy.bf16_encoders import lowp_encoders, refresh
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.spaces import ObsPlan
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers

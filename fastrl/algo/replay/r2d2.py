@@ -1,5 +1,5 @@
 """R2D2's learner (``--algo r2d2``): Ape-X's n-step double Q-learning with a dueling head, on
-sequences, with the recurrent core (``fastrl.sampling.sequences`` holds them).
+sequences, with the recurrent core (``fastrl.algo.replay.sequence_store`` holds them).
 
 One learner step: sample ``--batch_size`` sequences by priority; unroll the online and the
 target network over each sequence's predecessor from the predecessor's stored state, with
@@ -9,7 +9,7 @@ store); for every step ``t`` of the sequence, the target
 ``y_t = h(R_t + D_t * h^-1(Q^target(s_{t+m}, argmax_a Q^online(s_{t+m}, a))))`` (``R``,
 ``D``, ``m``: the n-step return, discount and steps, as Ape-X's, stopping at a done and at
 the sequence's end; ``h``: R2D2's invertible value rescaling,
-:func:`~fastrl.sampling.sequences.value_rescale`, off with ``--r2d2_value_rescaling False``);
+:func:`~fastrl.algo.replay.targets.value_rescale`, off with ``--r2d2_value_rescaling False``);
 Huber loss of ``Q(s_t, a_t) - y_t`` averaged over each sequence's steps, weighted by the
 sequence's importance weight; new priorities ``eta * max + (1 - eta) * mean`` of the steps'
 ``|TD error|``. Steps no policy acted, and steps whose target would need the observation a
@@ -24,26 +24,27 @@ import torch
 import torch.nn.functional as F
 from gymnasium import spaces
 
-from fastrl.algo.apex import ApexLearner
-from fastrl.config.settings import Config
-from fastrl.device import autocast
-from fastrl.policy.dueling import chosen_q, dueling_heads
-from fastrl.policy.model import ActorCritic
-from fastrl.policy.recurrent import find_cuts
-from fastrl.sampling.replay import sequence_targets
-from fastrl.sampling.sequences import (
+from fastrl.algo.replay.apex import ApexLearner
+from fastrl.algo.replay.dueling import chosen_q, dueling_heads
+from fastrl.algo.replay.sequence_store import sequence_priorities
+from fastrl.algo.replay.targets import (
     actor_td_errors,
-    sequence_priorities,
+    sequence_targets,
     value_rescale,
     value_rescale_inv,
 )
+from fastrl.config.settings import Config
+from fastrl.device import autocast
+from fastrl.policy.model import ActorCritic
+from fastrl.policy.recurrent import find_cuts
 from fastrl.transport.messages import ReplayShare
 
 
 class R2D2Learner(ApexLearner):
     """:class:`ApexLearner` on sequences: the store is a
-    :class:`~fastrl.sampling.sequences.SequenceStore`, ``--batch_size`` counts sequences, and
-    the rate limiter counts the trained steps of each (``batch_size * rollout``)."""
+    :class:`~fastrl.algo.replay.sequence_store.SequenceStore`, ``--batch_size`` counts
+    sequences, and the rate limiter counts the trained steps of each
+    (``batch_size * rollout``)."""
 
     algo = "r2d2"
 

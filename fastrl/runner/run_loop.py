@@ -44,8 +44,8 @@ class RunLoop:
             where nothing arrives while this process waits).
         evaluate_in_thread: parallel mode evaluates in a thread beside the loop; serial
             mode evaluates in place, between two polls of the stations.
-        pbt: the population (``--with_pbt``, fastrl/runner/pbt.py): it sees every episode and
-            exchanges policies between two turns when due.
+        pbt: the population (``--with_pbt``, fastrl/algo/pbt/population.py): it sees every
+            episode and exchanges policies between two turns when due.
     """
 
     def __init__(self, wiring: Wiring, stats: TrainingStats, reporter: Reporter,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from fastrl.runner.slots import PendingSlots
+from fastrl.algo.batcher import PendingSlots
 from fastrl.transport.messages import BuffersFreed, TrajectoriesReady
 
 PER_WORKER = 4
@@ -213,7 +213,7 @@ def test_slots_per_env_hold_two_batches_and_no_more():
     """One slot being filled per env, plus the fewest that hold two learner batches."""
     from types import SimpleNamespace
 
-    from fastrl.runner.common import buffers_per_env
+    from fastrl.runner.memory import buffers_per_env
 
     for per_batch in (1, 3, 8, 16, 32, 33, 64):
         for envs in (1, 2, 7, 16, 32, 64, 100):

@@ -25,10 +25,10 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
+from fastrl.algo.batcher import PendingSlots
 from fastrl.config.settings import Config
 from fastrl.log import log
 from fastrl.runner.children import POLL, start_sampling
-from fastrl.runner.common import build_model, process_context, seed_everything
 from fastrl.runner.link import (
     BYE,
     REPORTS,
@@ -42,7 +42,8 @@ from fastrl.runner.link import (
     join_store,
     node_policy_report,
 )
-from fastrl.runner.slots import PendingSlots
+from fastrl.runner.process_setup import seed_everything
+from fastrl.runner.run_start import build_model
 from fastrl.runner.supervisor import Supervisor
 from fastrl.runner.wiring import Wiring, build_wiring
 from fastrl.sampling.env_setup import probe_env
@@ -56,6 +57,7 @@ from fastrl.transport.messages import (
     TrajectoriesReady,
 )
 from fastrl.transport.procs import check_queue_layout
+from fastrl.transport.startup import process_context
 
 REPORTS_EVERY = 0.5  # seconds between the gateway's report messages (the node's heartbeat)
 NODE_SLOTS_PER_ENV = 1

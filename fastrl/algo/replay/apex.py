@@ -1,5 +1,5 @@
 """Ape-X's learner (``--algo apex``): n-step double Q-learning with a dueling head on a
-prioritized replay store (``fastrl.sampling.replay``).
+prioritized replay store (``fastrl.algo.replay.store``).
 
 The Q-network is the same :class:`~fastrl.policy.model.ActorCritic` APPO trains, read as a
 dueling network: the critic head is the state value ``V(s)``, the actor head's logits are the
@@ -29,23 +29,24 @@ from gymnasium import spaces
 
 from fastrl.algo.learner import policy_lag
 from fastrl.algo.learner_group import LearnerGroup
-from fastrl.config.settings import Config
-from fastrl.device import autocast, resolve_precision
-from fastrl.log import log
-from fastrl.policy.actions import ActionSpec
-from fastrl.policy.dueling import chosen_q, dueling_heads
-from fastrl.policy.model import ActorCritic
-from fastrl.policy.obs import has_action_mask
-from fastrl.policy.recurrent import state_size
-from fastrl.policy.spaces import storage
-from fastrl.sampling.replay import (
+from fastrl.algo.replay.dueling import chosen_q, dueling_heads
+from fastrl.algo.replay.sequence_store import SequenceStore
+from fastrl.algo.replay.store import (
     PRIORITY_EPS,
     RateLimiter,
     ReplayStore,
     annealed_beta,
     columns_nbytes,
 )
-from fastrl.sampling.sequences import SequenceStore, actor_td_errors
+from fastrl.algo.replay.targets import actor_td_errors
+from fastrl.config.settings import Config
+from fastrl.device import autocast, resolve_precision
+from fastrl.log import log
+from fastrl.policy.actions import ActionSpec
+from fastrl.policy.model import ActorCritic
+from fastrl.policy.obs import has_action_mask
+from fastrl.policy.recurrent import state_size
+from fastrl.policy.spaces import storage
 from fastrl.transport.messages import ReplayShare
 
 
@@ -193,7 +194,7 @@ class ApexLearner:
 
     def _actor_priorities(self, batch: dict) -> np.ndarray:
         """``--replay_initial_priority actor``: each step's |TD error| ``[K, T]`` from the
-        acting policy's own Q-values (``sequences.actor_td_errors``); a step whose bootstrap
+        acting policy's own Q-values (``targets.actor_td_errors``); a step whose bootstrap
         the actor never valued comes in at the highest priority so far (this batch's
         included)."""
         td, known = actor_td_errors(batch, self.cfg.nstep, self.cfg.gamma)

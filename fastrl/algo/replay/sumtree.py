@@ -1,5 +1,5 @@
 """The sum tree of the replay stores' priorities, and the sampling by it
-(``fastrl/sampling/replay.py`` says how the stores use them)."""
+(``fastrl/algo/replay/store.py`` says how the stores use them)."""
 
 from __future__ import annotations
 

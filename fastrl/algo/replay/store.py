@@ -41,13 +41,13 @@ of a batch (``fastrl/runner/replay_station.py``).
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import numpy as np
 import torch
 
-from fastrl.sampling.sumtree import SumTree, importance_weights, stratified_prefixes
+from fastrl.algo.replay.sumtree import SumTree, importance_weights, stratified_prefixes
+from fastrl.algo.replay.targets import nstep_returns
 
 # Added to |TD error| so that no transition's priority falls to 0 (never sampled again).
 PRIORITY_EPS = 1e-6
@@ -56,69 +56,6 @@ PRIORITY_EPS = 1e-6
 def annealed_beta(beta0: float, done_fraction: float) -> float:
     """Beta from ``beta0`` (nothing trained) linearly to 1 (``done_fraction`` >= 1)."""
     return beta0 + (1.0 - beta0) * min(1.0, max(0.0, done_fraction))
-
-
-def nstep_returns(rewards: torch.Tensor, dones: torch.Tensor, final_step: torch.Tensor,
-                  t: torch.Tensor, n: int, gamma: float
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The n-step part of the targets of transitions at step ``t`` ``[B]`` of rows whose
-    ``rewards``, ``dones`` are ``[B, T]`` and ``final_step`` ``[B]`` (-1: no time limit).
-
-    Returns ``(returns [B], discounts [B], next_t [B], from_final [B])``: the discounted
-    rewards of the ``m`` steps taken (up to ``n``, to the first done, to the row's end); the
-    bootstrap's discount ``gamma ** m`` (0 after a termination); the observation
-    ``t + m`` to bootstrap from; and whether it is ``final_obs`` instead (a time limit ended
-    the episode at the last step taken)."""
-    b, horizon = rewards.shape
-    steps = t.unsqueeze(1) + torch.arange(n, device=t.device).unsqueeze(0)  # [B, n]
-    inside = steps < horizon
-    cols = steps.clamp(max=horizon - 1)
-    r = rewards.gather(1, cols) * inside
-    d = dones.gather(1, cols) & inside
-    # A step is taken when it is inside the row and no earlier step of the window ended.
-    before = torch.cat([torch.zeros((b, 1), dtype=torch.bool, device=t.device), d[:, :-1]], 1)
-    taken = inside & (torch.cumsum(before.int(), 1) == 0)
-    powers = gamma ** torch.arange(n, device=t.device, dtype=rewards.dtype)
-    returns = (r * taken * powers).sum(1)
-    m = taken.sum(1)
-    last = t + m - 1
-    ended = (d & taken).any(1)
-    from_final = ended & (final_step == last)
-    discounts = torch.where(ended & ~from_final, 0.0, gamma ** m.to(rewards.dtype))
-    return returns, discounts.to(rewards.dtype), t + m, from_final
-
-
-def sequence_targets(rewards: torch.Tensor, dones: torch.Tensor, final_step: torch.Tensor,
-                     nstep: int, gamma: float) -> tuple[torch.Tensor, ...]:
-    """The n-step part of every step's target in sequences of ``rewards``, ``dones``
-    ``[B, T]`` (``final_step`` ``[B]``): ``(returns, discounts, next_t, from_final)``, each
-    ``[B, T]``, as :func:`nstep_returns` gives them per step."""
-    b, t = rewards.shape
-    steps = torch.arange(t, device=rewards.device).repeat(b)
-    out = nstep_returns(rewards.repeat_interleave(t, 0), dones.repeat_interleave(t, 0),
-                        final_step.repeat_interleave(t, 0), steps, nstep, gamma)
-    return tuple(x.view(b, t) for x in out)
-
-
-def shm_free() -> int | None:
-    """Bytes free in /dev/shm (where shared tensors live), or None."""
-    try:
-        st = os.statvfs("/dev/shm")
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
-
-
-def available_memory() -> int | None:
-    """Bytes the kernel says can be allocated without swapping (MemAvailable), or None."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 class RateLimiter:
@@ -157,17 +94,6 @@ class RateLimiter:
 
     def ratio(self) -> float:
         return self.samples / max(1, self.inserts)
-
-
-def check_fits(nbytes: int, capacity: int) -> None:
-    """A one-line ``MemoryError`` when a store of ``nbytes`` cannot be held in memory (a
-    shared store's room in /dev/shm is checked with the rest of the run's shared memory:
-    ``fastrl.runner.wiring.check_shared_memory``)."""
-    free = available_memory()
-    if free is not None and nbytes > free:
-        raise MemoryError(
-            f"--replay_capacity={capacity:,}: the replay store needs {nbytes / 2**30:.2f} GiB, "
-            f"more than the {free / 2**30:.2f} GiB of memory available; lower --replay_capacity")
 
 
 # A column's shape, dtype and initial value (None: left uninitialised).

@@ -1,24 +1,20 @@
-"""Set-up shared by the serial and parallel runners: the model, buffer counts, the
-process context and seeds."""
+"""What a run does first, in both modes, once the env's spaces are known: refuse settings the
+env cannot take (:func:`check_env_settings`), say the recipe and the inputs in the first
+lines, and build the model."""
 
 from __future__ import annotations
 
-import math
-import random
-
-import numpy as np
 import torch
 
-from fastrl.algo.apex import build_store, q_learning_problem
+from fastrl.algo.replay.apex import build_store, q_learning_problem
 from fastrl.config.recipes import recipe_line
 from fastrl.config.settings import REPLAY_ALGOS, Config
 from fastrl.errors import EnvSettingsError
 from fastrl.log import log
 from fastrl.policy.actions import ActionSpec, exploration_problem
 from fastrl.policy.model import ActorCritic
+from fastrl.runner.memory import check_fits
 from fastrl.sampling.env_setup import EnvInfo
-from fastrl.sampling.replay import check_fits
-from fastrl.transport.startup import start_helpers, start_method
 
 # A replay store this large makes every checkpoint that large: said once at start.
 BIG_CHECKPOINT = 1 << 30
@@ -89,64 +85,3 @@ def announce_inputs(info: EnvInfo, model: ActorCritic) -> None:
         log(f"observation {key!r}: {source}{encoder}")
     for line in info.obs_left_out:
         log(line)
-
-
-def buffers_per_env(cfg: Config, num_envs: int) -> int:
-    """Trajectory slots per env: one being filled plus room for two learner batches (the one
-    training and the next), and no more: a learner-bound run fills every slot, so each slot
-    beyond that adds policy lag, not speed. (Rounding up per batch rather than for both
-    gave CartPole's classic recipe 3 slots per env where 2 hold both batches: its policy lag
-    went from 88-95 SGD steps to 45-63, perf/log/RESULTS.md, "Default recipes".)
-
-    With ``--num_policies P > 1`` each policy's learner waits for a whole batch of its own:
-    room for ``P + 1`` batches, so that however the waiting slots fall among the learners,
-    one of them always has a whole batch (``P`` learners each one trajectory short hold
-    fewer than ``P`` batches) while the envs go on filling theirs.
-
-    The replay learners (``--algo apex``, ``r2d2``) wait for no batch: each trajectory goes
-    into the store on its own, as the rate limiter lets it. Two slots per env (the one filling
-    and the one handed in) keep the actors' weights at most about a trajectory's worth of
-    learner steps old; CartPole's classic Ape-X row had 5 and acted with weights 310 learner
-    steps old (perf/log/RESULTS.md)."""
-    if cfg.algo in REPLAY_ALGOS:
-        return 2
-    batches = 2 if cfg.num_policies <= 1 else cfg.num_policies + 1
-    return math.ceil(batches * cfg.trajectories_per_batch / num_envs) + 1
-
-
-def process_context():
-    """The multiprocessing context for the parallel runner's children (see
-    ``fastrl.transport.startup``), with the fork server and the resource tracker running.
-
-    A child's parent is the fork server, not the runner, and the fork server can outlive a
-    killed runner; children therefore watch the runner itself (``Wiring.parent``, a
-    :class:`fastrl.transport.procs.Lifeline`), not their parent pid."""
-    import torch.multiprocessing as tmp
-
-    method = start_method()
-    start_helpers(method)
-    return tmp.get_context(method)
-
-
-# ``seed_everything`` streams: the kinds of process that draw random numbers of their own.
-POLICY_STREAM = 1
-LEARNER_STREAM = 2  # the learners of policies 1, 2, ... (policy 0 seeds from --seed itself)
-ROLLOUT_STREAM = 3  # envs that draw from numpy's or Python's global generator
-
-
-def seed_everything(seed: int | None, *stream: int) -> None:
-    """Seed Python's, numpy's and torch's generators of this process.
-
-    Without ``stream``, from ``seed`` itself (nothing when it is None). With ``stream`` (the
-    process's place: a kind, an id, a restart count), from ``seed`` and ``stream`` mixed, so
-    that no two processes of a run, nor two incarnations of one, draw the same numbers; and
-    from OS entropy when ``seed`` is None, since a child forked from the fork server otherwise
-    starts from the fork server's state, the same in every child."""
-    if seed is None and not stream:
-        return
-    if stream:
-        entropy = None if seed is None else [seed, *stream]
-        seed = int(np.random.SeedSequence(entropy).generate_state(1)[0])
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)

@@ -1,14 +1,14 @@
 """The replay store of ``--algo r2d2``: whole trajectories kept as sequences for a recurrent
 Q-network, sampled by priority.
 
-**A sequence** is one row of :class:`~fastrl.sampling.replay.ReplayStore` (one trajectory
+**A sequence** is one row of :class:`~fastrl.algo.replay.store.ReplayStore` (one trajectory
 slot as it came: ``T = --rollout`` steps, ``T + 1`` observations) with one more column, the
 actor's recurrent state at the row's first step (what the rollout worker wrote into the
 slot: R2D2's *stored state*). Each frame is stored once.
 
 **Overlap and burn-in.** The rollout worker tags every trajectory with its env slot and its
 number in that env's run of trajectories (``TrajectoryBuffers.traj_ids``,
-:func:`fastrl.sampling.trajectories.traj_id`), so the store knows, for each row, the row that
+:func:`fastrl.sampling.rollout_records.traj_id`), so the store knows, for each row, the row that
 holds the same env's trajectory just before it (``prev_row``, -1 when that one is not, or no
 longer, in the store).
 The learner unrolls a sampled row's predecessor first, from the predecessor's stored state,
@@ -29,13 +29,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fastrl.sampling.replay import (
-    ColumnSpec,
-    ReplayStore,
-    SumTree,
-    columns_nbytes,
-    sequence_targets,
-)
+from fastrl.algo.replay.store import ColumnSpec, ReplayStore, SumTree, columns_nbytes
 
 
 def sequence_priorities(td_abs: torch.Tensor, mask: torch.Tensor, eta: float) -> torch.Tensor:
@@ -47,41 +41,6 @@ def sequence_priorities(td_abs: torch.Tensor, mask: torch.Tensor, eta: float) ->
     mean = (td_abs * m).sum(1) / count.clamp(min=1)
     top = (td_abs * m).amax(1)
     return torch.where(count > 0, eta * top + (1.0 - eta) * mean, torch.zeros_like(mean))
-
-
-def value_rescale(x: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
-    """R2D2's ``h(x) = sign(x) (sqrt(|x| + 1) - 1) + eps x``."""
-    return torch.sign(x) * (torch.sqrt(x.abs() + 1.0) - 1.0) + eps * x
-
-
-def value_rescale_inv(y: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
-    """The inverse of :func:`value_rescale`."""
-    root = (torch.sqrt(1.0 + 4.0 * eps * (y.abs() + 1.0 + eps)) - 1.0) / (2.0 * eps)
-    return torch.sign(y) * (root * root - 1.0)
-
-
-def actor_td_errors(batch: dict, nstep: int, gamma: float, rescale: bool = False
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ape-X's actor priorities, from what the acting policy reported for each step of the
-    trajectories ``batch`` (the replay algorithms' policy workers write ``Q(s_t, a_t)`` in
-    ``log_probs`` and ``max_a Q(s_t, a)`` in ``values``, ``[K, T]``): each step's n-step
-    ``|TD error|`` ``[K, T]``, bootstrapped from the actor's greedy value ``m`` steps on (in
-    the rescaled space with ``rescale``: R2D2's ``h``), and whether it is known ``[K, T]``.
-    It is not where the bootstrap is an observation the actor never valued (the row's last,
-    or a time limit's ``final_obs``), unless a termination makes the bootstrap 0."""
-    rewards, dones = batch["rewards"].float(), batch["dones"]
-    returns, discounts, next_t, from_final = sequence_targets(
-        rewards, dones, batch["final_step"], nstep, gamma)
-    horizon = rewards.shape[1]
-    q_taken, q_greedy = batch["log_probs"].float(), batch["values"].float()
-    boot = q_greedy.gather(1, next_t.clamp(max=horizon - 1))
-    if rescale:
-        boot = value_rescale_inv(boot)
-    target = returns + discounts * boot
-    if rescale:
-        target = value_rescale(target)
-    known = ((next_t < horizon) & ~from_final) | (discounts == 0)
-    return (target - q_taken).abs(), known
 
 
 class SequenceStore(ReplayStore):

@@ -1,5 +1,7 @@
-"""The learner's bookkeeping of trajectory slots: which are waiting, which to free, and what
-a dead rollout worker left behind.
+"""The learner's batcher: the trajectory slots waiting for it, in arrival order, taken a batch
+at a time, freed back to their workers, and what a dead rollout worker left behind. (A
+sampler node's gateway, the learner's stand-in on that node, keeps its waiting slots the
+same way.)
 
 Every slot belongs to one rollout worker (slots ``w * per_worker`` to ``(w + 1) * per_worker
 - 1``). A slot reaches the learner in a :class:`TrajectoriesReady` message and goes back to

@@ -44,8 +44,8 @@ REPLACING = sys.maxsize  # a replaced policy's version floor until its learner c
 def perturb(values: dict[str, float], rng: np.random.Generator, low: float,
             high: float) -> dict[str, float]:
     """Each hyperparameter (``PBT_HYPERPARAMS``, then the reward-shaping weights
-    ``reward/<term>`` of an env that names its terms: fastrl/algo/shaping.py) multiplied or
-    divided (at random) by a factor drawn from ``[low, high]``; gamma through its horizon
+    ``reward/<term>`` of an env that names its terms: ``reward_weights.py``) multiplied
+    or divided (at random) by a factor drawn from ``[low, high]``; gamma through its horizon
     ``1 - gamma``, so that it stays in [0, 1]."""
     out = {}
     for name in values:
