@@ -2,7 +2,8 @@
 """Soak: the default command for hours, faults on a schedule, memory, FPS and return over time.
 
     python perf/soak.py --hours 2 --out perf/results/soak          # doom_basic, the bare command
-    python perf/soak.py --env CartPole-v1 --hours 0.1 -- --device cpu  # after --: train.py flags
+    python perf/soak.py --env CartPole-v1 --hours 0.2 --warmup_minutes 2 --first_fault 60 \
+        --kill_worker_every 120 --nan_every 60 --kill_engine_every 0 -- --device cpu
 
 Trains ``train.py --env soak-<env>``: the env ``<env>`` as fastrl's registry makes it, with
 its recommended settings, wrapped by perf/soak_env.py so that the soak can ask for one NaN
@@ -40,7 +41,7 @@ REPO = os.path.dirname(PERF)
 sys.path.insert(0, REPO)
 
 from fastrl.transport.procs import (  # noqa: E402
-    alive,
+    Lifeline,
     descendants,
     process_title,
     shm_files,
@@ -97,14 +98,21 @@ def growth(values: list[float]) -> float | None:
 
 
 def warm_samples(report: dict, args: argparse.Namespace) -> list[dict]:
-    """The samples from ``--warmup_minutes`` after the first trained frames until one
-    sample before the run's time is up (its shutdown, when processes exit one by one, is not
-    a memory level)."""
+    """The samples from ``--warmup_minutes`` after the first trained frames until the last
+    one at which the frames still grew (and one sample before the run's time is up): the
+    start-up and the shutdown, when processes start or exit one by one, are not memory
+    levels."""
     t0 = report.get("training_from_s")
     if t0 is None:
         return []
     first, end = t0 + args.warmup_minutes * 60, t0 + args.hours * 3600 - args.sample_every
-    return [s for s in report["samples"] if first <= s["t"] < end]
+    samples = report["samples"]
+    grew = [b["t"] for a, b in zip(samples, samples[1:])
+            if b.get("frames") is not None and a.get("frames") is not None
+            and b["frames"] > a["frames"]]
+    if grew:
+        end = min(end, grew[-1] + 1e-9)
+    return [s for s in samples if first <= s["t"] <= end]
 
 
 def verdict(report: dict, args: argparse.Namespace) -> dict[str, bool]:
@@ -115,12 +123,23 @@ def verdict(report: dict, args: argparse.Namespace) -> dict[str, bool]:
     frames = [s["frames"] for s in samples if s.get("frames") is not None]
     returns = [s["return"] for s in warm if s.get("return") is not None]
     injected, counted = report["faults_injected"], report["faults_counted"]
+    periods = {"worker": "kill_worker_every", "engine": "kill_engine_every", "nan": "nan_every"}
+
+    def exercised(kind: str) -> bool:  # a kind turned on that never came proves nothing
+        return not getattr(args, periods[kind], 0) > 0 or injected[kind] > 0
+
     checks = {
         "memory flat": total is not None and abs(total) <= args.memory_bound,
         "frames only grow": frames == sorted(frames) and len(frames) > 1,
-        "NaN rewards counted": counted.get("env_reward", 0) >= injected["nan"],
-        "worker kills restarted": counted.get("worker_restarts", 0) >= injected["worker"],
-        "engine kills restarted": counted.get("env_restarts", 0) >= injected["engine"],
+        "NaN rewards counted": exercised("nan")
+        and counted.get("env_reward", 0) >= injected["nan"],
+        "worker kills restarted": exercised("worker")
+        and counted.get("worker_restarts", 0) >= injected["worker"],
+        # A killed engine is an exception fault of its env; every NaN reward restarts its
+        # env too, so the restarts must cover both.
+        "engine kills restarted": exercised("engine")
+        and counted.get("env_exception", 0) >= injected["engine"]
+        and counted.get("env_restarts", 0) >= injected["engine"] + injected["nan"],
         # the final mean return within (1 - return_hold) of the best's size below the best
         "return held": bool(returns)
         and returns[-1] >= max(returns) - abs(max(returns)) * (1 - args.return_hold),
@@ -231,6 +250,11 @@ def main() -> int:
            args.train_dir, "--restart_behavior", "overwrite", "--train_for_seconds",
            str(seconds), "--summaries_every_sec", "10", *extra]
     shm_before = shm_files()
+    summary_path = os.path.join(args.train_dir, args.experiment, "summary.json")
+    # The run overwrites the experiment (--restart_behavior overwrite), but only once it has
+    # started: an earlier run's summary would be read as this one's until then.
+    if os.path.exists(summary_path):
+        os.remove(summary_path)
     log_path = os.path.join(args.out, "train.log")
     log = open(log_path, "w")  # noqa: SIM115 - open for the run's whole length
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -241,8 +265,7 @@ def main() -> int:
     every = {"worker": args.kill_worker_every, "engine": args.kill_engine_every,
              "nan": args.nan_every}
     schedule: Schedule | None = None  # from the first trained frames: every env exists by then
-    summary_path = os.path.join(args.train_dir, args.experiment, "summary.json")
-    seen: set[int] = set()
+    seen: dict[int, Lifeline] = {}  # by pid and start time: a reused pid is not ours
     stop = threading.Event()
     forward = lambda signum, frame: (stop.set(), proc.send_signal(signal.SIGINT))  # noqa: E731
     signal.signal(signal.SIGINT, forward)
@@ -252,7 +275,8 @@ def main() -> int:
     while proc.poll() is None:
         time.sleep(1.0)
         now = time.time()
-        seen |= descendants(proc.pid)
+        for pid in descendants(proc.pid) - seen.keys():
+            seen[pid] = Lifeline(pid, every=0.0)
         # No fault in the last tenth (at most 2 minutes): each must be seen through.
         if schedule is None and last is not None and last[1] > 0:
             schedule = Schedule(now, args.first_fault, every)
@@ -296,9 +320,9 @@ def main() -> int:
     report["exit_code"] = proc.returncode
     log.close()
     deadline = time.time() + 15  # the engines' own exit may trail the launcher's a moment
-    while alive(seen) and time.time() < deadline:
+    while any(p.alive() for p in seen.values()) and time.time() < deadline:
         time.sleep(0.5)
-    report["processes_left"] = sorted(alive(seen))
+    report["processes_left"] = sorted(pid for pid, p in seen.items() if p.alive())
     report["shm_left"] = sorted(shm_left_behind(shm_before))
     report["checks"] = verdict(report, args)
     warm = warm_samples(report, args)
