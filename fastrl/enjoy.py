@@ -312,6 +312,7 @@ def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOp
     result = EvalResult()
     agents: list[EvalResult] = []  # a multi-agent env's results, per agent
     seats: list[int] = [0]
+    states: dict[int, tuple[dict, str]] = {0: (state, ckpt_path)}
     versus = None
     interrupted = False
     try:
@@ -378,7 +379,8 @@ def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOp
         "env": cfg.env,
         "experiment": cfg.experiment,
         "checkpoint": os.path.abspath(ckpt_path),
-        "policies": seats,
+        "policies": seats,  # and the checkpoint each policy that played played:
+        "checkpoints": {str(k): os.path.abspath(p) for k, (_, p) in states.items()},
         "checkpoint_env_frames": state.get("counters", {}).get("env_frames"),
         "deterministic": options.deterministic,
         "seed": cfg.seed,

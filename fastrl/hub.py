@@ -18,6 +18,7 @@ of the Hub (offline, no network, no token, no such repository) is one
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -27,7 +28,7 @@ from typing import Any
 
 from fastrl.errors import ExperimentError, MissingExtraError
 from fastrl.experiment.checkpoint import checkpoint_dir, list_checkpoints
-from fastrl.experiment.model_card import model_card
+from fastrl.experiment.model_card import model_card, shareable_config
 from fastrl.log import log
 
 INSTALL_HINT = "pip install 'fastrl[hub]' (or pip install huggingface_hub)"
@@ -147,25 +148,34 @@ def _place(src: str, dest: str) -> None:
         shutil.copy2(src, dest)
 
 
-def _policy_checkpoints(exp_dir: str, report: dict[str, Any]) -> dict[str, str]:
-    """Repository path -> local checkpoint of each policy that played: the one evaluated as
-    policy 0; when several policies played, policies 0..max as enjoy loaded them (the
-    newest of each, the evaluated one for the first seat's)."""
+def _checkpoint_name(path: str) -> str:
+    name = os.path.basename(path)
+    return name if name.startswith("checkpoint_") else "checkpoint_" + name  # findable
+
+
+def _policy_checkpoints(exp_dir: str, report: dict[str, Any]) -> dict[int, tuple[str, str]]:
+    """Policy -> (repository path, local checkpoint): the checkpoint each policy played
+    (eval.json's ``checkpoints``; an older eval.json names the first seat's alone). One
+    policy playing is the repository's policy 0 (``checkpoints/``); several: policies
+    0..max, one that did not play with its newest checkpoint."""
     seats = report.get("policies") or [0]
-    evaluated = report["checkpoint"]
-    name = os.path.basename(evaluated)
-    if not name.startswith("checkpoint_"):  # a --checkpoint file renamed: keep it findable
-        name = "checkpoint_" + name
+    played = {int(k): v for k, v in (report.get("checkpoints") or {}).items()}
+    played.setdefault(seats[0], report["checkpoint"])
+
+    def local(k: int) -> str:
+        found = list_checkpoints(exp_dir, k)
+        if k not in played and not found:
+            raise ExperimentError(f"no checkpoint in {checkpoint_dir(exp_dir, k)} to push")
+        return played.get(k) or found[-1]
+
     if len(set(seats)) == 1:
-        return {f"checkpoints/{name}": evaluated}
+        path = local(seats[0])
+        return {seats[0]: (f"checkpoints/{_checkpoint_name(path)}", path)}
     out = {}
     for k in range(max(seats) + 1):
-        found = list_checkpoints(exp_dir, k)
-        path = evaluated if k == seats[0] else (found[-1] if found else None)
-        if path is None:
-            raise ExperimentError(f"no checkpoint in {checkpoint_dir(exp_dir, k)} to push")
+        path = local(k)
         folder = os.path.basename(checkpoint_dir(exp_dir, k))
-        out[f"{folder}/{name if k == seats[0] else os.path.basename(path)}"] = path
+        out[k] = (f"{folder}/{_checkpoint_name(path)}", path)
     return out
 
 
@@ -178,7 +188,7 @@ def stage(exp_dir: str, report: dict[str, Any], repo_id: str, saved: dict[str, A
     if not report.get("episodes"):
         raise ExperimentError("--push_to_hub: no episode was finished, nothing to report")
     checkpoints = _policy_checkpoints(exp_dir, report)
-    for rel, src in checkpoints.items():
+    for rel, src in checkpoints.values():
         _place(src, os.path.join(dest, rel))
     videos = []
     for src in report.get("videos") or []:
@@ -186,10 +196,14 @@ def stage(exp_dir: str, report: dict[str, Any], repo_id: str, saved: dict[str, A
         _place(src, os.path.join(dest, videos[-1]))
     config = os.path.join(exp_dir, "config.json")
     if os.path.isfile(config):
-        _place(config, os.path.join(dest, "config.json"))
-    else:  # a checkpoint copied out of its folder: the config it carries
-        _write(os.path.join(dest, "config.json"), json.dumps(saved, indent=2, sort_keys=True))
-    shared = {**report, "checkpoint": next(iter(checkpoints)), "videos": videos}
+        with open(config) as fh:
+            saved = json.load(fh)
+    # (with no config.json by it, a checkpoint copied out of its folder: the config it carries)
+    _write(os.path.join(dest, "config.json"),
+           json.dumps(shareable_config(saved), indent=2, sort_keys=True))
+    played = {str(k): rel for k, (rel, _) in checkpoints.items()}
+    shared = {**report, "checkpoint": next(iter(played.values())), "checkpoints": played,
+              "videos": videos}
     _write(os.path.join(dest, "eval.json"), json.dumps(shared, indent=2))
     _write(os.path.join(dest, "README.md"), model_card(repo_id, report, saved, videos))
     return sorted(os.path.relpath(os.path.join(root, f), dest).replace(os.sep, "/")
@@ -223,7 +237,7 @@ def push_to_hub(exp_dir: str, report: dict[str, Any], repo_id: str,
     with tempfile.TemporaryDirectory(prefix=".hub_upload_", dir=where) as folder:
         try:
             files = stage(exp_dir, report, repo_id, saved, folder)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a config.json that is not JSON
             raise ExperimentError(f"cannot prepare the upload to {repo_id}: {exc}") from None
         log(f"pushing {len(files)} files to {repo_id}: {', '.join(files)}")
         message = f"fastrl: {report['env']}, mean reward {report['mean_return']:.2f}"
@@ -240,45 +254,79 @@ def push_to_hub(exp_dir: str, report: dict[str, Any], repo_id: str,
 # --- loading -------------------------------------------------------------------------------
 
 
-def _read_source(exp_dir: str) -> str | None:
+def _read_source(exp_dir: str) -> dict[str, Any]:
+    """``hub_source.json``: ``repo_id`` and ``files`` (those copied from the repository)."""
     try:
         with open(os.path.join(exp_dir, SOURCE_FILE)) as fh:
-            return json.load(fh).get("repo_id")
-    except (OSError, ValueError, AttributeError):
-        return None
+            source = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return source if isinstance(source, dict) else {}
 
 
 def check_destination(exp_dir: str, repo_id: str) -> None:
     """Refuse a folder that holds something else than an earlier download of ``repo_id``
     (someone's own experiment)."""
-    if os.path.isdir(exp_dir) and os.listdir(exp_dir) and _read_source(exp_dir) != repo_id:
+    if (os.path.isdir(exp_dir) and os.listdir(exp_dir)
+            and _read_source(exp_dir).get("repo_id") != repo_id):
         raise ExperimentError(f"experiment folder {exp_dir} exists and is not a download of "
                               f"{repo_id}; choose another --experiment or --train_dir")
+
+
+def _snapshot_files(snapshot: str) -> list[str]:
+    files = []
+    for root, dirs, names in os.walk(snapshot):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]  # .cache/, .git/
+        files += [os.path.relpath(os.path.join(root, name), snapshot).replace(os.sep, "/")
+                  for name in names if not name.startswith(".")]  # .gitattributes
+    return sorted(files)
+
+
+def _inside(exp_dir: str, rel: str) -> str | None:
+    """The local path of a recorded repository path; None for one outside ``exp_dir``."""
+    if not isinstance(rel, str) or os.path.isabs(rel) or ".." in rel.split("/"):
+        return None
+    return os.path.join(exp_dir, *rel.split("/"))
 
 
 def copy_snapshot(snapshot: str, exp_dir: str, repo_id: str) -> list[str]:
     """Copy a downloaded repository into the experiment folder ``exp_dir``; return the files.
 
-    An earlier download has its checkpoints replaced, so that the newest one played is the
-    repository's; any other folder that is not empty is refused."""
+    Over an earlier download the files that came from the repository (``hub_source.json``
+    lists them) are replaced, so that the checkpoint played is the repository's. A folder
+    that holds checkpoints of its own (trained after the download) is refused: they are
+    never deleted, and played instead of the repository's they would be a surprise. The
+    list is written before the copy, so a copy that fails can be done again."""
     check_destination(exp_dir, repo_id)
-    k = 0
-    while found := list_checkpoints(exp_dir, k):
-        for path in found:
+    previous = _read_source(exp_dir).get("files")
+    previous = set(previous) if isinstance(previous, list) else set()
+    own = sorted(os.path.relpath(p, exp_dir).replace(os.sep, "/") for p in
+                 glob.glob(os.path.join(exp_dir, "checkpoints*", "checkpoint_*.pt")))
+    own = [rel for rel in own if rel not in previous]
+    if own:
+        name = os.path.basename(exp_dir)
+        raise ExperimentError(
+            f"experiment folder {exp_dir} holds checkpoints that are not from {repo_id} "
+            f"({own[-1]}{f' and {len(own) - 1} more' if len(own) > 1 else ''}: trained after "
+            f"the download?); play them with --experiment {name}, or download into another "
+            "folder with --experiment NAME")
+    files = _snapshot_files(snapshot)
+    for rel in previous - set(files):  # what an older push had and this one has not
+        path = _inside(exp_dir, rel)
+        if path is not None and os.path.isfile(path):
             os.remove(path)
-        k += 1
-    copied = []
-    for root, dirs, files in os.walk(snapshot):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]  # .cache/, .git/
-        for name in files:
-            if name.startswith("."):  # .gitattributes
-                continue
-            rel = os.path.relpath(os.path.join(root, name), snapshot)
-            os.makedirs(os.path.join(exp_dir, os.path.dirname(rel)), exist_ok=True)
-            shutil.copyfile(os.path.join(root, name), os.path.join(exp_dir, rel))
-            copied.append(rel.replace(os.sep, "/"))
-    _write(os.path.join(exp_dir, SOURCE_FILE), json.dumps({"repo_id": repo_id}))
-    return sorted(copied)
+    os.makedirs(exp_dir, exist_ok=True)
+    _write(os.path.join(exp_dir, SOURCE_FILE), json.dumps({"repo_id": repo_id, "files": files}))
+    for rel in files:
+        dest = os.path.join(exp_dir, *rel.split("/"))
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        try:  # a partial file never under the name that is played
+            shutil.copyfile(os.path.join(snapshot, *rel.split("/")), dest + ".part")
+            os.replace(dest + ".part", dest)
+        finally:
+            if os.path.exists(dest + ".part"):
+                os.remove(dest + ".part")
+    return files
 
 
 def load_from_hub(repo_id: str, train_dir: str = "train_dir", experiment: str | None = None,
@@ -297,10 +345,17 @@ def load_from_hub(repo_id: str, train_dir: str = "train_dir", experiment: str | 
                                         library_name="fastrl")
     except _hub_errors(hf) as exc:
         raise hub_error(exc, "download", repo_id) from None
+    except KeyboardInterrupt:  # the Hugging Face cache keeps what was fetched
+        raise ExperimentError(f"download of {repo_id} interrupted (what was fetched stays in "
+                              "the Hugging Face cache: run it again to go on)") from None
     try:
         files = copy_snapshot(snapshot, exp_dir, repo_id)
     except OSError as exc:
-        raise ExperimentError(f"cannot copy {repo_id} into {exp_dir} ({exc})") from None
+        raise ExperimentError(f"cannot copy {repo_id} into {exp_dir} ({exc}); the same "
+                              "command copies it again") from None
+    except KeyboardInterrupt:
+        raise ExperimentError(f"copy of {repo_id} into {exp_dir} interrupted; the same "
+                              "command copies it again") from None
     if not list_checkpoints(exp_dir):
         raise ExperimentError(f"{repo_id} holds no fastrl checkpoint (checkpoints/"
                               "checkpoint_*.pt); is it a fastrl repository?")

@@ -113,6 +113,11 @@ def test_enjoy_plays_two_policies_against_each_other(two_policies, capsys):
 
     swapped = enjoy(two_policies, "--max_num_episodes", "1", "--policies", "1,0")
     assert [a["policy"] for a in swapped["agents"]] == [1, 0]
+    # the checkpoint of every policy that played (a push uploads those), not the first seat's
+    exp = two_policies / "x"
+    assert swapped["checkpoints"] == {
+        str(k): str(sorted((exp / d).glob("checkpoint_*.pt"))[-1])
+        for k, d in enumerate(["checkpoints", "checkpoints_p1"])}
 
 
 def test_a_policy_the_experiment_lacks_is_one_line(two_policies, capsys):

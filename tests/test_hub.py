@@ -231,7 +231,7 @@ def test_stage_holds_what_a_player_needs(tmp_path: Path) -> None:
     assert files == ["README.md", f"checkpoints/{older.name}", "config.json", "eval.json",
                      "replay.mp4"] == files_under(dest)
     assert (dest / "checkpoints" / older.name).read_bytes() == older.read_bytes()
-    assert (dest / "config.json").read_text() == (exp / "config.json").read_text()
+    assert json.loads((dest / "config.json").read_text()) == saved_config()
     shared = json.loads((dest / "eval.json").read_text())
     assert shared["checkpoint"] == f"checkpoints/{older.name}"  # no path of this machine
     assert shared["videos"] == ["replay.mp4"]
@@ -255,6 +255,25 @@ def test_stage_of_several_policies_and_of_a_renamed_checkpoint(tmp_path: Path) -
                       str(tmp_path / "s2"))
     assert "checkpoints/checkpoint_best.pt" in files
     assert json.loads((tmp_path / "s2" / "config.json").read_text()) == saved_config("b")
+
+
+def test_stage_uploads_the_checkpoint_each_policy_played(tmp_path: Path) -> None:
+    """--policies 1,0 --checkpoint <an older one of policy 0>: eval.json's "checkpoint" is
+    the first seat's (policy 1's); policy 0 played the older one, which is what is pushed
+    (it was policy 0's newest)."""
+    exp = fake_experiment(tmp_path / "td", policies=2)
+    older0, _ = sorted((exp / "checkpoints").iterdir())
+    newest1 = sorted((exp / "checkpoints_p1").iterdir())[-1]
+    report = fake_report(exp, newest1, policies=[1, 0],
+                         checkpoints={"0": str(older0), "1": str(newest1)})
+    dest = tmp_path / "s"
+    files = hub.stage(str(exp), report, REPO_ID, saved_config(), str(dest))
+    assert [f for f in files if f.endswith(".pt")] == [
+        f"checkpoints/{older0.name}", f"checkpoints_p1/{newest1.name}"]
+    assert (dest / "checkpoints" / older0.name).read_bytes() == older0.read_bytes()
+    shared = json.loads((dest / "eval.json").read_text())
+    assert shared["checkpoints"] == {"0": f"checkpoints/{older0.name}",
+                                     "1": f"checkpoints_p1/{newest1.name}"}
 
 
 def test_stage_refuses_an_evaluation_without_episodes(tmp_path: Path) -> None:
@@ -353,13 +372,35 @@ def test_load_from_a_cache_offline(tmp_path: Path, offline) -> None:
     for rel in expected:  # real files, not links into the cache
         assert not os.path.islink(os.path.join(got, rel))
         assert Path(got, rel).read_bytes() == (tmp_path / "repo" / rel).read_bytes()
-    # again, into an experiment named on the command line, then over the first copy, whose
-    # checkpoint from another push is replaced
+    # again, into an experiment named on the command line
     assert hub.load_from_hub(REPO_ID, str(train_dir), "mine", cache_dir=str(tmp_path / "cache"))
-    stale = Path(got, "checkpoints", "checkpoint_999999999_0000000000000.pt")
-    stale.write_bytes(b"stale")
-    hub.load_from_hub(REPO_ID, str(train_dir), cache_dir=str(tmp_path / "cache"))
-    assert not stale.exists()
+
+
+def test_downloading_again_replaces_only_what_came_from_the_repository(tmp_path: Path,
+                                                                      offline) -> None:
+    """A second push (another checkpoint, no video) downloaded over the first: the first
+    push's files go, the files the user added stay; a checkpoint the user trained there
+    refuses the download in one line and is kept."""
+    exp = fake_experiment(tmp_path / "td")
+    older, newest = sorted((exp / "checkpoints").iterdir())
+    (exp / "replay.mp4").write_bytes(b"mp4")
+    for push, checkpoint, videos in ((1, newest, [str(exp / "replay.mp4")]), (2, older, [])):
+        hub.stage(str(exp), fake_report(exp, checkpoint, videos=videos), REPO_ID,
+                  saved_config(), str(tmp_path / f"repo{push}"))
+        fill_hf_cache(tmp_path / f"cache{push}", REPO_ID, tmp_path / f"repo{push}")
+    got = Path(hub.load_from_hub(REPO_ID, str(tmp_path / "t"), cache_dir=str(tmp_path / "cache1")))
+    (got / "notes.txt").write_text("mine")
+    hub.load_from_hub(REPO_ID, str(tmp_path / "t"), cache_dir=str(tmp_path / "cache2"))
+    assert files_under(got) == sorted([*files_under(tmp_path / "repo2"), "notes.txt",
+                                       hub.SOURCE_FILE])
+    trained = got / "checkpoints" / "checkpoint_000000009_0000000009000.pt"
+    trained.write_bytes(b"the user's")
+    with pytest.raises(ExperimentError, match=r"holds checkpoints that are not from alice/"
+                       r"cartpole_appo \(checkpoints/checkpoint_000000009_0000000009000.pt"):
+        hub.load_from_hub(REPO_ID, str(tmp_path / "t"), cache_dir=str(tmp_path / "cache1"))
+    assert trained.read_bytes() == b"the user's"
+    assert files_under(got) == sorted([*files_under(tmp_path / "repo2"), "notes.txt",
+                                       hub.SOURCE_FILE, "checkpoints/" + trained.name])
 
 
 def test_load_refuses_someone_elses_experiment(tmp_path: Path, offline) -> None:

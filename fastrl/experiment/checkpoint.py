@@ -12,6 +12,7 @@ import dataclasses
 import glob
 import os
 import random
+import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from fastrl.sampling.env_setup import EnvInfo
 
 CHECKPOINT_FORMAT = 1
+_NUMBERED = re.compile(r"checkpoint_(\d+)_(\d+)\.pt")
 
 
 def checkpoint_dir(experiment_dir: str, policy: int = 0) -> str:
@@ -33,11 +35,20 @@ def checkpoint_dir(experiment_dir: str, policy: int = 0) -> str:
     return os.path.join(experiment_dir, "checkpoints" if policy == 0 else f"checkpoints_p{policy}")
 
 
+def _age(path: str) -> tuple[int, int, int, str]:
+    """Sort key: ``checkpoint_<version>_<frames>.pt`` by version, then frames; any other
+    name (a file renamed, such as a pushed ``checkpoint_best.pt``) before them, as older."""
+    numbered = _NUMBERED.fullmatch(os.path.basename(path))
+    if numbered is None:
+        return 0, 0, 0, path
+    return 1, int(numbered[1]), int(numbered[2]), path
+
+
 def list_checkpoints(experiment_dir: str, policy: int = 0) -> list[str]:
-    """Checkpoint paths of ``policy``, oldest first (names sort by learner version, then
-    frames)."""
+    """Checkpoint paths of ``policy``, oldest first: by learner version, then frames; a
+    checkpoint under another name counts as the oldest (what is trained from it is newer)."""
     return sorted(glob.glob(os.path.join(checkpoint_dir(experiment_dir, policy),
-                                         "checkpoint_*.pt")))
+                                         "checkpoint_*.pt")), key=_age)
 
 
 def rng_state() -> dict:

@@ -28,6 +28,19 @@ def _defaults() -> dict[str, Any]:
             for f in dataclasses.fields(Config)}
 
 
+def _is_account_setting(name: str) -> bool:
+    return name == "with_wandb" or name.startswith("wandb_")
+
+
+def shareable_config(saved: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` as it is shared: the uploader's W&B settings (``--with_wandb``,
+    ``--wandb_*``: their account, team and tags, like ``--train_dir`` settings of their
+    machine) set back to fastrl's defaults, so that training the download logs nowhere."""
+    defaults = _defaults()
+    return {k: defaults[k] if _is_account_setting(k) and k in defaults else v
+            for k, v in saved.items()}
+
+
 def _recipe_keys(saved: dict[str, Any]) -> set[str]:
     """The settings that the env's recipe and recommended settings set when not given: a
     value of the saved config equal to fastrl's default must still be named for them."""
@@ -48,12 +61,13 @@ def _flag(name: str, value: Any) -> str:
 def training_command(saved: dict[str, Any], script: str = "train.py") -> str:
     """``python train.py ...`` with the flags that give ``saved`` (a ``config.json``): those
     that differ from fastrl's defaults or that the env's recipe would set otherwise, less
-    ``--train_dir`` (a path of the machine that trained it)."""
+    ``--train_dir`` (a path of the machine that trained it) and the W&B settings (the
+    uploader's account)."""
     defaults = _defaults()
     recipe_keys = _recipe_keys(saved)
     flags = []
     for name, default in defaults.items():
-        if name not in saved or name in _LOCAL_FLAGS:
+        if name not in saved or name in _LOCAL_FLAGS or _is_account_setting(name):
             continue
         value = saved[name]
         if name in ("env", "experiment") or value != default or name in recipe_keys:
