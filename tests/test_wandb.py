@@ -328,13 +328,13 @@ def test_a_resumed_experiment_continues_its_w_and_b_run_and_overwrite_starts_ano
 def test_a_crash_marks_the_w_and_b_run_failed_and_stops_its_service(wandb_env, tmp_path,
                                                                       monkeypatch):
     from fastrl.config.load import parse_config
-    from fastrl.runner import loop
+    from fastrl.runner import run_loop
     from fastrl.runner.serial import run_serial
 
     def crash(self):
         raise RuntimeError("a bug in the run loop")
 
-    monkeypatch.setattr(loop.RunLoop, "run", crash)
+    monkeypatch.setattr(run_loop.RunLoop, "run", crash)
     cfg = parse_config([*CARTPOLE, "--with_wandb", "--train_dir", str(tmp_path)])
     with pytest.raises(RuntimeError, match="a bug in the run loop"):
         run_serial(cfg)
