@@ -9,6 +9,7 @@ machine."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 import signal
 import struct
@@ -22,8 +23,11 @@ import pytest
 
 from fastrl.experiment.wandb_run import (
     INSTALL,
+    LOGGED_FILE,
     RUN_ID_FILE,
     STEP_KEY,
+    STEP_RESERVE,
+    Logged,
     ScalarTee,
     WandbRun,
     check_wandb,
@@ -95,6 +99,28 @@ def test_the_run_id_is_kept_in_the_experiment_folder(tmp_path):
     assert run_id(str(tmp_path)) != first
 
 
+def test_a_resumed_part_sends_only_frames_past_what_w_and_b_has_at_later_steps(tmp_path):
+    """The file of what W&B was sent, written before the rows that need it: after a kill
+    the next part skips the frames W&B has (a kill between checkpoints puts it behind) and
+    goes on past the steps the killed part may have used."""
+    first = Logged(str(tmp_path))
+    assert first.frames is None and not first.already_sent(0)
+    assert [first.next_step(f) for f in (100, 100, 200, 150)] == [0, 1, 2, 3]
+    saved = json.loads((tmp_path / LOGGED_FILE).read_text())
+    assert saved["env_frames"] == 200 and saved["step"] > 3
+    # Killed here. The next part resumes from a checkpoint at 100 frames.
+    second = Logged(str(tmp_path))
+    assert second.already_sent(100) and second.already_sent(200)
+    assert not second.already_sent(201)
+    assert second.next_step(300) == saved["step"]
+    assert second.already_sent(150)  # the earlier parts' frames stay skipped
+    assert json.loads((tmp_path / LOGGED_FILE).read_text())["env_frames"] == 300
+    # A step reservation used up is written again before the step is used.
+    for _ in range(STEP_RESERVE):
+        step = second.next_step(300)
+    assert json.loads((tmp_path / LOGGED_FILE).read_text())["step"] > step
+
+
 class _Writer:
     def __init__(self):
         self.calls, self.flushed, self.closed = [], 0, False
@@ -131,16 +157,16 @@ def test_every_scalar_goes_to_tensorboard_and_into_one_w_and_b_row():
                     {STEP_KEY: 20, "perf/fps": 90.0}]
 
 
-def test_a_failing_w_and_b_log_leaves_tensorboard_going_and_is_said_once(capsys):
+def test_a_failing_w_and_b_log_leaves_tensorboard_going_and_is_said_once(capsys, tmp_path):
     class Run:
-        tries = 0
+        tries, step = 0, 0
 
-        def log(self, row):
+        def log(self, row, step=None, commit=None):
             Run.tries += 1
             raise ConnectionResetError("Connection lost")
 
     writer = _Writer()
-    tee = WandbRun(None, Run()).tee(writer)
+    tee = WandbRun(None, Run(), Logged(str(tmp_path))).tee(writer)
     for step in range(3):
         tee.add_scalar("perf/fps", 1.0, step)
     tee.flush()
@@ -328,13 +354,13 @@ def test_a_resumed_experiment_continues_its_w_and_b_run_and_overwrite_starts_ano
 def test_a_crash_marks_the_w_and_b_run_failed_and_stops_its_service(wandb_env, tmp_path,
                                                                       monkeypatch):
     from fastrl.config.load import parse_config
-    from fastrl.runner import loop
+    from fastrl.runner import run_loop
     from fastrl.runner.serial import run_serial
 
     def crash(self):
         raise RuntimeError("a bug in the run loop")
 
-    monkeypatch.setattr(loop.RunLoop, "run", crash)
+    monkeypatch.setattr(run_loop.RunLoop, "run", crash)
     cfg = parse_config([*CARTPOLE, "--with_wandb", "--train_dir", str(tmp_path)])
     with pytest.raises(RuntimeError, match="a bug in the run loop"):
         run_serial(cfg)

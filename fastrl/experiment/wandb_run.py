@@ -11,8 +11,14 @@ history holds exactly the calls the writer got, whatever tensorboard version pat
 
 The run's id is kept in the experiment folder (:data:`RUN_ID_FILE`), so that training the
 experiment again continues the same W&B run (``resume="allow"``); an overwritten experiment
-starts a new one. Its local files go to ``<experiment>/wandb/`` unless ``WANDB_DIR`` says
-otherwise. ``WANDB_MODE=offline`` keeps the run in those files (``wandb sync`` uploads them).
+starts a new one. :data:`LOGGED_FILE` beside it holds the most env frames W&B was sent and
+the next W&B step, written before the rows that need it are sent: a part resumed after a
+kill between checkpoints starts behind what W&B has, and sends nothing at those frames
+again (TensorBoard drops the older of such out-of-order steps; W&B would draw both), and
+every part goes on from the last one's W&B step (offline, wandb starts each part at 0 and
+``wandb sync`` would give W&B steps it already has). The run's local files go to
+``<experiment>/wandb/`` unless ``WANDB_DIR`` says otherwise. ``WANDB_MODE=offline`` keeps
+the run in those files (``wandb sync`` uploads them).
 
 What cannot work is one line (:class:`~fastrl.errors.WandbError`) before any worker starts:
 wandb not installed, no login (online mode), W&B unreachable (``wandb.init`` gives up after
@@ -22,6 +28,7 @@ ends, however it ends, and wandb's service process (``wandb-core``) is stopped w
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shlex
@@ -34,6 +41,8 @@ from fastrl.errors import WandbError
 from fastrl.log import log
 
 RUN_ID_FILE = "wandb_run_id"
+LOGGED_FILE = "wandb_logged.json"  # {"env_frames": most sent, "step": next W&B step}
+STEP_RESERVE = 1000  # W&B steps reserved in LOGGED_FILE at a write (a kill skips the rest)
 STEP_KEY = "env_frames"  # the x axis of every W&B chart: the step TensorBoard gets
 INIT_TIMEOUT = 30.0  # seconds wandb.init may try to reach W&B (wandb's own default: 90)
 MAX_TAG_LENGTH = 64  # W&B refuses longer tags
@@ -140,35 +149,79 @@ def start_wandb(cfg: Config, experiment_dir: str) -> WandbRun | None:
             "upload them later with `wandb sync`") from None
     run.define_metric(STEP_KEY)
     run.define_metric("*", step_metric=STEP_KEY)
+    logged = Logged(experiment_dir)
+    if logged.frames is not None:
+        log(f"W&B has this run up to {logged.frames:,} env frames: it gets the frames past "
+            "that")
     log(f"W&B run {run.id} ({cfg.wandb_project}/{cfg.experiment}"
         + (", offline" if run.settings.mode in LOCAL_MODES else "")
         + f"): {os.path.dirname(run.dir)}")
-    return WandbRun(wandb, run)
+    return WandbRun(wandb, run, logged)
+
+
+class Logged:
+    """What W&B was sent in the experiment's earlier parts (:data:`LOGGED_FILE`), kept as
+    rows are sent. ``frames``: the most env frames sent (``None``: nothing yet); ``step``:
+    the W&B step of the next row."""
+
+    def __init__(self, experiment_dir: str):
+        self.path = os.path.join(experiment_dir, LOGGED_FILE)
+        try:
+            with open(self.path) as fh:
+                saved = json.load(fh)
+            self.frames, self.step = int(saved["env_frames"]), int(saved["step"])
+        except (OSError, ValueError, KeyError, TypeError):  # none yet (or unreadable)
+            self.frames, self.step = None, 0
+        self.floor = self.frames  # earlier parts' frames: this part sends only past them
+        self._reserved = self.step  # steps up to here are in the file
+
+    def already_sent(self, frames: int) -> bool:
+        return self.floor is not None and frames <= self.floor
+
+    def next_step(self, frames: int) -> int:
+        """The W&B step for a row at ``frames``, the file written first when it must be."""
+        step = self.step
+        if self.frames is None or frames > self.frames or step >= self._reserved:
+            self.frames = frames if self.frames is None else max(self.frames, frames)
+            self._reserved = step + STEP_RESERVE
+            # (Not folder.write_json_atomic: the config imports this module, folder the config.)
+            with open(self.path + ".tmp", "w") as fh:
+                json.dump({"env_frames": self.frames, "step": self._reserved}, fh)
+            os.replace(self.path + ".tmp", self.path)
+        self.step += 1
+        return step
 
 
 class WandbRun:
     """A started W&B run: :meth:`tee` a TensorBoard writer into it, :meth:`finish` it once."""
 
-    def __init__(self, wandb: Any, run: Any):
+    def __init__(self, wandb: Any, run: Any, logged: Logged):
         self.wandb = wandb
         self.run = run
+        self.logged = logged
+        # Online, a resumed run's next step is W&B's; offline it is 0 and the file's counts.
+        logged.step = max(logged.step, run.step)
         self.failed_to_send = False
 
     def tee(self, writer: Any) -> ScalarTee:
         return ScalarTee(writer, self._send)
 
     def _send(self, row: dict[str, float]) -> None:
-        if self.failed_to_send:
+        if self.failed_to_send or self.logged.already_sent(row[STEP_KEY]):
             return
         try:
-            self.run.log(row)
+            # Each row a step of its own (commit: rows at one frame count are not merged).
+            self.run.log(row, step=self.logged.next_step(row[STEP_KEY]), commit=True)
         except Exception as exc:  # noqa: BLE001 - TensorBoard goes on; said once
             self.failed_to_send = True
             log(f"W&B: sending scalars failed ({_first_line(exc)}); TensorBoard goes on, W&B "
                 "gets no more scalars this run")
 
-    def finish(self, failed: bool) -> None:
-        """Finish the run (failed: marked so in W&B) and stop wandb's service process."""
+    def finish(self, error: BaseException | None) -> None:
+        """Finish the run and stop wandb's service process. ``error``: what ends training
+        (``None``: its normal end); marked failed in W&B unless it is a stop (Ctrl-C,
+        ``SIGTERM``: ``KeyboardInterrupt``), during training or before it began."""
+        failed = error is not None and not isinstance(error, KeyboardInterrupt)
         try:
             self.run.finish(exit_code=1 if failed else 0)
         except Exception as exc:  # noqa: BLE001 - e.g. its service was killed; said in a line

@@ -33,7 +33,7 @@ from fastrl.device import check_learner_devices
 from fastrl.errors import ExperimentError
 from fastrl.experiment.checkpoint import restore_counters
 from fastrl.experiment.evaluation import PeriodicEvaluator
-from fastrl.experiment.folder import prepare_experiment_dir
+from fastrl.experiment.folder import prepare_experiment_dir, undone_if_refused
 from fastrl.experiment.reporter import Reporter, print_final_summary
 from fastrl.experiment.stats import TrainingStats
 from fastrl.experiment.wandb_run import WandbRun, start_wandb
@@ -128,11 +128,12 @@ class ParallelRunner:
         else:
             self.shared = wiring = build_wiring(cfg, info, model, cfg.num_workers,
                                                 cfg.num_envs_per_worker, ctx=self.ctx)
-        # Only a run that passed its checks (build_wiring's of the shared memory too) gets a
-        # folder and a config.json (a refused one would leave a config that the next bare
-        # command resumes).
-        self.exp_dir = prepare_experiment_dir(cfg)
-        self.wandb_run = start_wandb(cfg, self.exp_dir)  # before any child starts
+        # Only a run that passed its checks (build_wiring's of the shared memory too, and the
+        # W&B run's start) gets a folder and a config.json (a refused one would leave a config
+        # that the next bare command resumes).
+        with undone_if_refused(cfg):
+            self.exp_dir = prepare_experiment_dir(cfg)
+            self.wandb_run = start_wandb(cfg, self.exp_dir)  # before any child starts
         check_queue_layout(wiring.learner_queue.q)  # the lock repair must know the layout
         self.supervisor = Supervisor(wiring, self.ctx, self._pump)
         if cfg.eval_every_env_frames:
@@ -211,7 +212,7 @@ class ParallelRunner:
                 reporter.close()
             self.shutdown()
             if self.wandb_run is not None:
-                self.wandb_run.finish(failed=sys.exc_info()[0] is not None)
+                self.wandb_run.finish(sys.exc_info()[1])
             self.signals.__exit__()
 
     def _turn(self) -> None:

@@ -16,7 +16,7 @@ from fastrl.config.settings import Config
 from fastrl.device import resolve_device
 from fastrl.experiment.checkpoint import restore_counters
 from fastrl.experiment.evaluation import PeriodicEvaluator
-from fastrl.experiment.folder import prepare_experiment_dir
+from fastrl.experiment.folder import prepare_experiment_dir, undone_if_refused
 from fastrl.experiment.reporter import Reporter, print_final_summary
 from fastrl.experiment.stats import TrainingStats
 from fastrl.experiment.wandb_run import start_wandb
@@ -55,8 +55,9 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
         envs.extend(create_env(cfg) for _ in range(cfg.num_envs_per_worker))
         info = env_info(envs[0], cfg.env_obs_layout)
         check_env_settings(cfg, info)
-        exp_dir = prepare_experiment_dir(cfg)  # only once the checks have passed
-        wandb_run = start_wandb(cfg, exp_dir)  # --with_wandb
+        with undone_if_refused(cfg):  # only once the checks have passed
+            exp_dir = prepare_experiment_dir(cfg)
+            wandb_run = start_wandb(cfg, exp_dir)  # --with_wandb
         announce_recipe(cfg, info)
         # One learner per policy (--num_policies), each with its own checkpoints.
         made = [make_learner(cfg, info, device, policy=k) for k in range(cfg.num_policies)]
@@ -127,5 +128,5 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
             except Exception:  # noqa: BLE001 - free every engine even if one fails
                 pass
         if wandb_run is not None:
-            wandb_run.finish(failed=sys.exc_info()[0] is not None)
+            wandb_run.finish(sys.exc_info()[1])
         signals.__exit__()
