@@ -1,5 +1,5 @@
 """Test tiers. ``make test-fast`` runs ``-m "not slow"``: unit and in-process tests only.
-A test is slow when it is marked ``slow``, ``multiprocess``, ``learning`` or ``doom`` (every
+A test is slow when it is marked ``slow``, ``multiprocess``, ``learning``, ``extras`` or ``doom`` (every
 VizDoom env runs its engine as a process). A test left in the fast tier that starts a process
 fails at once, naming the marker to add, so the fast tier stays fast as the suite grows."""
 
@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-SLOW_MARKERS = ("slow", "multiprocess", "learning", "doom")
+SLOW_MARKERS = ("slow", "multiprocess", "learning", "doom", "extras")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -444,6 +444,7 @@ def test_no_module_imports_huggingface_hub_at_its_top_level() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extras
 def test_importing_train_and_enjoy_leaves_huggingface_hub_unimported() -> None:
     code = ("import sys, fastrl.train, fastrl.enjoy, fastrl.hub\n"
             "fastrl.enjoy.parse_args(['--push_to_hub', '--hf_repository', 'a/b'])\n"
@@ -455,6 +456,7 @@ def test_importing_train_and_enjoy_leaves_huggingface_hub_unimported() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extras
 def test_train_push_download_and_play(tmp_path: Path, monkeypatch) -> None:
     """Train CartPole, push it (the library's two upload calls replaced), fill a Hugging Face
     cache with what was pushed, and play it from a fresh train_dir as a user would:

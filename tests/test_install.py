@@ -144,6 +144,7 @@ def _outside(installed, *cmd: str, timeout: float = 120) -> subprocess.Completed
 
 
 @pytest.mark.slow
+@pytest.mark.extras
 def test_the_wheel_holds_every_file_of_the_packages_and_the_commands(installed):
     names = set(zipfile.ZipFile(installed["wheel"]).namelist())
     assert [f for f in _source_files() if f not in names] == []
@@ -155,6 +156,7 @@ def test_the_wheel_holds_every_file_of_the_packages_and_the_commands(installed):
 
 
 @pytest.mark.slow
+@pytest.mark.extras
 def test_the_installed_fastrl_is_the_one_imported_outside_the_clone(installed):
     proc = _outside(installed, "python", "-c",
                     "import fastrl, envs; print(fastrl.__file__); print(envs.__file__)")
@@ -164,6 +166,7 @@ def test_the_installed_fastrl_is_the_one_imported_outside_the_clone(installed):
 
 
 @pytest.mark.slow
+@pytest.mark.extras
 def test_the_installed_commands_train_and_enjoy_outside_the_clone(installed):
     """``fastrl-train`` and ``python -m fastrl.train`` each train a parallel run (fork-server
     children that import the entry's module again), then ``fastrl-enjoy`` and ``python -m
@@ -188,6 +191,7 @@ def test_the_installed_commands_train_and_enjoy_outside_the_clone(installed):
 
 
 @pytest.mark.slow
+@pytest.mark.extras
 def test_the_installed_commands_help_and_refuse_a_bad_flag_in_one_line(installed):
     for command in ("fastrl-train", "fastrl-enjoy"):
         proc = _outside(installed, command, "--help")

@@ -299,6 +299,7 @@ def wandb_processes() -> set[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.extras
 def test_an_offline_run_holds_what_tensorboard_got_and_the_config(wandb_env, tmp_path,
                                                                    monkeypatch):
     """A real serial run with --with_wandb in offline mode: its .wandb file has every
@@ -329,6 +330,7 @@ def test_an_offline_run_holds_what_tensorboard_got_and_the_config(wandb_env, tmp
 
 
 @pytest.mark.slow
+@pytest.mark.extras
 def test_a_resumed_experiment_continues_its_w_and_b_run_and_overwrite_starts_another(
         wandb_env, tmp_path):
     args = [*CARTPOLE, "--train_dir", str(tmp_path), "--experiment", "cp"]
@@ -351,6 +353,7 @@ def test_a_resumed_experiment_continues_its_w_and_b_run_and_overwrite_starts_ano
 
 
 @pytest.mark.slow
+@pytest.mark.extras
 def test_a_crash_marks_the_w_and_b_run_failed_and_stops_its_service(wandb_env, tmp_path,
                                                                       monkeypatch):
     from fastrl.config.load import parse_config
@@ -370,6 +373,7 @@ def test_a_crash_marks_the_w_and_b_run_failed_and_stops_its_service(wandb_env, t
 
 
 @pytest.mark.slow
+@pytest.mark.extras
 @pytest.mark.parametrize("target", ["group", "every process"])
 def test_sigterm_stops_a_parallel_run_with_its_w_and_b_run_finished(wandb_env, tmp_path, target):
     """SIGTERM to the group (GNU timeout, systemd, a terminal's SIGHUP): the launcher
@@ -407,6 +411,7 @@ def test_sigterm_stops_a_parallel_run_with_its_w_and_b_run_finished(wandb_env, t
 
 
 @pytest.mark.slow
+@pytest.mark.extras
 def test_w_and_b_out_of_reach_is_one_line_within_the_init_timeout(wandb_env, tmp_path):
     """Online, logged in, but W&B does not answer (a closed port of this machine): one line
     and exit status 1 after WANDB_INIT_TIMEOUT, no wandb process left."""
@@ -434,6 +439,7 @@ def test_w_and_b_out_of_reach_is_one_line_within_the_init_timeout(wandb_env, tmp
 
 
 @pytest.mark.slow
+@pytest.mark.extras
 def test_importing_fastrl_imports_no_wandb():
     code = ("import sys, fastrl.train, fastrl.enjoy, fastrl.runner.serial, "
             "fastrl.runner.parallel, fastrl.experiment.reporter\n"

@@ -25,6 +25,7 @@ def _train_env() -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.extras
 def test_a_run_resumed_after_a_kill_logs_no_frames_w_and_b_already_has(wandb_env, tmp_path):
     """A run SIGKILLed (OOM killer, node failure: what resume is for) between two
     checkpoints, then trained again: the resumed part starts from the checkpoint's frames,
@@ -80,6 +81,7 @@ def _online_env(port: int, timeout: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.extras
 def test_w_and_b_out_of_reach_leaves_no_experiment_folder(wandb_env, tmp_path):
     """fastrl/runner/parallel.py: "Only a run that passed its checks gets a folder and a
     config.json (a refused one would leave a config that the next bare command resumes)".
@@ -97,6 +99,7 @@ def test_w_and_b_out_of_reach_leaves_no_experiment_folder(wandb_env, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extras
 def test_ctrl_c_before_training_began_is_not_a_failed_w_and_b_run(wandb_env, tmp_path,
                                                                   monkeypatch):
     """docs/tracking.md: the W&B run is "marked finished after a normal end or a Ctrl-C /
