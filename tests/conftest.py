@@ -1,7 +1,8 @@
 """Test tiers. ``make test-fast`` runs ``-m "not slow"``: unit and in-process tests only.
 A test is slow when it is marked ``slow``, ``multiprocess``, ``learning``, ``extras`` or
-``doom`` (every VizDoom env runs its engine as a process). A test left in the fast tier that starts a process
-fails at once, naming the marker to add, so the fast tier stays fast as the suite grows."""
+``doom`` (every VizDoom env runs its engine as a process). A test left in the fast tier that
+starts a process fails at once, naming the marker to add, so the fast tier stays fast as the
+suite grows."""
 
 from __future__ import annotations
 
