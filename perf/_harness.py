@@ -13,8 +13,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def parse(description: str, limit: bool = False) -> tuple[argparse.Namespace, list[str]]:
-    """The common flags; ``limit``: also ``--no_limit`` (see :func:`limit_of`)."""
+def parse(description: str, limit: bool = False,
+          extra_flags: list[tuple[tuple, dict]] = ()) -> tuple[argparse.Namespace, list[str]]:
+    """The common flags; ``limit``: also ``--no_limit`` (see :func:`limit_of`);
+    ``extra_flags``: the script's own, each ``(names, add_argument keywords)``."""
     parser = argparse.ArgumentParser(
         description=description + " Any other flag is passed to the trainer (see train.py --help).",
         allow_abbrev=False,
@@ -32,6 +34,8 @@ def parse(description: str, limit: bool = False) -> tuple[argparse.Namespace, li
     parser.add_argument(
         "--warmup", type=float, default=15.0, help="seconds not measured at the start"
     )
+    for names, kwargs in extra_flags:
+        parser.add_argument(*names, **kwargs)
     return parser.parse_known_args()
 
 

@@ -13,9 +13,11 @@ from fastrl.algo.replay.exploration import ape_x_epsilons
 from fastrl.algo.replay.r2d2 import R2D2Learner
 from fastrl.config.settings import REPLAY_ALGOS
 from fastrl.experiment.checkpoint import restore_learner
+from fastrl.log import log
 from fastrl.runner.run_start import build_model
 from fastrl.runner.wiring import Wiring
 from fastrl.sampling.env_setup import EnvInfo, weighed_reward_terms
+from fastrl.sampling.free_policy import FreePolicyWorker, free_policy_requested
 from fastrl.sampling.inference import PolicyWorker
 
 
@@ -24,17 +26,22 @@ def make_policy_worker(wiring: Wiring, model: torch.nn.Module, device: torch.dev
     """The policy worker core; with ``--algo apex`` or ``r2d2``, epsilon-greedy with every env
     slot's Ape-X epsilon (over all the run's slots: on sampler node k, its share after the
     slots of nodes 0 to k-1). ``others``: the models of policies 1, 2, ...
-    (``--num_policies``), each fed by its own weights."""
+    (``--num_policies``), each fed by its own weights. ``FASTRL_PERF_FREE_POLICY=1`` with
+    ``--sampling_only``: a :class:`FreePolicyWorker` (perf only; see its module)."""
     cfg = wiring.cfg
     epsilons = None
     if cfg.algo in REPLAY_ALGOS:
         n = wiring.num_envs
         epsilons = ape_x_epsilons(n * max(1, cfg.num_sampler_nodes), cfg.apex_epsilon,
                                   cfg.apex_epsilon_alpha)[wiring.node * n:(wiring.node + 1) * n]
-    return PolicyWorker(model, wiring.info.action_space, wiring.buffers, wiring.rnn_state,
-                        device, weights=wiring.weights, precision=precision, epsilons=epsilons,
-                        others=list(zip(others, wiring.policy_weights[1:], strict=True)),
-                        cuda_graphs=cfg.policy_cuda_graphs)
+    kind = PolicyWorker
+    if free_policy_requested(cfg.sampling_only):
+        kind = FreePolicyWorker
+        log("free policy (FASTRL_PERF_FREE_POLICY): random actions, no model work")
+    return kind(model, wiring.info.action_space, wiring.buffers, wiring.rnn_state,
+                device, weights=wiring.weights, precision=precision, epsilons=epsilons,
+                others=list(zip(others, wiring.policy_weights[1:], strict=True)),
+                cuda_graphs=cfg.policy_cuda_graphs)
 
 
 def make_learner(cfg, info: EnvInfo, device: torch.device, group: LearnerGroup | None = None,
