@@ -20,7 +20,7 @@ from fastrl.runner.children import POLL
 from fastrl.runner.parallel import ParallelRunner
 from fastrl.sampling.buffers import FILL_INT
 from fastrl.transport.messages import BuffersFreed, Fence, Fenced, TrajectoriesReady
-from fastrl.transport.procs import alive, process_title
+from fastrl.transport.procs import alive, process_title, vizdoom_instance_id
 from fastrl.transport.procs import descendants as children_of
 from tests.test_parallel import (
     COUNTING,
@@ -511,7 +511,12 @@ def test_killed_doom_worker_leaves_no_engine_or_shared_memory(tmp_path):
         worker = run.pid("fastrl-rollout-0")
         engines = {p for p in children_of(worker) if p in alive(children_of(worker))}
         assert len(engines) == 2, "expected one engine process per env"
-        segments = {f for f in shm_files() - before if f.startswith("ViZDoom")}
+        # This run's engines' segments, by their instance ids (another test's engines may
+        # run at the same time under pytest-xdist).
+        ids = {vizdoom_instance_id(p) for p in engines}
+        assert None not in ids, ids
+        segments = {f for f in shm_files() - before
+                    if f.startswith("ViZDoom") and any(f.endswith(i) for i in ids)}
         assert len(segments) == 6, segments  # three per engine
         os.kill(worker, signal.SIGKILL)
         wait_until(lambda: run.pid("fastrl-rollout-0") not in (None, worker), 60, "the restart")
