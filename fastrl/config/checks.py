@@ -276,12 +276,29 @@ def _pbt(cfg: Config) -> list[str]:
     return errors
 
 
+MAX_TAG_LENGTH = 64  # W&B refuses longer tags
+
+
+def parse_tags(text: str) -> list[str]:
+    """``--wandb_tags``: comma-separated tags (spaces around them dropped), each once.
+
+    Raises ``ValueError`` with the line to show for an empty or too long tag."""
+    if not text.strip():
+        return []
+    tags = [tag.strip() for tag in text.split(",")]
+    if any(not tag for tag in tags):
+        raise ValueError(f"--wandb_tags={text!r}: must be tags separated by commas (e.g. a,b)")
+    long = [tag for tag in tags if len(tag) > MAX_TAG_LENGTH]
+    if long:
+        raise ValueError(f"--wandb_tags: tag {long[0]!r} is longer than {MAX_TAG_LENGTH} "
+                         "characters (W&B's limit)")
+    return list(dict.fromkeys(tags))
+
+
 def _wandb(cfg: Config) -> list[str]:
     """``--with_wandb``: a project name and tags W&B takes."""
     if not cfg.with_wandb:
         return []
-    from fastrl.experiment.wandb_run import parse_tags  # (imports no wandb)
-
     errors = [] if cfg.wandb_project.strip() else ["--wandb_project='': must name a project"]
     try:
         parse_tags(cfg.wandb_tags)

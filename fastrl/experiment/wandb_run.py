@@ -36,8 +36,10 @@ import string
 import sys
 from typing import Any
 
+from fastrl.config.checks import parse_tags  # noqa: F401 - the rule checks.py applies
 from fastrl.config.settings import Config
 from fastrl.errors import WandbError
+from fastrl.experiment.folder import write_json_atomic
 from fastrl.log import log
 
 RUN_ID_FILE = "wandb_run_id"
@@ -45,26 +47,9 @@ LOGGED_FILE = "wandb_logged.json"  # {"env_frames": most sent, "step": next W&B 
 STEP_RESERVE = 1000  # W&B steps reserved in LOGGED_FILE at a write (a kill skips the rest)
 STEP_KEY = "env_frames"  # the x axis of every W&B chart: the step TensorBoard gets
 INIT_TIMEOUT = 30.0  # seconds wandb.init may try to reach W&B (wandb's own default: 90)
-MAX_TAG_LENGTH = 64  # W&B refuses longer tags
 LOCAL_MODES = ("offline", "dryrun", "disabled")  # WANDB_MODE values that need no login
 INSTALL = "pip install 'fastrl[wandb]' (in a clone: pip install -c constraints.txt -e '.[wandb]')"
 _ID_CHARS = string.ascii_lowercase + string.digits
-
-
-def parse_tags(text: str) -> list[str]:
-    """``--wandb_tags``: comma-separated tags (spaces around them dropped), each once.
-
-    Raises ``ValueError`` with the line to show for an empty or too long tag."""
-    if not text.strip():
-        return []
-    tags = [tag.strip() for tag in text.split(",")]
-    if any(not tag for tag in tags):
-        raise ValueError(f"--wandb_tags={text!r}: must be tags separated by commas (e.g. a,b)")
-    long = [tag for tag in tags if len(tag) > MAX_TAG_LENGTH]
-    if long:
-        raise ValueError(f"--wandb_tags: tag {long[0]!r} is longer than {MAX_TAG_LENGTH} "
-                         "characters (W&B's limit)")
-    return list(dict.fromkeys(tags))
 
 
 def run_id(experiment_dir: str) -> str:
@@ -184,10 +169,7 @@ class Logged:
         if self.frames is None or frames > self.frames or step >= self._reserved:
             self.frames = frames if self.frames is None else max(self.frames, frames)
             self._reserved = step + STEP_RESERVE
-            # (Not folder.write_json_atomic: the config imports this module, folder the config.)
-            with open(self.path + ".tmp", "w") as fh:
-                json.dump({"env_frames": self.frames, "step": self._reserved}, fh)
-            os.replace(self.path + ".tmp", self.path)
+            write_json_atomic(self.path, {"env_frames": self.frames, "step": self._reserved})
         self.step += 1
         return step
 
