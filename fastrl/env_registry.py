@@ -342,6 +342,17 @@ def stack_frames(env: gym.Env, num_frames: int) -> gym.Env:
     return _LazyFactory(FRAMESTACK, (env, num_frames)).resolve()()
 
 
+def recycles(env: gym.Env) -> int:
+    """How many times ``env`` was made anew at an episode boundary (the ``recycled`` count of
+    the recycling wrapper under its other wrappers); 0 for an env that is not recycled."""
+    while env is not None:
+        count = env.__dict__.get("recycled") if hasattr(env, "__dict__") else None
+        if isinstance(count, int):
+            return count
+        env = getattr(env, "env", None)
+    return 0
+
+
 def recycle_env(env: gym.Env, factory: Callable[[], gym.Env], **limits: Any) -> gym.Env:
     """``env``, made anew by ``factory`` at an episode boundary within ``limits`` (``episodes``,
     ``max_rss``: see ``envs.wrappers.Recycle``; a ``ValueError`` for a bound it starts above)."""

@@ -297,6 +297,7 @@ def main() -> int:
                 s = json.load(fh)
             sample["frames"] = s["env_frames"]
             sample["return"] = s.get("mean_episode_return")
+            sample["env_recycles"] = s.get("env_recycles", 0)  # envs made anew, no fault
             report["faults_counted"] = {
                 "env_restarts": s.get("env_restarts", 0),
                 "worker_restarts": s.get("worker_restarts", 0),
@@ -313,7 +314,8 @@ def main() -> int:
         print(f"[soak {sample['t'] / 60:6.1f} min] frames {sample.get('frames', 0):,} "
               f"fps {sample.get('fps') or 0:,.0f} return {sample.get('return')} | memory "
               f"{m['pss_mb']:,.0f} MB PSS ({m['processes']} processes; engines "
-              f"{m['engines_pss_mb']:,.0f} MB in {m['engines']}) | faults "
+              f"{m['engines_pss_mb']:,.0f} MB in {m['engines']}; recycled "
+              f"{sample.get('env_recycles', 0)}) | faults "
               f"{report['faults_injected']}", flush=True)
         with open(os.path.join(args.out, "soak.json"), "w") as fh:
             json.dump(report, fh)

@@ -145,6 +145,7 @@ def test_nothing_is_lost_through_the_rollout_worker():
     assert all(sorted(s) == list(range(len(s))) for s in seen.values()), "a step lost or twice"
     assert len(seen) > 3 * len(envs)  # envs were made anew, several times each
     assert sum(e.recycled for e in envs) >= 2 * len(envs)
+    assert worker.env_recycles == sum(e.recycled for e in envs)  # what its station reports
     assert episodes and all(ep.episode_return == 7 and ep.length == 7 for ep in episodes)
 
 
@@ -312,3 +313,25 @@ def test_the_sizing_script_prints_one_json_line(argv):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["what"] == argv[0] and (out.get("median_s", 0) > 0 or out.get("episodes", 0) > 0)
+
+
+@pytest.mark.slow
+def test_the_run_counts_the_envs_made_anew(tmp_path, capsys):
+    """Recycles travel from the rollout worker to summary.json and the exit summary."""
+    from fastrl.experiment.reporter import print_final_summary
+    from fastrl.runner.serial import run_serial
+
+    register_env("recycle_counted", lambda: CountingEnv(env_tag=1, episode_len=5),
+                 overwrite=True)
+    cfg = parse_config(["--env", "recycle_counted", "--serial_mode", "--num_envs_per_worker",
+                        "4", "--env_recycle_episodes", "3", "--train_for_env_steps", "2048",
+                        "--rollout", "16", "--batch_size", "256", "--device", "cpu",
+                        "--train_dir", str(tmp_path), "--experiment", "counted", "--seed", "1",
+                        "--env_check", "strict"])
+    summary = run_serial(cfg)
+    # >= 2,048 steps of 5-step episodes on 4 envs: >= 100 episodes per env, one recycle
+    # every 3: about 33 per env (the last report may miss the final few)
+    assert summary["env_recycles"] >= 4 * 25, summary
+    assert summary["env_restarts"] == 0, summary
+    print_final_summary(summary)
+    assert "  envs recycled   " in capsys.readouterr().out

@@ -69,6 +69,7 @@ class Reporter:
             w.add_scalar(f"episode_metrics/mean_{name}", mean, step)
         w.add_scalar("perf/fps", fps, step)
         w.add_scalar("faults/env_restarts", s.env_restarts, step)
+        w.add_scalar("envs/recycled", s.env_recycles, step)
         for kind, n in s.env_faults.items():
             w.add_scalar(f"faults/env_{kind}", n, step)
         w.add_scalar("faults/worker_restarts", s.worker_restarts, step)
@@ -197,6 +198,9 @@ def print_final_summary(summary: dict) -> None:
         lines.append(f"  faults          {summary['env_restarts']} env restarts, "
                      f"{summary['worker_restarts']} worker restarts, "
                      f"{summary['trajectories_discarded']} trajectories discarded")
+    if summary.get("env_recycles"):
+        lines.append(f"  envs recycled   {summary['env_recycles']:,} (made anew at an episode "
+                     "boundary: --env_recycle_episodes, --env_recycle_mb)")
     faults = {kind: n for kind, n in summary.get("env_faults", {}).items() if n}
     if faults:
         lines.append("  env faults      " + ", ".join(f"{kind} {n}" for kind, n in faults.items())

@@ -139,6 +139,7 @@ class TrainingStats:
         self._fps_window = _Trailing()
         # Faults survived in this run (see docs/reliability.md).
         self.env_restarts = 0  # envs closed and recreated after a fault
+        self.env_recycles = 0  # envs made anew at an episode boundary (not a fault)
         self.steps_discarded = 0  # steps of episodes those env faults cut short
         self.env_faults = dict.fromkeys(ENV_FAULT_KINDS, 0)  # by kind: raised, hung, bad output
         self.worker_restarts = 0  # rollout/policy worker processes restarted
@@ -362,6 +363,7 @@ class TrainingStats:
             "splits_held": {"held": self.splits_held, "begun": self.splits_begun},
             "learner_steps": self.learner_steps,
             "env_restarts": self.env_restarts,
+            "env_recycles": self.env_recycles,
             "steps_discarded": self.steps_discarded,
             "env_faults": dict(self.env_faults),
             "worker_restarts": self.worker_restarts,

@@ -78,6 +78,7 @@ class RunLoop:
                 if self.pbt is not None:
                     self.pbt.add_episode(ep.policy, ep.episode_return, ep.metrics, ep.version)
             stats.env_restarts += msg.env_restarts
+            stats.env_recycles += msg.env_recycles
             stats.steps_discarded += msg.steps_discarded
             stats.add_env_faults(msg.faults)
             stats.add_busy("env", msg.busy_seconds)

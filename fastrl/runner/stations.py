@@ -63,6 +63,7 @@ class RolloutStation:
         self.envs: list = []
         self.worker: RolloutWorker | None = None
         self._report = RolloutReport([], 0, 0, {})
+        self._recycles_told = 0  # the worker's env_recycles already reported
         self._last_report = time.monotonic()
         self.fault_log = FaultLog(self.name)
         self.activity = Activity(wiring.activity, worker_id)  # what it does, for the runner
@@ -145,7 +146,10 @@ class RolloutStation:
         if ((report.episodes or report.env_restarts or report.faults or report.busy_seconds)
                 and time.monotonic() - self._last_report >= self.report_every):
             held, begun = worker.backlog.take_counts()
-            self.wiring.runner_queue.put(report._replace(splits_held=held, splits_begun=begun))
+            recycles, self._recycles_told = (worker.env_recycles - self._recycles_told,
+                                             worker.env_recycles)
+            self.wiring.runner_queue.put(report._replace(splits_held=held, splits_begun=begun,
+                                                         env_recycles=recycles))
             self._report = RolloutReport([], 0, 0, {})
             self._last_report = time.monotonic()
         self.fault_log.flush()

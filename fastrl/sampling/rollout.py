@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from fastrl.env_registry import recycles
 from fastrl.policy.actions import ActionSpec
 from fastrl.policy.obs import as_dict_space
 from fastrl.sampling.backlog import Backlog
@@ -121,6 +122,7 @@ class RolloutWorker(EnvStartup):
         self.trajectories_per_round = trajectories_per_round
         self.seed = seed
         self.env_factory = env_factory
+        self.env_recycles = 0  # envs made anew at an episode boundary (--env_recycle_*)
         self.generation = generation
         self.epoch = epoch
         self.decorrelate = decorrelate
@@ -378,7 +380,12 @@ class RolloutWorker(EnvStartup):
         return self._replace_env(i, fault, out)
 
     def _reset(self, i: int, seed: int | None = None) -> dict:  # env i's first obs, checked
-        return self._check_obs(self._timer.call(self.envs[i].reset, seed=seed)[0], "reset")
+        before = recycles(self.envs[i])
+        try:
+            obs = self._timer.call(self.envs[i].reset, seed=seed)[0]
+        finally:  # (a recycle whose new env then fails to reset was still a recycle)
+            self.env_recycles += recycles(self.envs[i]) - before
+        return self._check_obs(obs, "reset")
 
     def _replace_env(self, i: int, cause: Exception, out: StepOutput) -> dict:
         """Close env ``i`` after ``cause``, make a new one and reset it; return its first

@@ -224,6 +224,7 @@ class RolloutReport(NamedTuple):
     # --max_batches_waiting: splits held (fastrl.sampling.backlog) and splits begun
     splits_held: int = 0
     splits_begun: int = 0
+    env_recycles: int = 0  # envs made anew at an episode boundary (--env_recycle_episodes|mb)
 
 
 class EnvCheckFailed(NamedTuple):
