@@ -49,11 +49,13 @@ from fastrl.experiment.folder import write_json_atomic
 from fastrl.experiment.match import play_match, seats_and_checkpoints
 from fastrl.experiment.versus import OPPONENT_HELP, SELF, check_opponent, play_versus
 from fastrl.experiment.video import (
+    DEFAULT_VIDEO_FPS,
     FrameSinks,
     VideoRecorder,
     WindowViewer,
     has_display,
     headless_sdl,
+    real_time_fps,
 )
 from fastrl.log import log
 from fastrl.transport.signals import LauncherSignals, quit_status
@@ -61,7 +63,6 @@ from fastrl.transport.signals import LauncherSignals, quit_status
 PROG = "enjoy.py"
 EVAL_FILE = "eval.json"
 VIDEO_FILE = "replay.mp4"
-DEFAULT_VIDEO_FPS = 30.0
 
 _CONFIG_KEYS = frozenset(f.name for f in dataclasses.fields(Config))
 # Taken from the saved config unless given explicitly: what the env and the model are.
@@ -250,13 +251,6 @@ def _create_env(cfg: Config, want_screen: bool) -> gym.Env:
         except ValueError:
             pass  # an env that cannot render to arrays: the agent's view is all there is
     return create_env(cfg)
-
-
-def real_time_fps(env: gym.Env) -> float:
-    """Agent steps per second of real time: the env's ``render_fps`` (gymnasium's rate of
-    rendered frames, one per ``step``; VizDoom's envs give 35 / frameskip)."""
-    render_fps = env.metadata.get("render_fps")
-    return float(render_fps) if render_fps else DEFAULT_VIDEO_FPS
 
 
 def _one_line(exc: BaseException, limit: int = 300) -> str:

@@ -58,6 +58,10 @@ def _values(cfg: Config) -> list[str]:
             errors.append(f"--{name}={getattr(cfg, name)}: must be in [0, 1)")
     if cfg.ratio_clamp != 0 and not cfg.ratio_clamp > 1:
         errors.append(f"--ratio_clamp={cfg.ratio_clamp}: must be 0 (off) or > 1")
+    if cfg.eval_video and not cfg.eval_every_env_frames:
+        errors.append("--eval_video=True: records the evaluations during training; it needs "
+                      "--eval_every_env_frames > 0 (to record a trained agent: enjoy.py "
+                      "--save_video)")
     return errors
 
 

@@ -335,6 +335,10 @@ class Config:
     eval_episodes: int = _f(10, "Episodes per evaluation during training", "logging")
     eval_deterministic: bool = _f(False, "Evaluate with the most likely action instead of sampling",
                                   "logging")
+    eval_video: bool = _f(False, "Record each evaluation's first episode (at most 1,000 agent "
+                          "steps) as <experiment>/videos/eval_<frames>.mp4: the agent's view, or "
+                          "the env's screen where the observation is no image; with --with_wandb "
+                          "it goes to W&B as eval/video", "logging")
     stats_avg: int = _f(100, "Episodes averaged for the reported mean return", "logging")
 
     # --- Weights & Biases (--with_wandb; fastrl/experiment/wandb_run.py) ---------------

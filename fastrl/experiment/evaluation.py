@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -24,6 +25,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from fastrl.experiment.video import VideoRecorder, real_time_fps
+from fastrl.log import log
 from fastrl.policy.actions import ActionSpec
 from fastrl.policy.distributions import ActionDistribution
 from fastrl.policy.model import ActorCritic
@@ -65,6 +68,7 @@ class EvalResult:
     lengths: list[int] = field(default_factory=list)
     # The env's own figures of each episode (``info["episode_metrics"]``: frags...), {} if none.
     metrics: list[dict[str, float]] = field(default_factory=list)
+    video: str | None = None  # the mp4 of its first episode (PeriodicEvaluator's video_dir)
 
     def add(self, ret: float, length: int, metrics: dict | None = None) -> None:
         self.returns.append(float(ret))
@@ -219,6 +223,41 @@ def evaluate(
     return result
 
 
+EVAL_VIDEO_FRAMES = 1000  # agent steps of an evaluation's video at most (its first episode)
+
+
+class _FirstEpisodeVideo:
+    """Frame sink: an evaluation's first episode (at most :data:`EVAL_VIDEO_FRAMES` agent
+    steps) as an mp4. A recording that fails is said in one line and the evaluation goes on
+    without it: a video never stops training."""
+
+    def __init__(self, path: str, fps: float):
+        self.recorder = VideoRecorder(path, fps, EVAL_VIDEO_FRAMES)
+        self.recording = True
+
+    def __call__(self, obs: dict[str, np.ndarray], env: gym.Env) -> None:
+        if self.recording:
+            try:
+                self.recorder(obs, env)
+            except Exception as exc:  # noqa: BLE001 - an encoder missing or failing
+                self.recording = False
+                log(f"evaluation video {self.recorder.main.path}: recording failed "
+                    f"({type(exc).__name__}: {exc}); the evaluation goes on without it")
+
+    def episode_done(self, *args: Any) -> None:
+        self.recording = False
+
+    def close(self) -> str | None:
+        """The file written, or None (no frames: an env with neither an image observation
+        nor a screen)."""
+        try:
+            paths = self.recorder.close()
+        except Exception as exc:  # noqa: BLE001
+            log(f"evaluation video {self.recorder.main.path}: could not be finished ({exc})")
+            return None
+        return paths[0] if paths else None
+
+
 class _Cancelled(Exception):
     """Raised inside a background evaluation by :meth:`PeriodicEvaluator.close`."""
 
@@ -255,6 +294,7 @@ class PeriodicEvaluator:
         device: torch.device | str = "cpu",
         seed: int | None = None,
         start_frames: int = 0,
+        video_dir: str | None = None,
     ) -> None:
         if every_env_frames <= 0:
             raise ValueError(f"every_env_frames must be > 0, got {every_env_frames}")
@@ -264,6 +304,7 @@ class PeriodicEvaluator:
         self.deterministic = deterministic
         self.device = torch.device(device)
         self.seed = seed
+        self.video_dir = video_dir  # each evaluation's first episode to eval_<frames>.mp4 here
         self.model = copy.deepcopy(model).to(self.device).requires_grad_(False)
         self.next_at = self._next_after(start_frames)
         self.last_result: EvalResult | None = None
@@ -290,15 +331,27 @@ class PeriodicEvaluator:
         # A long gap between calls gives one evaluation, not a backlog of them.
         self.next_at = self._next_after(env_frames)
 
-    def _play(self) -> EvalResult:
-        def check_cancel(obs: dict[str, np.ndarray], env: gym.Env) -> None:
+    def _play(self, env_frames: int) -> EvalResult:
+        video = None
+        if self.video_dir is not None:
+            video = _FirstEpisodeVideo(os.path.join(self.video_dir, f"eval_{env_frames}.mp4"),
+                                       real_time_fps(self.env))
+
+        def sink(obs: dict[str, np.ndarray], env: gym.Env) -> None:
             if self._cancel.is_set():
                 raise _Cancelled
+            if video is not None:
+                video(obs, env)
 
-        self.last_result = evaluate(self.model, self.env, self.num_episodes,
-                                    self.deterministic, self.device, frame_sink=check_cancel,
-                                    seed=self.seed)
-        return self.last_result
+        try:
+            result = evaluate(self.model, self.env, self.num_episodes, self.deterministic,
+                              self.device, frame_sink=sink, seed=self.seed,
+                              on_episode=None if video is None else video.episode_done)
+        finally:
+            path = None if video is None else video.close()
+        result.video = path
+        self.last_result = result
+        return result
 
     def maybe_evaluate(self, env_frames: int,
                        source: torch.nn.Module | WeightsSource) -> EvalResult | None:
@@ -307,7 +360,7 @@ class PeriodicEvaluator:
         if not self.due(env_frames) or self.running:
             return None
         self._take_weights(env_frames, source)
-        return self._play()
+        return self._play(env_frames)
 
     def maybe_start(self, env_frames: int, source: torch.nn.Module | WeightsSource) -> bool:
         """Background: when an evaluation is due and none is running, copy the weights of
@@ -322,7 +375,7 @@ class PeriodicEvaluator:
 
     def _background(self, env_frames: int) -> None:
         try:
-            self._done.put((env_frames, self._play()))
+            self._done.put((env_frames, self._play(env_frames)))
         except _Cancelled:
             pass
         except BaseException as exc:  # noqa: BLE001 - handed to the owner by poll()
@@ -357,3 +410,5 @@ def write_eval_summaries(writer: Any, result: EvalResult, step: int) -> None:
     writer.add_scalar("eval/mean_return", result.mean_return, step)
     writer.add_scalar("eval/std_return", result.std_return, step)
     writer.add_scalar("eval/mean_length", result.mean_length, step)
+    if result.video and hasattr(writer, "add_video_file"):  # W&B (wandb_run.ScalarTee)
+        writer.add_video_file("eval/video", result.video, step)

@@ -14,6 +14,15 @@ import numpy as np
 
 from fastrl.errors import ExperimentError
 
+DEFAULT_VIDEO_FPS = 30.0  # an env that gives no render_fps
+
+
+def real_time_fps(env: gym.Env) -> float:
+    """Agent steps per second of real time: the env's ``render_fps`` (gymnasium's rate of
+    rendered frames, one per ``step``; VizDoom's envs give 35 / frameskip)."""
+    render_fps = env.metadata.get("render_fps")
+    return float(render_fps) if render_fps else DEFAULT_VIDEO_FPS
+
 
 def agent_view(obs: dict[str, np.ndarray]) -> np.ndarray | None:
     """The image the policy sees, as ``uint8 [H, W, 3]``, or ``None`` for a vector env.

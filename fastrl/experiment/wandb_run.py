@@ -186,7 +186,7 @@ class WandbRun:
         self.failed_to_send = False
 
     def tee(self, writer: Any) -> ScalarTee:
-        return ScalarTee(writer, self._send)
+        return ScalarTee(writer, self._send, self._send_video)
 
     def _send(self, row: dict[str, float]) -> None:
         if self.failed_to_send or self.logged.already_sent(row[STEP_KEY]):
@@ -199,6 +199,15 @@ class WandbRun:
             log(f"W&B: sending scalars failed ({_first_line(exc)}); TensorBoard goes on, W&B "
                 "gets no more scalars this run")
 
+    def _send_video(self, tag: str, path: str, frames: int) -> None:
+        """An mp4 as ``tag`` in a row of its own at ``frames`` (wandb copies the file)."""
+        if self.failed_to_send or self.logged.already_sent(frames):
+            return
+        try:
+            row = {STEP_KEY: frames, tag: self.wandb.Video(path, format="mp4")}
+            self.run.log(row, step=self.logged.next_step(frames), commit=True)
+        except Exception as exc:  # noqa: BLE001 - the scalars go on; the file stays on disk
+            log(f"W&B: sending the video {path} failed ({_first_line(exc)}); it stays on disk")
     def finish(self, error: BaseException | None) -> None:
         """Finish the run and stop wandb's service process. ``error``: what ends training
         (``None``: its normal end); marked failed in W&B unless it is a stop (Ctrl-C,
@@ -220,9 +229,10 @@ class ScalarTee:
     W&B row holds one value per key: a row is sent when a tag comes again or the step
     changes, and at each flush and close."""
 
-    def __init__(self, writer: Any, send):
+    def __init__(self, writer: Any, send, send_video=None):
         self.writer = writer
         self._send = send
+        self._send_video = send_video
         self._row: dict[str, float] = {}
         self._step: int | None = None
 
@@ -232,6 +242,13 @@ class ScalarTee:
             self._send_row()
         self._step = step
         self._row[tag] = float(value)
+
+    def add_video_file(self, tag: str, path: str, step: int) -> None:
+        """An mp4 for W&B only (TensorBoard's own video summary would need moviepy): sent
+        after the scalars of the row in progress."""
+        self._send_row()
+        if self._send_video is not None:
+            self._send_video(tag, path, step)
 
     def flush(self) -> None:
         self._send_row()

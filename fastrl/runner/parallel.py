@@ -48,11 +48,12 @@ from fastrl.runner.run_start import (
     announce_recipe,
     build_model,
     check_env_settings,
+    start_evaluator,
 )
 from fastrl.runner.sampler_node import local_node_main
 from fastrl.runner.supervisor import Child, ChildError, Supervisor
 from fastrl.runner.wiring import Wiring, build_wiring
-from fastrl.sampling.env_setup import create_env, probe_env
+from fastrl.sampling.env_setup import probe_env
 from fastrl.transport.messages import ChildFailed, Fenced, LearnerReady
 from fastrl.transport.procs import check_queue_layout, kill_descendants
 from fastrl.transport.signals import LauncherSignals, quit_status
@@ -136,11 +137,8 @@ class ParallelRunner:
             self.wandb_run = start_wandb(cfg, self.exp_dir)  # before any child starts
         check_queue_layout(wiring.learner_queue.q)  # the lock repair must know the layout
         self.supervisor = Supervisor(wiring, self.ctx, self._pump)
-        if cfg.eval_every_env_frames:
-            # Evaluation plays in a thread of this process, on the CPU, with its own env.
-            self.evaluator = PeriodicEvaluator(create_env(cfg), model, cfg.eval_every_env_frames,
-                                               cfg.eval_episodes, cfg.eval_deterministic, "cpu",
-                                               seed=cfg.seed)
+        # Evaluation plays in a thread of this process, on the CPU, with its own env.
+        self.evaluator = start_evaluator(cfg, model, "cpu", self.exp_dir)
         return wiring
 
     def start_sampling(self) -> None:

@@ -203,4 +203,5 @@ class RunLoop:
         for at, result in results:
             write_eval_summaries(self.reporter.writer, result, at)
             log(f"evaluation at {at:,} frames: return {result.mean_return:.3f} "
-                f"+- {result.std_return:.3f} over {result.episodes} episodes")
+                f"+- {result.std_return:.3f} over {result.episodes} episodes"
+                + (f" (video {result.video})" if result.video else ""))

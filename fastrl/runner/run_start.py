@@ -1,8 +1,10 @@
 """What a run does first, in both modes, once the env's spaces are known: refuse settings the
 env cannot take (:func:`check_env_settings`), say the recipe and the inputs in the first
-lines, and build the model."""
+lines, build the model and the evaluator (:func:`start_evaluator`)."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -10,11 +12,14 @@ from fastrl.algo.replay.apex import build_store, q_learning_problem
 from fastrl.config.recipes import recipe_line
 from fastrl.config.settings import REPLAY_ALGOS, Config
 from fastrl.errors import EnvSettingsError
+from fastrl.experiment.evaluation import PeriodicEvaluator
 from fastrl.log import log
 from fastrl.policy.actions import ActionSpec, exploration_problem
 from fastrl.policy.model import ActorCritic
+from fastrl.policy.obs import as_dict_space
+from fastrl.policy.spaces import is_image
 from fastrl.runner.memory import check_fits
-from fastrl.sampling.env_setup import EnvInfo
+from fastrl.sampling.env_setup import EnvInfo, create_env
 
 # A replay store this large makes every checkpoint that large: said once at start.
 BIG_CHECKPOINT = 1 << 30
@@ -85,3 +90,28 @@ def announce_inputs(info: EnvInfo, model: ActorCritic) -> None:
         log(f"observation {key!r}: {source}{encoder}")
     for line in info.obs_left_out:
         log(line)
+
+
+def start_evaluator(cfg: Config, model: ActorCritic, device: torch.device | str, exp_dir: str,
+                    start_frames: int = 0) -> PeriodicEvaluator | None:
+    """``--eval_every_env_frames``: the evaluator, with an env of its own (None when off).
+    With ``--eval_video`` its videos go to ``<exp_dir>/videos``; an env whose observation
+    holds no image is made to render its screen, which the video shows instead."""
+    if not cfg.eval_every_env_frames:
+        return None
+    env = create_env(cfg)
+    video_dir = os.path.join(exp_dir, "videos") if cfg.eval_video else None
+    shown = as_dict_space(env.observation_space).spaces.values()
+    if video_dir is not None and not any(is_image(space) for space in shown):
+        try:
+            screen_env = create_env(cfg, render_mode="rgb_array")
+        except Exception as exc:  # noqa: BLE001 - the env cannot render to arrays
+            log(f"--eval_video: env {cfg.env!r} has no image observation and cannot render its "
+                f"screen to arrays ({type(exc).__name__}: {exc}); evaluations record no video")
+            video_dir = None
+        else:
+            env.close()
+            env = screen_env
+    return PeriodicEvaluator(env, model, cfg.eval_every_env_frames, cfg.eval_episodes,
+                             cfg.eval_deterministic, device, seed=cfg.seed,
+                             start_frames=start_frames, video_dir=video_dir)

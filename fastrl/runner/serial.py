@@ -15,7 +15,6 @@ from fastrl.algo.pbt.population import Population
 from fastrl.config.settings import Config
 from fastrl.device import resolve_device
 from fastrl.experiment.checkpoint import restore_counters
-from fastrl.experiment.evaluation import PeriodicEvaluator
 from fastrl.experiment.folder import prepare_experiment_dir, undone_if_refused
 from fastrl.experiment.reporter import Reporter, print_final_summary
 from fastrl.experiment.stats import TrainingStats
@@ -25,7 +24,12 @@ from fastrl.runner.cores import make_learner, make_policy_worker
 from fastrl.runner.process_setup import keep_freed_memory, seed_everything
 from fastrl.runner.replay_station import make_learner_station
 from fastrl.runner.run_loop import RunLoop
-from fastrl.runner.run_start import announce_inputs, announce_recipe, check_env_settings
+from fastrl.runner.run_start import (
+    announce_inputs,
+    announce_recipe,
+    check_env_settings,
+    start_evaluator,
+)
 from fastrl.runner.stations import PolicyStation, RolloutStation
 from fastrl.runner.wiring import build_wiring
 from fastrl.sampling.env_setup import create_env, env_info
@@ -88,10 +92,7 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
         for station in rollouts:
             station.start(first if station.worker_id == 0 else None)
         reporter = Reporter(cfg, exp_dir, stats, wandb_run)
-        if cfg.eval_every_env_frames:
-            evaluator = PeriodicEvaluator(create_env(cfg), learner.model, cfg.eval_every_env_frames,
-                                          cfg.eval_episodes, cfg.eval_deterministic, device,
-                                          seed=cfg.seed, start_frames=stats.env_frames)
+        evaluator = start_evaluator(cfg, learner.model, device, exp_dir, stats.env_frames)
         n_params = sum(p.numel() for p in learner.model.parameters())
         log(f"serial mode: {cfg.env}, {cfg.num_workers} workers x {cfg.num_envs_per_worker} envs "
             f"in {cfg.worker_num_splits} splits, "
