@@ -9,8 +9,8 @@ import sys
 import pytest
 from gymnasium.envs.registration import registry as gym_registry
 
-from fastrl.config.load import parse_config
 from fastrl.env_registry import MissingExtraError, UnknownEnvError, make_env
+from fastrl.run_config import parse_config
 from fastrl.sampling.env_setup import create_env, env_info
 
 PACKAGE = "tests.spaces_env"
@@ -91,7 +91,7 @@ def test_env_packages_that_cannot_be_imported_is_one_line():
 ])
 def test_bad_flags_are_one_line(capsys, flag, value, message):
     with pytest.raises(SystemExit) as exit_info:
-        from fastrl.config.load import parse_or_exit
+        from fastrl.run_config import parse_or_exit
 
         parse_or_exit(["--env", "CartPole-v1", flag, value], prog="train.py")
     assert exit_info.value.code != 0

@@ -7,13 +7,13 @@ from __future__ import annotations
 import torch
 
 from fastrl.algo.replay.apex import build_store, q_learning_problem
-from fastrl.config.recipes import recipe_line
 from fastrl.config.settings import REPLAY_ALGOS, Config
 from fastrl.errors import EnvSettingsError
 from fastrl.log import log
 from fastrl.policy.actions import ActionSpec, exploration_problem
 from fastrl.policy.model import ActorCritic
 from fastrl.runner.memory import check_fits
+from fastrl.sampling.env_probe import recipe_line
 from fastrl.sampling.env_setup import EnvInfo
 
 # A replay store this large makes every checkpoint that large: said once at start.
