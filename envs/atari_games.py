@@ -86,9 +86,9 @@ def match_env(name: str) -> tuple[str, tuple, dict[str, Any]] | None:
 
 def spaces_for_budget(name: str, cfg: Any = None) -> tuple[Any, Any, int] | None:
     """(observation space, action space, agents) of an Atari id as ``envs.atari`` makes it, for
-    the memory budget (``fastrl.config.recipes.env_spaces``), without loading ale-py; None for
-    another name. The action space is the full set's (a game's own is smaller: one index
-    either way in the buffers)."""
+    the memory budget (``fastrl.sampling.env_probe.env_spaces``), without loading ale-py;
+    None for another name. The action space is the full set's (a game's own is smaller: one
+    index either way in the buffers)."""
     from gymnasium import spaces
 
     if not is_atari_id(name):

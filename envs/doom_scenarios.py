@@ -279,7 +279,7 @@ def builtin_envs() -> dict[str, tuple[str, tuple, dict]]:
 
 def spaces_for_budget(name: str, cfg: Any = None) -> tuple[Any, Any, int] | None:
     """(observation space, action space, agents) of scenario ``name`` as made, for the memory
-    budget (``fastrl.config.recipes.env_spaces``), without starting an engine; None for
+    budget (``fastrl.sampling.env_probe.env_spaces``), without starting an engine; None for
     another name. With ``--env_measurements`` the observation also holds a few floats of
     game variables, which this leaves out (the cfg file knows how many)."""
     from gymnasium import spaces

@@ -182,8 +182,9 @@ def _gym_ids() -> list[str]:
 
 
 def _is_gym_id(name: str) -> bool:
-    # "module:EnvId" asks gymnasium to import `module` first (it registers EnvId).
-    return name in gym_registry or (":" in name and not name.startswith(":"))
+    # A "package:EnvId" never gets here: envs.package_envs.match_env claims every name with
+    # a package and an id around its colon (it imports the package, then makes the id).
+    return name in gym_registry
 
 
 def use_headless_gl(environ: MutableMapping[str, str] = os.environ, render: bool = False

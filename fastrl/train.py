@@ -8,9 +8,9 @@ from __future__ import annotations
 import sys
 from typing import NoReturn
 
-from fastrl.config.load import parse_or_exit
 from fastrl.config.settings import Config
 from fastrl.errors import ExperimentError, StartMethodError
+from fastrl.run_config import parse_or_exit
 
 
 def user_error_types() -> tuple[type[BaseException], ...]:

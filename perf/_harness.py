@@ -40,7 +40,7 @@ def parse(description: str, limit: bool = False,
 
 
 def run(args: argparse.Namespace, extra: list[str], mode_flags: list[str]) -> dict:
-    from fastrl.config.load import parse_config
+    from fastrl.run_config import parse_config
     from fastrl.train import user_error_types
 
     with tempfile.TemporaryDirectory(prefix="fastrl-perf-") as train_dir:

@@ -74,7 +74,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from fastrl.algo.learner import Learner
-    from fastrl.config.load import parse_config
+    from fastrl.run_config import parse_config
     from fastrl.runner.run_start import build_model
     from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
     from fastrl.sampling.env_setup import probe_env

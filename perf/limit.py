@@ -344,8 +344,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from fastrl.config.load import parse_config
     from fastrl.config.settings import ConfigError
+    from fastrl.run_config import parse_config
     from fastrl.train import user_error_types
 
     p = _Parser(

@@ -7,7 +7,7 @@ def small_ppo_run(env: str, train_dir, *extra: str, steps: int = 40_000) -> dict
     """Train ``env`` in serial mode (seed 1) with a small tanh MLP and PPO-style reuse of
     each batch (4 epochs of 4 minibatches of 256); return the run's summary. ``extra`` flags
     come last, so they override these."""
-    from fastrl.config.load import parse_config
+    from fastrl.run_config import parse_config
     from fastrl.runner.serial import run_serial
 
     cfg = parse_config([

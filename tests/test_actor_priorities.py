@@ -17,9 +17,9 @@ from fastrl.algo.replay.r2d2 import R2D2Learner
 from fastrl.algo.replay.sequence_store import sequence_priorities
 from fastrl.algo.replay.store import PRIORITY_EPS
 from fastrl.algo.replay.targets import actor_td_errors, value_rescale
-from fastrl.config.load import parse_config
 from fastrl.config.settings import Config
 from fastrl.policy.model import ActorCritic, as_dict_space
+from fastrl.run_config import parse_config
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.inference import PolicyWorker
 from fastrl.sampling.weights import SharedWeights

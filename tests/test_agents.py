@@ -9,10 +9,10 @@ import json
 import pytest
 import torch
 
-from fastrl.config.load import parse_config
 from fastrl.enjoy import main as enjoy_main
 from fastrl.errors import EnvSettingsError
 from fastrl.policy.obs import as_dict_space
+from fastrl.run_config import parse_config
 from fastrl.runner.run_start import check_env_settings
 from fastrl.runner.serial import run_serial
 from fastrl.sampling.agents import MultiAgentRolloutWorker, is_multi_agent, num_agents

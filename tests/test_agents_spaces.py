@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.config.load import parse_config
 from fastrl.env_registry import make_env
 from fastrl.errors import EnvSettingsError
 from fastrl.experiment.match import play_match
 from fastrl.policy.model import ActorCritic
+from fastrl.run_config import parse_config
 from fastrl.sampling.agents import MultiAgentRolloutWorker
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.env_setup import AgentsObsAdapter, create_env, env_info

@@ -14,11 +14,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from fastrl.algo.replay.apex import ApexLearner, double_q_targets, q_learning_problem
 from fastrl.algo.replay.dueling import chosen_q, dueling_heads
-from fastrl.config.load import parse_config
 from fastrl.config.settings import ConfigError
 from fastrl.errors import EnvSettingsError
 from fastrl.experiment.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.policy.model import ActorCritic
+from fastrl.run_config import parse_config
 from fastrl.runner.serial import run_serial
 from tests.test_parallel import run_train
 from tests.test_replay import _trajectories

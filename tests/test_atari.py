@@ -18,9 +18,9 @@ pytest.importorskip("ale_py")
 from envs.atari import AtariPreprocess, make_atari_env  # noqa: E402
 from envs.atari_games import LEGACY_GAMES, is_atari_id  # noqa: E402
 from envs.doom_image import ImageResizer  # noqa: E402
-from fastrl.config.load import parse_config  # noqa: E402
 from fastrl.env_registry import make_env, recommended_settings  # noqa: E402
 from fastrl.errors import UnknownEnvError  # noqa: E402
+from fastrl.run_config import parse_config  # noqa: E402
 from fastrl.sampling.env_setup import env_options  # noqa: E402
 from tests.test_parallel import run_train_here  # noqa: E402
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.config.load import parse_config
+from fastrl.run_config import parse_config
 from fastrl.runner.wiring import build_wiring
 from fastrl.sampling.backlog import Backlog, backlog_cells, backlog_limit
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers

@@ -79,7 +79,7 @@ def test_random_sequences_match_a_slow_reference():
 def _learner_station(tmp_path, *extra):
     import torch
 
-    from fastrl.config.load import parse_config
+    from fastrl.run_config import parse_config
     from fastrl.runner.cores import make_learner
     from fastrl.runner.stations import LearnerStation
     from fastrl.runner.wiring import build_wiring

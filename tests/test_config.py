@@ -11,8 +11,9 @@ import sys
 import pytest
 
 from fastrl.config.flags import str2bool
-from fastrl.config.load import parse_config, save_config
+from fastrl.config.load import save_config
 from fastrl.config.settings import Config, ConfigError
+from fastrl.run_config import parse_config
 
 
 def test_defaults_are_valid_and_match_sample_factory_names():

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from fastrl.config.load import parse_config
+from fastrl.run_config import parse_config
 from fastrl.runner.serial import run_serial
 from tests.test_modes import DOOM_ENVS, MODES, _args, _train
 from tests.test_parallel import run_train

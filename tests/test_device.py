@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fastrl.config.load import parse_config
 from fastrl.device import resolve_device, resolve_precision
 from fastrl.errors import ExperimentError
 from fastrl.experiment.stats import TrainingStats
+from fastrl.run_config import parse_config
 from fastrl.runner import children
 from fastrl.runner.parallel import ParallelRunner
 from fastrl.transport.messages import LearnerReady

@@ -22,8 +22,8 @@ import vizdoom as vzd  # noqa: E402
 from envs.doom import DoomEnv  # noqa: E402
 from envs.doom_multiplayer import DoomBotsEnv, free_udp_port, placing  # noqa: E402
 from envs.doom_scenarios import DEATHMATCH_HEADS, SCENARIOS  # noqa: E402
-from fastrl.config.load import parse_config  # noqa: E402
 from fastrl.env_registry import _entry, make_env  # noqa: E402
+from fastrl.run_config import parse_config  # noqa: E402
 from fastrl.transport.procs import SHM_DIR  # noqa: E402
 from tests.test_doom_envs import _vizdoom_children  # noqa: E402
 from tests.test_parallel import run_train_here  # noqa: E402

@@ -24,8 +24,8 @@ from envs.doom_selfplay import (  # noqa: E402
     match_engines,
     port_holders,
 )
-from fastrl.config.load import parse_config  # noqa: E402
 from fastrl.env_registry import _entry, make_env  # noqa: E402
+from fastrl.run_config import parse_config  # noqa: E402
 from fastrl.transport.procs import SHM_DIR  # noqa: E402
 from tests.test_doom_envs import _vizdoom_children  # noqa: E402
 from tests.test_doom_multiplayer import METRICS, REPO_ROOT, train_serially  # noqa: E402

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from fastrl.config.load import parse_config
 from fastrl.enjoy import main
 from fastrl.experiment.match import default_seats, parse_seats, play_match
 from fastrl.policy.model import ActorCritic
+from fastrl.run_config import parse_config
 from tests.agents_env import AgentsEnv
 
 ENV = "tests.agents_env:AgentsEnv-v0"

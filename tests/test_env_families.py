@@ -15,7 +15,6 @@ import pytest
 
 from envs import crafter_env, package_envs
 from fastrl import env_registry
-from fastrl.config.load import parse_config
 from fastrl.env_registry import (
     MissingExtraError,
     UnknownEnvError,
@@ -23,6 +22,7 @@ from fastrl.env_registry import (
     recommended_settings,
     use_headless_gl,
 )
+from fastrl.run_config import parse_config
 
 
 def one_line(exc_info) -> str:
@@ -64,7 +64,7 @@ def test_popgym_recommends_memory_and_the_classic_recipe_keeps_none(tmp_path):
 def test_the_recipe_line_says_what_the_family_recommends():
     from gymnasium.spaces import Discrete
 
-    from fastrl.config.recipes import recipe_line
+    from fastrl.sampling.env_probe import recipe_line
 
     line = recipe_line("popgym-RepeatPreviousEasy-v0", "classic", Discrete(4), Discrete(4))
     assert "popgym-RepeatPreviousEasy-v0's registry entry recommends use_rnn=True" in line

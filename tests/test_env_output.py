@@ -272,7 +272,7 @@ def _tb_scalars(path) -> set[str]:
 
 @pytest.mark.slow
 def test_serial_mode_counts_bad_output_and_trains_on(tmp_path, capsys, monkeypatch):
-    from fastrl.config.load import parse_config
+    from fastrl.run_config import parse_config
     from fastrl.runner.serial import run_serial
 
     # The envs take the kinds of bad output in turn from the first (a NaN reward), whatever

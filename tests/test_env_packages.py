@@ -9,8 +9,8 @@ import sys
 import pytest
 from gymnasium.envs.registration import registry as gym_registry
 
-from fastrl.config.load import parse_config
 from fastrl.env_registry import MissingExtraError, UnknownEnvError, make_env
+from fastrl.run_config import parse_config
 from fastrl.sampling.env_setup import create_env, env_info
 
 PACKAGE = "tests.spaces_env"
@@ -55,6 +55,18 @@ def test_misspelled_id_of_an_installed_package_suggests_the_id(unimported, monke
         make_env("SpacesGrid-v1")
 
 
+@pytest.mark.parametrize("name", ["pkg:", "gymnasium:", "tests.spaces_env:"])
+def test_a_package_with_no_id_after_its_colon_is_one_unknown_env_line(name):
+    """``package:EnvId`` with the id left out: a ``package:EnvId`` is the package families'
+    (envs.package_envs.match_env) and only this form reached gymnasium, which failed in a deep
+    traceback (ModuleNotFoundError for 'pkg', "Malformed environment ID" otherwise)."""
+    with pytest.raises(UnknownEnvError) as err:
+        make_env(name)
+    message = str(err.value)
+    assert message.startswith(f"unknown env {name!r}: ") and "'package:EnvId'" in message
+    assert "\n" not in message
+
+
 def test_minigrid_names_its_extra_when_missing_or_works_when_installed():
     try:
         import minigrid  # noqa: F401
@@ -91,7 +103,7 @@ def test_env_packages_that_cannot_be_imported_is_one_line():
 ])
 def test_bad_flags_are_one_line(capsys, flag, value, message):
     with pytest.raises(SystemExit) as exit_info:
-        from fastrl.config.load import parse_or_exit
+        from fastrl.run_config import parse_or_exit
 
         parse_or_exit(["--env", "CartPole-v1", flag, value], prog="train.py")
     assert exit_info.value.code != 0

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from fastrl import make_env
-from fastrl.config.load import parse_config
 from fastrl.config.settings import ConfigError
 from fastrl.experiment import evaluation
 from fastrl.experiment.evaluation import EVAL_VIDEO_FRAMES, PeriodicEvaluator
 from fastrl.experiment.wandb_run import STEP_KEY, ScalarTee
 from fastrl.policy.model import ActorCritic
+from fastrl.run_config import parse_config
 from tests.test_enjoy import read_frames, small_cfg
 from tests.test_parallel import run_train_here
 from tests.test_wandb import CARTPOLE, offline_runs, wandb_env  # noqa: F401 - the fixture

@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from fastrl.config.load import parse_config
+from fastrl.run_config import parse_config
 from fastrl.runner.children import POLL
 from fastrl.runner.parallel import ParallelRunner
 from fastrl.sampling.buffers import FILL_INT

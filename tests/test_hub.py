@@ -28,11 +28,11 @@ from huggingface_hub.repocard import metadata_load
 from huggingface_hub.repocard_data import model_index_to_eval_results
 
 from fastrl import hub
-from fastrl.config.load import parse_config
 from fastrl.config.settings import Config
 from fastrl.enjoy import main as enjoy_main
 from fastrl.errors import ExperimentError, MissingExtraError
 from fastrl.experiment.model_card import mean_reward, model_card, training_command
+from fastrl.run_config import parse_config
 
 REPO = Path(__file__).resolve().parents[1]
 REPO_ID = "alice/cartpole_appo"

@@ -97,8 +97,8 @@ def test_a_downloaded_experiment_does_not_carry_the_uploaders_w_and_b_account(tm
     alice-team (or stops: wandb not installed / not logged in / no access to that team).
     Expected: W&B settings are the uploader's machine/account settings, like --train_dir."""
     from fastrl import hub
-    from fastrl.config.load import parse_config
     from fastrl.config.settings import Config
+    from fastrl.run_config import parse_config
 
     saved = Config(env="CartPole-v1", experiment="x", recipe="classic", use_rnn=False,
                    seed=1, with_wandb=True, wandb_entity="alice-team").to_dict()

@@ -1,10 +1,12 @@
 """The package's shape: no import cycle (imports inside functions and under TYPE_CHECKING
-count too), fastrl reaches envs/ only through the registry's factory names, at most ten
-modules at fastrl's top level, and no source file too long to hold in one's head."""
+count too), fastrl reaches envs/ only through the registry's factory names, fastrl/config is
+a leaf, at most ten modules at fastrl's top level, and no source file too long to hold in
+one's head."""
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,6 +111,38 @@ def test_fastrl_imports_nothing_from_envs():
     offenders = {m: sorted(d for d in deps if d.split(".")[0] == "envs")
                  for m, deps in import_graph().items() if m.split(".")[0] == "fastrl"}
     assert {m: d for m, d in offenders.items() if d} == {}
+
+
+# What fastrl/config may import besides itself and the standard library: nothing. It reads no
+# env and builds no model (the env's defaults are decided from what fastrl.run_config passes
+# in), so the settings and their flags load without torch, gymnasium or an env package.
+CONFIG_THIRD_PARTY: set[str] = set()
+
+
+def _absolute_imports(tree: ast.AST) -> set[str]:
+    """The top-level names of every absolute import in ``tree``."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_config_is_a_leaf():
+    """fastrl/config imports nothing of fastrl's outside it, and no package but the standard
+    library's (issue 44: it made an env through the registry and fitted the env count with
+    the runner's memory budget)."""
+    graph = import_graph()
+    upward = {m: sorted(d for d in deps if not d.startswith("fastrl.config"))
+              for m, deps in graph.items() if m.startswith("fastrl.config")}
+    assert {m: d for m, d in upward.items() if d} == {}
+    allowed = set(sys.stdlib_module_names) | CONFIG_THIRD_PARTY | {"__future__", "fastrl"}
+    others = {str(p.relative_to(ROOT)): sorted(_absolute_imports(ast.parse(p.read_text()))
+                                                - allowed)
+              for p in (ROOT / "fastrl" / "config").rglob("*.py")}
+    assert {p: names for p, names in others.items() if names} == {}
 
 
 def test_at_most_ten_modules_at_the_top_level():

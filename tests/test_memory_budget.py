@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 import fastrl.runner.memory as memory
-from fastrl.config.load import parse_config
+from fastrl.run_config import parse_config
 from fastrl.runner.memory import MemoryBudget
 
 CROWD = "tests.crowd_env:CrowdImageEnv-v0"
@@ -119,12 +119,12 @@ def test_builtin_families_are_budgeted_from_spaces_they_declare(tmp_path, budget
                                                                 monkeypatch, env):
     """VizDoom and Atari are not made at parse time (an engine each, four for a self-play
     match): their declared spaces size the buffers, here against a 64 MiB Docker /dev/shm."""
-    import fastrl.config.recipes as recipes
+    from fastrl.sampling import env_probe
 
     def no_engine(*args, **kwargs):
         raise AssertionError(f"{env} was made to size its buffers")
 
-    monkeypatch.setattr(recipes, "probe_spaces", no_engine)
+    monkeypatch.setattr(env_probe, "probe_spaces", no_engine)
     budget(0.005)
     parse_config(["--env", env, "--train_dir", str(tmp_path)])
     assert "memory: the trajectory buffers" in capsys.readouterr().out

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from fastrl.config.load import parse_config
+from fastrl.run_config import parse_config
 from fastrl.runner.serial import run_serial
 from tests.test_parallel import run_train
 

@@ -21,8 +21,8 @@ from gymnasium import spaces
 
 from fastrl.algo.learner_group import free_port
 from fastrl.config.checks import validate
-from fastrl.config.load import parse_config
 from fastrl.config.settings import Config
+from fastrl.run_config import parse_config
 from fastrl.runner.children import POLL
 from fastrl.runner.link import BYE, Channel, SlotCodec, connect, generation_key, join_store
 from fastrl.runner.parallel import ParallelRunner

@@ -11,11 +11,11 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.config.load import parse_config
 from fastrl.errors import EnvSettingsError
 from fastrl.policy.encoders import ImageEncoder, OneHotEncoder, conv_stack
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.spaces import ObsPlan, image_layout, storage
+from fastrl.run_config import parse_config
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.env_setup import ObsAdapter, create_env, env_info
 from fastrl.sampling.rollout import RolloutWorker

@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from fastrl.config.load import parse_config
+from fastrl.run_config import parse_config
 from fastrl.runner.children import POLL
 from fastrl.runner.memory import buffers_per_env
 from fastrl.runner.parallel import ParallelRunner

@@ -18,13 +18,13 @@ from gymnasium import spaces
 from fastrl.algo.learner import PBT_HYPERPARAMS, Learner
 from fastrl.algo.pbt.population import HISTORY, Population, choose, perturb
 from fastrl.algo.run_frames import RunFrames
-from fastrl.config.load import parse_config
 from fastrl.config.settings import Config, ConfigError
 from fastrl.env_registry import recommended_settings
 from fastrl.errors import EnvSettingsError
 from fastrl.experiment.checkpoint import checkpoint_state, restore_learner, save_checkpoint
 from fastrl.experiment.stats import TrainingStats
 from fastrl.policy.model import ActorCritic
+from fastrl.run_config import parse_config
 from fastrl.runner.run_loop import RunLoop
 from fastrl.runner.stations import LearnerStation
 from fastrl.sampling.weights import LocalWeights

@@ -108,7 +108,7 @@ def test_a_board_of_planes_is_an_image_and_the_classic_games_get_their_settings(
 
 
 def test_the_bare_command_cuts_a_sync_round_of_two_players_into_whole_batches(tmp_path):
-    from fastrl.config.load import parse_config
+    from fastrl.run_config import parse_config
 
     cfg = parse_config(["--env", "pettingzoo:classic.connect_four_v3", "--train_dir",
                         str(tmp_path), "--experiment", "c4"])
@@ -194,8 +194,8 @@ def test_a_game_whose_package_is_missing_is_one_line(tmp_path, monkeypatch):
 
 
 def _model(env):
-    from fastrl.config.load import parse_config
     from fastrl.policy.model import ActorCritic
+    from fastrl.run_config import parse_config
 
     cfg = parse_config(["--env", FAKE, "--use_rnn", "False", "--encoder_mlp_layers", "8"])
     return ActorCritic(env.observation_space, env.action_space, cfg)

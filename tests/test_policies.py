@@ -12,10 +12,10 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.config.load import parse_config
 from fastrl.config.settings import ConfigError
 from fastrl.experiment.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.policy.model import ActorCritic
+from fastrl.run_config import parse_config
 from fastrl.runner.serial import run_serial
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.inference import PolicyWorker

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from fastrl.config.load import parse_config
+from fastrl.run_config import parse_config
 from fastrl.runner.children import POLL
 from fastrl.runner.parallel import ParallelRunner
 from fastrl.runner.run_start import build_model

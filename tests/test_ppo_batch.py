@@ -16,9 +16,9 @@ from gymnasium import spaces
 from fastrl.algo.appo import LossParams, return_targets_and_advantages
 from fastrl.algo.learner import Learner
 from fastrl.config.checks import validate
-from fastrl.config.load import parse_config
 from fastrl.config.settings import Config
 from fastrl.policy.model import ActorCritic
+from fastrl.run_config import parse_config
 from fastrl.runner.serial import run_serial
 from tests.test_parallel import run_train
 

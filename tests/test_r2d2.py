@@ -20,10 +20,10 @@ from fastrl.algo.replay.targets import (
     value_rescale,
     value_rescale_inv,
 )
-from fastrl.config.load import parse_config
 from fastrl.config.settings import ConfigError
 from fastrl.experiment.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.policy.model import ActorCritic
+from fastrl.run_config import parse_config
 from fastrl.runner.run_start import check_env_settings
 from fastrl.runner.serial import run_serial
 from fastrl.sampling.env_setup import EnvInfo

@@ -1,5 +1,6 @@
 """The recipe a bare ``train.py --env <id>`` trains with: chosen from the env's spaces, under
-the env's registry entry and any flag (fastrl.config.recipes)."""
+the env's registry entry and any flag (fastrl.config.recipes decides, from what
+fastrl.sampling.env_probe reads of the env)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import numpy as np
 import pytest
 
 from fastrl.config import recipes
-from fastrl.config.load import parse_config
 from fastrl.config.settings import Config, ConfigError
 from fastrl.env_registry import register_env
+from fastrl.run_config import parse_config
+from fastrl.sampling import env_probe
 from tests.counting_env import CountingEnv
 
 Box, Discrete = gym.spaces.Box, gym.spaces.Discrete
@@ -37,7 +39,7 @@ def parse(tmp_path, *argv):
     (VECTOR, gym.spaces.Tuple((Discrete(2), VECTOR)), "continuous"),
 ])
 def test_the_recipe_follows_the_spaces(obs, action, recipe):
-    chosen, why = recipes.recipe_for_spaces(obs, action)
+    chosen, why = env_probe.recipe_for_spaces(obs, action)
     assert chosen == recipe
     assert ("image" in why) == (recipe == "pixels")
 
@@ -78,7 +80,7 @@ def test_builtin_families_name_their_recipe_without_starting_an_engine(tmp_path,
     def no_probe(name, packages=""):
         raise AssertionError(f"{name} was made to look at its spaces")
 
-    monkeypatch.setattr(recipes, "probe_spaces", no_probe)
+    monkeypatch.setattr(env_probe, "probe_spaces", no_probe)
     assert parse(tmp_path, "--env", "doom_basic").recipe == "pixels"
     assert parse(tmp_path, "--env", "Hopper-v5", "--experiment", "h").recipe == "continuous"
     # A resumed experiment keeps the recipe it was trained with, and is not probed either.
@@ -111,18 +113,39 @@ def test_a_bad_recipe_is_one_line(tmp_path, capsys):
 
 
 def test_an_env_that_cannot_be_made_keeps_the_defaults(tmp_path):
-    assert recipes.choose_recipe({}, recipes.try_probe("NoSuchEnv-v0")) == "pixels"
+    facts = env_probe.env_facts({}, env_probe.try_probe("NoSuchEnv-v0"))
+    assert facts == recipes.EnvFacts({}, None, 1, False)
+    assert recipes.choose_recipe(facts.entry, facts.spaces_recipe) == "pixels"
+
+
+def test_the_recipe_is_decided_from_plain_facts_without_an_env():
+    """fastrl.config decides from what it is given (no env made): the entry's recipe over
+    the spaces', the entry's settings over the recipe's, the flags kept, the published mask
+    taken, a sync round of every agent's slot fitted in whole minibatches."""
+    cfg = Config(env="made_up")
+    facts = recipes.EnvFacts({"num_epochs": 3}, "classic", agents=2, info_action_mask=True)
+    assert recipes.apply_recipe(cfg, {"learning_rate"}, facts) == []
+    assert (cfg.recipe, cfg.num_epochs, cfg.learning_rate) == ("classic", 3, Config().learning_rate)
+    assert cfg.env_action_mask_from_info is True and cfg.reward_scale == 1.0
+    assert cfg.num_batches_per_epoch == 2 * 8 * 64 * 2 // 256  # workers x envs x rollout x agents
+    named = Config(env="made_up")
+    assert recipes.apply_recipe(named, set(), recipes.EnvFacts({"recipe": "continuous"},
+                                                               "classic")) == []
+    assert named.recipe == "continuous" and named.env_action_mask_from_info is False
+    bad = Config(env="made_up")
+    assert recipes.apply_recipe(bad, set(), recipes.EnvFacts({"no_such": 1})) == [
+        "env 'made_up' recommends unknown setting 'no_such'"]
 
 
 def test_the_run_says_which_recipe_and_why():
-    line = recipes.recipe_line("Acrobot-v1", "classic", Box(-1, 1, (6,), np.float32),
+    line = env_probe.recipe_line("Acrobot-v1", "classic", Box(-1, 1, (6,), np.float32),
                                Discrete(3))
     assert line.startswith("recipe classic (vector observations (6,), discrete actions): ")
     assert "num_epochs=4" in line and "--recipe chooses another" in line
-    asked = recipes.recipe_line("Acrobot-v1", "pixels", Box(-1, 1, (6,), np.float32),
+    asked = env_probe.recipe_line("Acrobot-v1", "pixels", Box(-1, 1, (6,), np.float32),
                                 Discrete(3))
     assert asked.startswith("recipe pixels (--recipe pixels; the spaces call for classic)")
-    entry = recipes.recipe_line("CartPole-v1", "classic", VECTOR, Discrete(2))
+    entry = env_probe.recipe_line("CartPole-v1", "classic", VECTOR, Discrete(2))
     assert "CartPole-v1's registry entry, with settings of its own: reward_scale" in entry
 
 
@@ -192,12 +215,12 @@ def test_an_env_that_publishes_its_legal_actions_is_masked_by_default(tmp_path):
     (Box(-1.0, 1.0, (3,), np.float32), (1, 0, 1), False),  # continuous actions take no mask
 ])
 def test_which_published_masks_are_used(action_space, mask, expected):
-    assert recipes.publishes_action_mask(_PublishesMask(action_space, mask)) is expected
+    assert env_probe.publishes_action_mask(_PublishesMask(action_space, mask)) is expected
 
 
 def test_an_env_without_a_mask_is_left_unmasked(tmp_path):
-    assert recipes.publishes_action_mask(gym.make("FrozenLake-v1")) is False
-    assert recipes.publishes_action_mask(gym.make("Taxi-v4")) is True
+    assert env_probe.publishes_action_mask(gym.make("FrozenLake-v1")) is False
+    assert env_probe.publishes_action_mask(gym.make("Taxi-v4")) is True
     assert parse(tmp_path, "--env", "Acrobot-v1").env_action_mask_from_info is False
 
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from fastrl.config.load import parse_config
 from fastrl.env_registry import recommended_settings, register_env
+from fastrl.run_config import parse_config
 from fastrl.sampling.env_setup import env_options, reward_scale
 from tests.counting_env import CountingEnv
 

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from envs.wrappers import Recycle
-from fastrl.config.load import parse_config
 from fastrl.config.settings import Config, ConfigError
 from fastrl.env_registry import register_env
 from fastrl.errors import EnvSettingsError
+from fastrl.run_config import parse_config
 from fastrl.sampling.env_setup import create_env
 from tests.agents_env import AgentsEnv
 from tests.counting_env import CountingEnv

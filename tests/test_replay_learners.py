@@ -17,10 +17,10 @@ from fastrl.algo.learner_group import LearnerGroup
 from fastrl.algo.replay.apex import ApexLearner, build_store
 from fastrl.algo.replay.r2d2 import R2D2Learner
 from fastrl.config.checks import validate
-from fastrl.config.load import parse_config
 from fastrl.config.settings import Config
 from fastrl.experiment.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.policy.model import ActorCritic
+from fastrl.run_config import parse_config
 from tests.test_faults import run_two_learners
 from tests.test_learners import run_ranks
 from tests.test_parallel import shm_files

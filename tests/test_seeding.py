@@ -93,7 +93,7 @@ def test_serial_mode_steps_every_worker_s_envs_each_from_its_own_seed(tmp_path, 
     """Serial mode has parallel mode's envs (--num_workers x --num_envs_per_worker, each
     worker's slots and splits; it used to step one worker's), and with --seed each env
     first resets with seed + its global env id, as in parallel mode."""
-    from fastrl.config.load import parse_config
+    from fastrl.run_config import parse_config
     from fastrl.runner.serial import run_serial
     from tests.counting_env import CountingEnv
 

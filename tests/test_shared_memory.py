@@ -13,8 +13,8 @@ import os
 import pytest
 import torch
 
-from fastrl.config.load import parse_config
 from fastrl.errors import ExperimentError
+from fastrl.run_config import parse_config
 from fastrl.runner import wiring as wiring_module
 from fastrl.runner.run_start import build_model
 from fastrl.runner.wiring import build_wiring, check_shared_memory

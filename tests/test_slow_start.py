@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastrl.config.load import parse_config
+from fastrl.run_config import parse_config
 from fastrl.runner.run_start import build_model
 from fastrl.runner.stations import RolloutStation
 from fastrl.runner.supervisor import hung_message

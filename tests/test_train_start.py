@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from fastrl.config.load import parse_config
+from fastrl.run_config import parse_config
 
 
 def test_a_stop_while_the_command_is_checked_says_one_line(monkeypatch, capsys):

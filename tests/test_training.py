@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from fastrl.config.load import parse_config
 from fastrl.experiment.checkpoint import list_checkpoints, load_checkpoint
+from fastrl.run_config import parse_config
 from fastrl.runner.serial import run_serial
 from tests.test_learning_bench import lc  # perf/learning_curves.py
 from tests.test_parallel import run_train

@@ -78,8 +78,8 @@ def test_tags_are_comma_separated_each_once_and_w_and_b_sized():
 
 
 def test_bad_tags_and_an_empty_project_are_refused_with_the_command():
-    from fastrl.config.load import parse_config
     from fastrl.config.settings import ConfigError
+    from fastrl.run_config import parse_config
 
     with pytest.raises(ConfigError) as refused:
         parse_config([*CARTPOLE, "--with_wandb", "--wandb_tags", "a,", "--wandb_project", ""])
@@ -356,7 +356,7 @@ def test_a_resumed_experiment_continues_its_w_and_b_run_and_overwrite_starts_ano
 @pytest.mark.extras
 def test_a_crash_marks_the_w_and_b_run_failed_and_stops_its_service(wandb_env, tmp_path,
                                                                       monkeypatch):
-    from fastrl.config.load import parse_config
+    from fastrl.run_config import parse_config
     from fastrl.runner import run_loop
     from fastrl.runner.serial import run_serial
 
@@ -443,7 +443,7 @@ def test_w_and_b_out_of_reach_is_one_line_within_the_init_timeout(wandb_env, tmp
 def test_importing_fastrl_imports_no_wandb():
     code = ("import sys, fastrl.train, fastrl.enjoy, fastrl.runner.serial, "
             "fastrl.runner.parallel, fastrl.experiment.reporter\n"
-            "from fastrl.config.load import parse_config\n"
+            "from fastrl.run_config import parse_config\n"
             "parse_config(['--env', 'CartPole-v1', '--with_wandb', '--wandb_tags', 'a'])\n"
             "print('wandb' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,

@@ -107,7 +107,7 @@ def test_ctrl_c_before_training_began_is_not_a_failed_w_and_b_run(wandb_env, tmp
     began: the learners being built, a long torch.compile, the learners of a parallel run
     awaited) leaves the runner as KeyboardInterrupt, and finish(failed=sys.exc_info()[0] is
     not None) marks it failed. Observed: exit code 1 in the W&B run. Expected: 0."""
-    from fastrl.config.load import parse_config
+    from fastrl.run_config import parse_config
     from fastrl.runner import serial
 
     def interrupted(*args, **kwargs):
@@ -125,9 +125,9 @@ def test_a_refused_start_gives_a_resumed_folder_its_config_back(tmp_path):
     """The same undoing for an experiment being resumed: its folder stays, with the
     config.json it had (not the refused command's, which the next bare command would
     resume), and a folder made for the refused run is gone."""
-    from fastrl.config.load import parse_config
     from fastrl.errors import WandbError
     from fastrl.experiment.folder import prepare_experiment_dir, undone_if_refused
+    from fastrl.run_config import parse_config
 
     args = [*CARTPOLE, "--train_dir", str(tmp_path), "--experiment", "cp"]
     prepare_experiment_dir(parse_config(args))

@@ -1,27 +1,25 @@
-"""Saving, loading and resuming configs: ``config.json`` I/O and the full parse.
+"""Saving, loading and resuming configs: ``config.json`` I/O and the flags over it.
 
-:func:`parse_config` turns ``argv`` into a validated
-:class:`~fastrl.config.settings.Config`; on resume,
-the experiment's ``config.json`` (read by :func:`load_saved_config`, completed for settings
-added later by :func:`with_added_later`) is the base and only flags given explicitly override
-it; the env's recommended settings then fill in what neither set (:func:`apply_recommended`).
-:func:`save_config` writes ``config.json``. The ``Config`` dataclass, the flag parser and
-validation live in :mod:`fastrl.config.settings`.
+:func:`parse_flags` turns ``argv`` into a :class:`~fastrl.config.settings.Config` before the
+env's defaults; on resume, the experiment's ``config.json`` (read by :func:`load_saved_config`,
+completed for settings added later by :func:`with_added_later`) is the base and only flags
+given explicitly override it. :func:`save_config` writes ``config.json``. The ``Config``
+dataclass lives in :mod:`fastrl.config.settings`, the flag parser in :mod:`fastrl.config.flags`,
+validation in :mod:`fastrl.config.checks`. A run's complete config (the env's recipe and
+recommended settings over these, the env count fitted to memory, validated) is
+``fastrl.run_config.parse_config``'s: it reads the env, which nothing in ``fastrl.config`` does.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 from typing import Any
 
-from fastrl.config.checks import validate
 from fastrl.config.flags import build_parser
 from fastrl.config.settings import (
     ADDED_LATER,
     Config,
-    ConfigError,
     _fields,
     _hints,
     changed_model_settings,
@@ -103,73 +101,11 @@ def _legacy_reward_scale(saved: dict[str, Any]) -> dict[str, Any]:
     return saved
 
 
-def apply_recommended(cfg: Config, keep: set[str]) -> list[str]:
-    """Set the recipe for the env's kind (``fastrl.config.recipes``) and over it the env's
-    recommended settings (``fastrl.env_registry.recommended_settings``) on ``cfg``, except the
-    fields in ``keep`` (given as flags, or saved by an earlier run); ``cfg.recipe`` names the
-    recipe chosen; lower the env count to the memory budget (``fastrl.runner.memory``); then
-    resolve ``reward_scale`` None to 1.0. Returns errors for unknown settings."""
-    from fastrl.config.recipes import (
-        RECIPES,
-        choose_recipe,
-        env_spaces,
-        fit_round,
-        replay_layer,
-    )
-    from fastrl.env_registry import recommended_settings
-
-    known = {f.name for f in _fields()}
-    errors = []
-    entry = recommended_settings(cfg.env)
-    mask_open = _mask_undecided(cfg, keep, entry)
-    # The env's spaces size the buffers, whatever else is decided already: VizDoom and Atari
-    # declare them, any other env is made once (recipes.probe_spaces).
-    probe = env_spaces(cfg)
-    if cfg.recipe == "auto":
-        cfg.recipe = choose_recipe(entry, probe)
-    agents = probe.agents if probe is not None else 1
-    layers = {**RECIPES.get(cfg.recipe, {}), **entry}
-    layers.pop("recipe", None)
-    layers.update(replay_layer(cfg.algo, cfg.recipe))
-    for key, value in layers.items():
-        if key not in known:
-            errors.append(f"env {cfg.env!r} recommends unknown setting {key!r}")
-        elif key not in keep:
-            setattr(cfg, key, value)
-    if mask_open and probe is not None and probe.info_action_mask:
-        # An env whose reset gives its legal actions in info["action_mask"] (gymnasium's
-        # Taxi; measured: perf/log/RESULTS.md) is masked by them.
-        cfg.env_action_mask_from_info = True
-    if not errors:
-        fit_round(cfg, keep, agents)
-    if not errors and probe is not None and not validate(cfg):  # the spaces size the buffers
-        from fastrl.log import log
-        from fastrl.runner.memory import fit_memory
-
-        note = fit_memory(cfg, keep, probe.obs_space, probe.action_space, agents)
-        if note:
-            log(note)
-    if cfg.reward_scale is None:
-        cfg.reward_scale = 1.0
-    return errors
-
-
-def _mask_undecided(cfg: Config, keep: set[str], entry: dict[str, Any]) -> bool:
-    """Whether ``--env_action_mask_from_info`` is left to what the env publishes: not given
-    or saved, not in the env's registry entry (an entry that names a recipe is a built-in
-    family with no such mask), and an algorithm that takes masks."""
-    from fastrl.config.settings import REPLAY_ALGOS
-
-    name = "env_action_mask_from_info"
-    return not (name in keep or name in entry or "recipe" in entry or cfg.algo in REPLAY_ALGOS)
-
-
-def parse_config(argv: list[str] | None = None, prog: str | None = None) -> Config:
-    """Parse flags, merge them over a saved ``config.json`` when resuming, validate.
-
-    Raises :class:`ConfigError` listing every problem.
-    """
-    argv = list(sys.argv[1:] if argv is None else argv)
+def parse_flags(argv: list[str], prog: str | None = None
+                ) -> tuple[Config, set[str], list[str]]:
+    """``argv``'s flags over the defaults and, when resuming, over the experiment's saved
+    ``config.json``: the config before the env's defaults, the names given as flags or saved
+    (which those defaults leave as they are), and the problems found (not yet validated)."""
     explicit = vars(build_parser(prog, suppress_defaults=True).parse_args(argv))
     full = vars(build_parser(prog).parse_args(argv))
     cfg = Config(**full)
@@ -193,19 +129,4 @@ def parse_config(argv: list[str] | None = None, prog: str | None = None) -> Conf
             merged["experiment"] = cfg.experiment
             merged["restart_behavior"] = cfg.restart_behavior
             cfg = Config(**{**full, **merged})
-    errors += apply_recommended(cfg, set(explicit) | set(saved))
-    errors += validate(cfg)
-    if errors:
-        raise ConfigError(errors)
-    return cfg
-
-
-def parse_or_exit(argv: list[str] | None = None, prog: str | None = None) -> Config:
-    """``parse_config`` for scripts: prints one line per error and exits with status 2."""
-    try:
-        return parse_config(argv, prog)
-    except ConfigError as exc:
-        name = prog or os.path.basename(sys.argv[0])
-        for line in exc.errors:
-            print(f"{name}: error: {line}", file=sys.stderr)
-        sys.exit(2)
+    return cfg, set(explicit) | set(saved), errors

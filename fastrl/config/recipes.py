@@ -19,19 +19,18 @@ resumed experiment's ``config.json``, and last the flags given on the command li
   value clip of 0.2 (normalised units) Hopper-v5 stalled at a return of about 400 (seed 1,
   560K steps); with both changed it passed 880 by 160K.
 
-``--recipe auto`` (the default) looks at the env's spaces, unless its registry entry names a
-recipe (the VizDoom and Atari families do, and declare their spaces for the memory budget: no
-engine is started to find out). How each
-recipe was measured: perf/log/RESULTS.md, "Default recipes".
+``--recipe auto`` (the default) takes the recipe the env's spaces call for, unless its registry
+entry names one (the VizDoom and Atari families do). This module decides from plain values
+(:class:`EnvFacts`: the registry entry, the recipe the spaces call for, the agents) and makes
+no env: reading the env is ``fastrl.sampling.env_probe``'s, and ``fastrl.run_config`` puts
+the two together. How each recipe was measured: perf/log/RESULTS.md, "Default recipes".
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import gymnasium as gym
-
-from fastrl.policy.spaces import is_image
+from fastrl.config.settings import REPLAY_ALGOS, _fields
 
 # Settings of each recipe (``Config`` field names). ``pixels`` is ``Config``'s defaults.
 RECIPES: dict[str, dict[str, Any]] = {
@@ -104,105 +103,64 @@ def replay_layer(algo: str, recipe: str) -> dict[str, Any]:
     return {}
 
 
-def _leaves(space: gym.Space) -> list[gym.Space]:
-    if isinstance(space, gym.spaces.Dict):
-        return [leaf for sub in space.spaces.values() for leaf in _leaves(sub)]
-    if isinstance(space, gym.spaces.Tuple):
-        return [leaf for sub in space.spaces for leaf in _leaves(sub)]
-    return [space]
+class EnvFacts(NamedTuple):
+    """What the defaults of a run are decided from, found outside ``fastrl.config`` (by
+    ``fastrl.sampling.env_probe``): the env's registry entry (its recommended settings,
+    ``fastrl.env_registry.recommended_settings``), the recipe its spaces call for (None when
+    it could not be made here), how many agents it controls, and whether its first reset
+    gave its legal actions in ``info["action_mask"]``."""
+    entry: dict[str, Any]
+    spaces_recipe: str | None = None
+    agents: int = 1
+    info_action_mask: bool = False
 
 
-def recipe_for_spaces(obs_space: gym.Space, action_space: gym.Space) -> tuple[str, str]:
-    """(recipe, why) for an env with these spaces."""
-    images = [leaf for leaf in _leaves(obs_space) if is_image(leaf)]
-    if images:
-        return "pixels", f"image observations {tuple(images[0].shape)}"
-    continuous = any(isinstance(leaf, gym.spaces.Box) for leaf in _leaves(action_space))
-    obs = _describe(obs_space)
-    if continuous:
-        return "continuous", f"vector observations {obs}, continuous actions"
-    return "classic", f"vector observations {obs}, discrete actions"
-
-
-def _describe(space: gym.Space) -> str:
-    if isinstance(space, gym.spaces.Box):
-        return str(tuple(space.shape))
-    if isinstance(space, gym.spaces.Dict):
-        if len(space.spaces) == 1:  # the gymnasium adapter's {"obs": ...}
-            return _describe(next(iter(space.spaces.values())))
-        return "{" + ", ".join(f"{k}: {_describe(v)}" for k, v in space.spaces.items()) + "}"
-    return str(space)
-
-
-class EnvProbe(NamedTuple):
-    """What the launcher learns by making the env once with its default options."""
-    obs_space: gym.Space
-    action_space: gym.Space
-    agents: int  # how many agents it controls
-    info_action_mask: bool  # its first reset gave legal actions in info["action_mask"]
-
-
-def probe_spaces(env_name: str, packages: str = "") -> EnvProbe:
-    """Make env ``env_name`` with its default options (after importing ``packages``, the
-    run's ``--env_packages``), read its spaces and how many agents it controls, reset it once
-    to see whether it publishes its legal actions, close it."""
-    from fastrl.env_registry import import_env_packages, is_multi_agent, make_env
-
-    import_env_packages(packages)
-    env = make_env(env_name)
-    try:
-        agents = max(env.num_agents, 1) if is_multi_agent(env) else 1
-        mask = agents == 1 and publishes_action_mask(env)
-        return EnvProbe(env.observation_space, env.action_space, agents, mask)
-    finally:
-        env.close()
-
-
-def try_probe(env_name: str, packages: str = "") -> EnvProbe | None:
-    """``probe_spaces``, or None for an env that cannot be made here (making it for the run
-    reports why, in one line)."""
-    try:
-        return probe_spaces(env_name, packages)
-    except Exception:  # noqa: BLE001 - the run itself reports a bad env, in one line
-        return None
-
-
-def env_spaces(cfg) -> EnvProbe | None:
-    """What the run's env ``cfg.env`` is, for its recipe, its action mask and the memory
-    budget: the spaces its built-in family declares (VizDoom and Atari, whose registry entries
-    name their recipe: no engine is started at parse time, four for a self-play match), else
-    :func:`try_probe`."""
-    from fastrl.env_registry import declared_spaces
-
-    declared = declared_spaces(cfg.env, cfg)
-    if declared is not None:
-        return EnvProbe(*declared, info_action_mask=False)
-    return try_probe(cfg.env, cfg.env_packages)
-
-
-def publishes_action_mask(env: gym.Env) -> bool:
-    """Whether ``env`` (single-agent, just made) returns at reset a legal-action mask in
-    ``info["action_mask"]`` that fits its action space, as gymnasium's Taxi does, and has no
-    ``action_mask`` observation key already: what ``--env_action_mask_from_info`` reads."""
-    from fastrl.policy.obs import ACTION_MASK_KEY, flat_action_mask, mask_logits
-
-    size, space = mask_logits(env.action_space), env.observation_space
-    if size is None or (isinstance(space, gym.spaces.Dict) and ACTION_MASK_KEY in space.spaces):
-        return False
-    _, info = env.reset()
-    mask = info.get(ACTION_MASK_KEY) if isinstance(info, dict) else None
-    return mask is not None and flat_action_mask(mask).size == size
-
-
-def choose_recipe(entry: dict[str, Any], probe: EnvProbe | None) -> str:
+def choose_recipe(entry: dict[str, Any], spaces_recipe: str | None) -> str:
     """The recipe of an env whose ``--recipe`` is ``auto``: the one its registry ``entry``
-    names, else the one the spaces of its ``probe`` call for; an env that could not be made
-    here (no probe) keeps ``pixels`` (the defaults)."""
+    names, else the one its spaces call for; an env that could not be made here
+    (``spaces_recipe`` None) keeps ``pixels`` (the defaults)."""
     if "recipe" in entry:
         return entry["recipe"]
-    if probe is None:
-        return "pixels"
-    return recipe_for_spaces(probe.obs_space, probe.action_space)[0]
+    return spaces_recipe if spaces_recipe is not None else "pixels"
+
+
+def apply_recipe(cfg, keep: set[str], env: EnvFacts) -> list[str]:
+    """Put on ``cfg`` the recipe for the env's kind (``cfg.recipe``: chosen here when
+    ``auto``), over it the env's registry entry and the ``--algo`` replay layer, except the
+    fields in ``keep`` (given as flags, or saved by an earlier run); take the legal actions
+    the env publishes when nothing decided otherwise; fit sync rounds to whole minibatches
+    (:func:`fit_round`); resolve ``reward_scale`` None to 1.0. Returns an error for each
+    unknown setting the entry names."""
+    known = {f.name for f in _fields()}
+    mask_open = _mask_undecided(cfg, keep, env.entry)
+    if cfg.recipe == "auto":
+        cfg.recipe = choose_recipe(env.entry, env.spaces_recipe)
+    layers = {**RECIPES.get(cfg.recipe, {}), **env.entry}
+    layers.pop("recipe", None)
+    layers.update(replay_layer(cfg.algo, cfg.recipe))
+    errors = []
+    for key, value in layers.items():
+        if key not in known:
+            errors.append(f"env {cfg.env!r} recommends unknown setting {key!r}")
+        elif key not in keep:
+            setattr(cfg, key, value)
+    if mask_open and env.info_action_mask:
+        # An env whose reset gives its legal actions in info["action_mask"] (gymnasium's
+        # Taxi; measured: perf/log/RESULTS.md) is masked by them.
+        cfg.env_action_mask_from_info = True
+    if not errors:
+        fit_round(cfg, keep, env.agents)
+    if cfg.reward_scale is None:
+        cfg.reward_scale = 1.0
+    return errors
+
+
+def _mask_undecided(cfg, keep: set[str], entry: dict[str, Any]) -> bool:
+    """Whether ``--env_action_mask_from_info`` is left to what the env publishes: not given
+    or saved, not in the env's registry entry (an entry that names a recipe is a built-in
+    family with no such mask), and an algorithm that takes masks."""
+    name = "env_action_mask_from_info"
+    return not (name in keep or name in entry or "recipe" in entry or cfg.algo in REPLAY_ALGOS)
 
 
 def fit_round(cfg, keep: set[str], agents: int) -> None:
@@ -217,30 +175,6 @@ def fit_round(cfg, keep: set[str], agents: int) -> None:
     if per_round > cfg.batch_size * cfg.num_batches_per_epoch and \
             per_round % cfg.batch_size == 0:
         cfg.num_batches_per_epoch = per_round // cfg.batch_size
-
-
-def recipe_line(env_name: str, recipe: str, obs_space: gym.Space, action_space: gym.Space,
-                cfg: Any = None) -> str:
-    """The run's line that says which recipe it trains with, and why; with ``cfg``, the
-    values the run has for the recipe's settings (flags and the registry entry included)."""
-    from fastrl.env_registry import recommended_settings
-
-    entry = recommended_settings(env_name)
-    by_spaces, why = recipe_for_spaces(obs_space, action_space)
-    if entry.get("recipe") == recipe:
-        why = f"{env_name}'s registry entry" + (
-            f", with settings of its own: {', '.join(sorted(set(entry) - {'recipe'}))}"
-            if set(entry) - {"recipe"} else "")
-    elif recipe != by_spaces:
-        why = f"--recipe {recipe}; the spaces call for {by_spaces}"
-    own = {k: v for k, v in entry.items() if k != "recipe"}
-    if own and entry.get("recipe") != recipe:  # a family's settings over the spaces' recipe
-        why += f"; {env_name}'s registry entry recommends " + ", ".join(
-            f"{k}={v}" + (f" (this run: {getattr(cfg, k)})"
-                          if cfg is not None and getattr(cfg, k, v) != v else "")
-            for k, v in sorted(own.items()))
-    return (f"recipe {recipe} ({why}): {describe(recipe, cfg)}; --recipe chooses another, "
-            "any flag overrides a setting")
 
 
 def describe(recipe: str, cfg: Any = None) -> str:

@@ -6,8 +6,9 @@ same. This module holds the dataclass and which settings define a model
 (:data:`MODEL_DEFINING`); the flag parser is :mod:`fastrl.config.flags` and validation
 :mod:`fastrl.config.checks`.
 Saving, loading and resuming configs live in :mod:`fastrl.config.load`: its
-:func:`parse_config` turns ``argv`` into a validated ``Config``; on resume, the experiment's
-``config.json`` is the base and only flags given explicitly override it.
+:func:`parse_flags` turns ``argv`` into a ``Config``; on resume, the experiment's
+``config.json`` is the base and only flags given explicitly override it. A run's complete
+config (the env's defaults filled in, validated) is ``fastrl.run_config.parse_config``'s.
 """
 
 from __future__ import annotations

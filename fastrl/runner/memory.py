@@ -12,7 +12,7 @@ and :data:`SHM_SHARE` of the free space of ``/dev/shm`` (RAM only in serial mode
 user did not set (``--num_envs_per_worker``, then ``--num_workers``) is scaled down until the
 buffers fit (async mode only: a sync-mode round is sized by the env count). Flags given win:
 when they do not fit, a line names them and the sizes. Decided when the config is parsed
-(``fastrl.config.load.apply_recommended``), from the env's spaces (``recipes.env_spaces``:
+(``fastrl.run_config.apply_env_defaults``), from the env's spaces (``env_probe.env_spaces``:
 declared by the VizDoom and Atari families, else read from the env made once), whatever the
 recipe and the flags; the result is saved in ``config.json``, so a resumed run keeps it.
 """

@@ -9,7 +9,6 @@ import os
 import torch
 
 from fastrl.algo.replay.apex import build_store, q_learning_problem
-from fastrl.config.recipes import recipe_line
 from fastrl.config.settings import REPLAY_ALGOS, Config
 from fastrl.errors import EnvSettingsError
 from fastrl.experiment.evaluation import PeriodicEvaluator
@@ -19,6 +18,7 @@ from fastrl.policy.model import ActorCritic
 from fastrl.policy.obs import as_dict_space
 from fastrl.policy.spaces import is_image
 from fastrl.runner.memory import check_fits
+from fastrl.sampling.env_probe import recipe_line
 from fastrl.sampling.env_setup import EnvInfo, create_env
 
 # A replay store this large makes every checkpoint that large: said once at start.
