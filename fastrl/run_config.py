@@ -32,10 +32,11 @@ def apply_env_defaults(cfg: Config, keep: set[str]) -> list[str]:
     flags, or saved by an earlier run): the recipe and the registry entry's settings
     (``apply_recipe``), then the env count lowered to the memory budget. Returns errors for
     unknown settings."""
-    entry = recommended_settings(cfg.env)
     # The env's spaces size the buffers, whatever else is decided already: VizDoom and Atari
     # declare them, any other env is made once (env_probe.probe_spaces).
     probe = env_spaces(cfg)
+    # The entry after the probe: --env_packages, imported by it, may register the env.
+    entry = recommended_settings(cfg.env)
     errors = apply_recipe(cfg, keep, env_facts(entry, probe))
     if not errors and probe is not None and not validate(cfg):  # the spaces size the buffers
         note = fit_memory(cfg, keep, probe.obs_space, probe.action_space, probe.agents)

@@ -66,3 +66,18 @@ def test_an_old_config_keeps_what_it_was_trained_with(tmp_path):
     assert cfg.reward_scale == 0.01
     assert (cfg.normalize_returns, cfg.value_bootstrap, cfg.decorrelate_envs_on_one_worker,
             cfg.env_reward_shaping, cfg.exploration_loss) == (False, False, False, False, "entropy")
+
+
+def test_an_env_packages_module_registering_its_env_has_its_settings_applied(tmp_path,
+                                                                             monkeypatch):
+    """--env_packages pkg, where pkg registers the env with recommended settings at import:
+    the settings apply at parse time as for an env registered before the parse."""
+    (tmp_path / "my_recommending_pkg.py").write_text(
+        "from fastrl import register_env\n"
+        "from tests.counting_env import CountingEnv\n"
+        "register_env('pkg_recommending_env', CountingEnv, overwrite=True,\n"
+        "             recommended={'reward_scale': 0.5, 'rollout': 32})\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = parse_config(["--env", "pkg_recommending_env", "--env_packages",
+                        "my_recommending_pkg"])
+    assert (cfg.reward_scale, cfg.rollout) == (0.5, 32)
