@@ -344,13 +344,20 @@ def stack_frames(env: gym.Env, num_frames: int) -> gym.Env:
 
 
 def recycles(env: gym.Env) -> int:
-    """How many times ``env`` was made anew at an episode boundary (the ``recycled`` count of
-    the recycling wrapper under its other wrappers); 0 for an env that is not recycled."""
-    while env is not None:
-        count = env.__dict__.get("recycled") if hasattr(env, "__dict__") else None
-        if isinstance(count, int):
-            return count
-        env = getattr(env, "env", None)
+    """How many times ``env`` was made anew at an episode boundary: the count of the
+    ``envs.wrappers.Recycle`` among its wrappers; 0 for an env that is not recycled (an env's
+    own attribute of that name is not read)."""
+    module, name = RECYCLE.split(":")
+    wrappers = sys.modules.get(module)
+    if wrappers is None:  # not imported: no env of this process is recycled
+        return 0
+    recycle = getattr(wrappers, name)
+    for _ in range(1000):  # (a wrapper chain that loops back on itself ends too)
+        if isinstance(env, recycle):
+            return int(env.recycled)
+        if not isinstance(env, gym.Wrapper):
+            return 0
+        env = env.env
     return 0
 
 

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,7 +19,7 @@ from gymnasium import spaces
 
 from fastrl import make_env
 from fastrl.env_registry import recycles
-from fastrl.experiment import evaluation, video
+from fastrl.experiment import video
 from fastrl.experiment.evaluation import PeriodicEvaluator
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.spaces import is_image
@@ -54,7 +52,6 @@ class RecyclingGame(gym.Env):
         return np.zeros(4, np.float32), 1.0, False, self.t >= 5, {}
 
 
-@pytest.mark.xfail(strict=True, reason="review46 defect: recycles() reads any `recycled` int")
 def test_recycles_ignores_an_unrelated_recycled_attribute():
     """FAILS: recycles() takes any int attribute named `recycled` of any wrapper or of the
     env itself for the Recycle wrapper's count."""
@@ -65,7 +62,6 @@ def test_recycles_ignores_an_unrelated_recycled_attribute():
     assert recycles(env) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="review46 defect: negative env_recycles")
 def test_the_worker_counts_no_recycles_for_an_env_that_is_not_recycled():
     """FAILS: RolloutWorker._reset takes the difference of that attribute around a reset: the
     game's score going back to 0 counts -3 recycles (summary.json env_recycles < 0)."""
@@ -112,7 +108,6 @@ class _CountingWriter:
         pass
 
 
-@pytest.mark.xfail(strict=True, reason="review46 defect: float images: no video, no line")
 def test_a_float_image_env_gets_a_video_or_a_line_saying_why(monkeypatch, tmp_path, capsys):
     """FAILS: start_evaluator sees an image observation (is_image), so it makes no screen env;
     VideoRecorder's agent_view takes uint8 images only: no frame, no file, no line."""
@@ -157,7 +152,6 @@ class ScreenFailsEnv(gym.Env):
         return np.full((32, 32, 3), 100, np.uint8)
 
 
-@pytest.mark.xfail(strict=True, reason="review46 defect: cut video given as the episode")
 def test_a_recording_that_failed_mid_episode_is_not_given_as_the_episode(monkeypatch, tmp_path,
                                                                           capsys):
     """FAILS: after 'recording failed ... the evaluation goes on without it', the 3-frame stub
@@ -230,7 +224,6 @@ def test_a_cancelled_background_evaluation_leaves_no_ffmpeg(monkeypatch, tmp_pat
     assert _ffmpeg_children() == []
 
 
-@pytest.mark.xfail(strict=True, reason="review46 defect: cancelled evaluation leaves its mp4")
 @pytest.mark.slow
 def test_a_cancelled_background_evaluation_leaves_no_partial_video(monkeypatch, tmp_path):
     """FAILS: the cancelled evaluation (close() at a run's end or on SIGTERM) leaves
@@ -273,7 +266,6 @@ def test_a_first_episode_longer_than_the_cap_gives_its_first_1000_frames(monkeyp
     assert [w.frames for w in writers] == [1000, 0]  # the screen; no _full file
 
 
-@pytest.mark.xfail(strict=True, reason="review46 defect: agent_view of stacked gray frames")
 def test_the_agent_view_of_stacked_grayscale_frames_is_the_latest_frame():
     """FAILS: Atari's registry entries stack 4 grayscale frames (obs [4, 84, 84]); agent_view
     (the eval video's frame, enjoy's too) takes channels 0-2 as R, G, B: three old frames in
@@ -291,7 +283,6 @@ def _headless_env() -> dict:
     return env
 
 
-@pytest.mark.xfail(strict=True, reason="review46 defect: SDL error line without headless_sdl")
 @pytest.mark.slow
 def test_a_headless_run_with_eval_video_prints_no_sdl_error(tmp_path):
     """FAILS: without a display, the evaluator's screen env (pygame) prints 'error:
@@ -308,7 +299,6 @@ def test_a_headless_run_with_eval_video_prints_no_sdl_error(tmp_path):
     assert "XDG_RUNTIME_DIR" not in proc.stdout + proc.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="review46 defect: parallel evaluator has no start_frames")
 @pytest.mark.slow
 def test_a_resumed_parallel_run_evaluates_only_when_due(tmp_path):
     """FAILS (older than 049e486, kept by it): the parallel runner builds its evaluator without

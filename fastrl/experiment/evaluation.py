@@ -228,32 +228,45 @@ EVAL_VIDEO_FRAMES = 1000  # agent steps of an evaluation's video at most (its fi
 
 class _FirstEpisodeVideo:
     """Frame sink: an evaluation's first episode (at most :data:`EVAL_VIDEO_FRAMES` agent
-    steps) as an mp4. A recording that fails is said in one line and the evaluation goes on
-    without it: a video never stops training."""
+    steps) as an mp4. A recording that fails is said in one line, its partial file removed,
+    and the evaluation goes on without it: a video never stops training."""
+
+    said_no_frames = False  # the line about an env with nothing to show, once per process
 
     def __init__(self, path: str, fps: float):
         self.recorder = VideoRecorder(path, fps, EVAL_VIDEO_FRAMES)
         self.recording = True
+        self.failed = False
 
     def __call__(self, obs: dict[str, np.ndarray], env: gym.Env) -> None:
         if self.recording:
             try:
                 self.recorder(obs, env)
-            except Exception as exc:  # noqa: BLE001 - an encoder missing or failing
-                self.recording = False
+            except Exception as exc:  # noqa: BLE001 - an encoder missing, a render failing
+                self.recording, self.failed = False, True
                 log(f"evaluation video {self.recorder.main.path}: recording failed "
                     f"({type(exc).__name__}: {exc}); the evaluation goes on without it")
 
     def episode_done(self, *args: Any) -> None:
         self.recording = False
 
-    def close(self) -> str | None:
-        """The file written, or None (no frames: an env with neither an image observation
-        nor a screen)."""
+    def close(self, keep: bool = True) -> str | None:
+        """The file of the whole first episode, or None: none kept (``keep`` False: the
+        evaluation was cancelled), the recording failed, or nothing to show (an env with
+        neither an image observation nor a screen: said once)."""
         try:
             paths = self.recorder.close()
         except Exception as exc:  # noqa: BLE001
             log(f"evaluation video {self.recorder.main.path}: could not be finished ({exc})")
+            paths, self.failed = [self.recorder.main.path], True
+        if not paths and not self.failed and keep and not _FirstEpisodeVideo.said_no_frames:
+            _FirstEpisodeVideo.said_no_frames = True
+            log("--eval_video: the evaluation's env shows nothing to record (no image "
+                "observation, and no screen from render()); evaluations record no video")
+        if self.failed or not keep:  # a cut episode is not given as the episode
+            for path in paths:
+                with contextlib.suppress(OSError):
+                    os.remove(path)
             return None
         return paths[0] if paths else None
 
@@ -312,6 +325,11 @@ class PeriodicEvaluator:
         self._done: queue.SimpleQueue[tuple[int, EvalResult | BaseException]] = queue.SimpleQueue()
         self._cancel = threading.Event()
 
+    def resume_at(self, env_frames: int) -> None:
+        """A resumed run is at ``env_frames``: the next evaluation is the next one due after
+        them (not at once)."""
+        self.next_at = self._next_after(env_frames)
+
     def _next_after(self, frames: int) -> int:
         return (frames // self.every_env_frames + 1) * self.every_env_frames
 
@@ -343,12 +361,14 @@ class PeriodicEvaluator:
             if video is not None:
                 video(obs, env)
 
+        finished = False
         try:
             result = evaluate(self.model, self.env, self.num_episodes, self.deterministic,
                               self.device, frame_sink=sink, seed=self.seed,
                               on_episode=None if video is None else video.episode_done)
-        finally:
-            path = None if video is None else video.close()
+            finished = True
+        finally:  # (cancelled or failed: no file left of a cut episode)
+            path = None if video is None else video.close(keep=finished)
         result.video = path
         self.last_result = result
         return result

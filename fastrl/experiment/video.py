@@ -27,15 +27,31 @@ def real_time_fps(env: gym.Env) -> float:
 def agent_view(obs: dict[str, np.ndarray]) -> np.ndarray | None:
     """The image the policy sees, as ``uint8 [H, W, 3]``, or ``None`` for a vector env.
 
-    Uses the ``"obs"`` key when it is an image, else the first image key."""
+    Uses the ``"obs"`` key when it is an image, else the first image key. Images are channels
+    first (``[C, H, W]``, or ``[H, W]``): 3 channels are RGB, 1 is gray; stacked frames show
+    the latest one (``3k`` channels: the last 3; any other count: the last channel, gray,
+    as Atari's 4 stacked grayscale frames). Float images (``[0, 1]``, or ``[0, 255]`` when
+    a value is above 1) are scaled to bytes."""
     keys = ["obs"] + [k for k in obs if k != "obs"]
     for key in keys:
         value = obs.get(key)
-        if isinstance(value, np.ndarray) and value.dtype == np.uint8 and value.ndim == 3:
-            hwc = np.transpose(value, (1, 2, 0))
-            if hwc.shape[2] == 1:
-                hwc = np.repeat(hwc, 3, axis=2)
-            return np.ascontiguousarray(hwc[:, :, :3])
+        if not isinstance(value, np.ndarray) or value.ndim not in (2, 3) or not value.size:
+            continue
+        if value.dtype == np.uint8:
+            pixels = value
+        elif np.issubdtype(value.dtype, np.floating):
+            scale = 255.0 if float(np.nanmax(value)) <= 1.0 else 1.0
+            pixels = np.clip(np.nan_to_num(value) * scale, 0, 255).astype(np.uint8)
+        else:
+            continue
+        if pixels.ndim == 2:
+            pixels = pixels[None]
+        channels = pixels.shape[0]
+        if channels == 3 or (channels > 3 and channels % 3 == 0):
+            pixels = pixels[-3:]
+        else:
+            pixels = np.repeat(pixels[-1:], 3, axis=0)
+        return np.ascontiguousarray(np.transpose(pixels, (1, 2, 0)))
     return None
 
 

@@ -176,6 +176,8 @@ class ParallelRunner:
                     restore_counters(stats, ready.counters, ready.version, ready.policy)
                     log(f"resumed from {ready.checkpoint} at {ready.counters['env_frames']:,} "
                         "frames")
+            if self.evaluator is not None:
+                self.evaluator.resume_at(stats.env_frames)
             ready = readies[0]
             if cfg.num_sampler_nodes:
                 self.start_sampling()

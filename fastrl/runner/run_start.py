@@ -12,6 +12,7 @@ from fastrl.algo.replay.apex import build_store, q_learning_problem
 from fastrl.config.settings import REPLAY_ALGOS, Config
 from fastrl.errors import EnvSettingsError
 from fastrl.experiment.evaluation import PeriodicEvaluator
+from fastrl.experiment.video import has_display
 from fastrl.log import log
 from fastrl.policy.actions import ActionSpec, exploration_problem
 from fastrl.policy.model import ActorCritic
@@ -103,6 +104,8 @@ def start_evaluator(cfg: Config, model: ActorCritic, device: torch.device | str,
     video_dir = os.path.join(exp_dir, "videos") if cfg.eval_video else None
     shown = as_dict_space(env.observation_space).spaces.values()
     if video_dir is not None and not any(is_image(space) for space in shown):
+        if not has_display():  # pygame renders without a window and says nothing of it
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
         try:
             screen_env = create_env(cfg, render_mode="rgb_array")
         except Exception as exc:  # noqa: BLE001 - the env cannot render to arrays

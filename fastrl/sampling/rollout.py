@@ -384,7 +384,7 @@ class RolloutWorker(EnvStartup):
         try:
             obs = self._timer.call(self.envs[i].reset, seed=seed)[0]
         finally:  # (a recycle whose new env then fails to reset was still a recycle)
-            self.env_recycles += recycles(self.envs[i]) - before
+            self.env_recycles += max(0, recycles(self.envs[i]) - before)
         return self._check_obs(obs, "reset")
 
     def _replace_env(self, i: int, cause: Exception, out: StepOutput) -> dict:
