@@ -19,6 +19,7 @@ from fastrl.config.settings import ConfigError
 from fastrl.errors import EnvSettingsError
 from fastrl.experiment.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.policy.model import ActorCritic
+from fastrl.policy.model_settings import ModelSettings
 from fastrl.runner.serial import run_serial
 from tests.test_parallel import run_train
 from tests.test_replay import _trajectories
@@ -120,7 +121,7 @@ def _learner(tmp_path, *flags):
                         "--target_update_every", "2", "--seed", "0", *flags])
     obs_space = spaces.Dict({"obs": spaces.Box(-1, 1, (3,))})
     action_space = spaces.Discrete(2)
-    model = ActorCritic(obs_space, action_space, cfg)
+    model = ActorCritic(obs_space, action_space, ModelSettings.from_config(cfg))
     return ApexLearner(cfg, model, obs_space, action_space, torch.device("cpu"))
 
 

@@ -25,6 +25,7 @@ from fastrl.errors import EnvSettingsError
 from fastrl.experiment.checkpoint import checkpoint_state, restore_learner, save_checkpoint
 from fastrl.experiment.stats import TrainingStats
 from fastrl.policy.model import ActorCritic
+from fastrl.policy.model_settings import ModelSettings
 from fastrl.runner.run_loop import RunLoop
 from fastrl.runner.stations import LearnerStation
 from fastrl.sampling.weights import LocalWeights
@@ -57,7 +58,7 @@ def _cfg(**overrides) -> Config:
 
 def _learner(cfg: Config, seed: int) -> Learner:
     torch.manual_seed(seed)
-    model = ActorCritic(VEC, ACTIONS, cfg)
+    model = ActorCritic(VEC, ACTIONS, ModelSettings.from_config(cfg))
     return Learner(cfg, model, ACTIONS, torch.device("cpu"))
 
 

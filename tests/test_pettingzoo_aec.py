@@ -196,9 +196,10 @@ def test_a_game_whose_package_is_missing_is_one_line(tmp_path, monkeypatch):
 def _model(env):
     from fastrl.config.load import parse_config
     from fastrl.policy.model import ActorCritic
+    from fastrl.policy.model_settings import ModelSettings
 
     cfg = parse_config(["--env", FAKE, "--use_rnn", "False", "--encoder_mlp_layers", "8"])
-    return ActorCritic(env.observation_space, env.action_space, cfg)
+    return ActorCritic(env.observation_space, env.action_space, ModelSettings.from_config(cfg))
 
 
 def test_the_policy_takes_each_seat_in_turn_and_its_games_are_counted():

@@ -16,6 +16,7 @@ from fastrl.config.load import parse_config
 from fastrl.config.settings import ConfigError
 from fastrl.experiment.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.policy.model import ActorCritic
+from fastrl.policy.model_settings import ModelSettings
 from fastrl.runner.serial import run_serial
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.inference import PolicyWorker
@@ -206,7 +207,8 @@ def test_the_policy_worker_acts_each_row_with_its_own_policy():
     buffers = TrajectoryBuffers(layout)
     buffers.obs["obs"][:] = torch.randn(6, T + 1, 3)
     torch.manual_seed(0)
-    models = [ActorCritic(obs_space, action_space, cfg).eval() for _ in range(2)]
+    settings = ModelSettings.from_config(cfg)
+    models = [ActorCritic(obs_space, action_space, settings).eval() for _ in range(2)]
     sources = [LocalWeights(m) for m in models]
     sources[0].publish(models[0], 5)
     sources[1].publish(models[1], 9)

@@ -19,6 +19,7 @@ from fastrl.config.checks import validate
 from fastrl.config.load import parse_config
 from fastrl.config.settings import Config
 from fastrl.policy.model import ActorCritic
+from fastrl.policy.model_settings import ModelSettings
 from fastrl.runner.serial import run_serial
 from tests.test_parallel import run_train
 
@@ -70,7 +71,8 @@ def test_one_step_over_the_whole_batch_is_the_same_update_either_way(action_spac
     # parameters after it must agree (the batch path shuffles steps, which a sum ignores).
     torch.manual_seed(0)
     cfg_traj = _cfg(use_rnn=use_rnn, rnn_size=8, with_vtrace=with_vtrace)
-    model = ActorCritic(VEC, action_space, cfg_traj)
+    settings = ModelSettings.from_config(cfg_traj)
+    model = ActorCritic(VEC, action_space, settings)
     twin = copy.deepcopy(model)
     batch = _batch(6, 8, action_space, rnn_size=model.rnn_state_size)
     Learner(cfg_traj, model, action_space, torch.device("cpu")).train(batch)
@@ -80,14 +82,14 @@ def test_one_step_over_the_whole_batch_is_the_same_update_either_way(action_spac
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
     assert stats["num_valid"] == 6 * 8 - 2
     assert any(not torch.equal(a, b) for a, b in zip(
-        model.parameters(), ActorCritic(VEC, action_space, cfg_traj).parameters()))
+        model.parameters(), ActorCritic(VEC, action_space, settings).parameters()))
 
 
 def test_single_steps_make_minibatches_smaller_than_a_trajectory():
     cfg = _cfg(rollout=16, batch_size=8, num_batches_per_epoch=12, num_epochs=3,
                advantages="batch", normalize_returns=True)
     assert validate(cfg) == []
-    model = ActorCritic(VEC, BOX, cfg)
+    model = ActorCritic(VEC, BOX, ModelSettings.from_config(cfg))
     learner = Learner(cfg, model, BOX, torch.device("cpu"))
     batch = _batch(6, 16, BOX)
     stats = learner.train(batch)

@@ -24,6 +24,7 @@ from fastrl.config.load import parse_config
 from fastrl.config.settings import ConfigError
 from fastrl.experiment.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.policy.model import ActorCritic
+from fastrl.policy.model_settings import ModelSettings
 from fastrl.runner.run_start import check_env_settings
 from fastrl.runner.serial import run_serial
 from fastrl.sampling.env_setup import EnvInfo
@@ -141,7 +142,7 @@ def _learner(tmp_path, *flags):
                         "--rnn_size", "8", "--encoder_mlp_layers", "8", "--seed", "0", *flags])
     obs_space = spaces.Dict({"obs": spaces.Box(-1, 1, (3,))})
     action_space = spaces.Discrete(2)
-    model = ActorCritic(obs_space, action_space, cfg)
+    model = ActorCritic(obs_space, action_space, ModelSettings.from_config(cfg))
     return R2D2Learner(cfg, model, obs_space, action_space, torch.device("cpu"))
 
 

@@ -21,6 +21,7 @@ from fastrl.config.load import parse_config
 from fastrl.config.settings import Config
 from fastrl.experiment.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.policy.model import ActorCritic
+from fastrl.policy.model_settings import ModelSettings
 from tests.test_faults import run_two_learners
 from tests.test_learners import run_ranks
 from tests.test_parallel import shm_files
@@ -49,7 +50,7 @@ def _cfg(algo: str, tmp: str) -> Config:
 
 def _learner(algo: str, tmp: str, state: dict, group=None, columns=None) -> ApexLearner:
     cfg = _cfg(algo, tmp)
-    model = ActorCritic(OBS, ACT, cfg)
+    model = ActorCritic(OBS, ACT, ModelSettings.from_config(cfg))
     model.load_state_dict(state)
     kind = R2D2Learner if algo == "r2d2" else ApexLearner
     return kind(cfg, model, OBS, ACT, torch.device("cpu"), group=group, columns=columns)
@@ -92,7 +93,7 @@ def _rank_main(rank: int, algo: str, port: int, tmp: str, state: dict, columns: 
 def test_two_ranks_on_a_shared_store_make_the_steps_of_one_learner(tmp_path, algo):
     tmp = str(tmp_path)
     torch.manual_seed(3)
-    state = ActorCritic(OBS, ACT, _cfg(algo, tmp)).state_dict()
+    state = ActorCritic(OBS, ACT, ModelSettings.from_config(_cfg(algo, tmp))).state_dict()
     one = _learner(algo, tmp, state)
     for batch in _data(algo):
         one.insert(batch)

@@ -16,6 +16,7 @@ from fastrl.experiment.evaluation import PeriodicEvaluator
 from fastrl.log import log
 from fastrl.policy.actions import ActionSpec, exploration_problem
 from fastrl.policy.model import ActorCritic
+from fastrl.policy.model_settings import ModelSettings
 from fastrl.policy.obs import as_dict_space
 from fastrl.policy.spaces import is_image
 from fastrl.runner.memory import check_fits
@@ -75,7 +76,7 @@ def announce_recipe(cfg: Config, info: EnvInfo) -> None:
 
 def build_model(cfg: Config, info: EnvInfo, device: torch.device) -> ActorCritic:
     try:
-        model = ActorCritic(info.obs_space, info.action_space, cfg)
+        model = ActorCritic(info.obs_space, info.action_space, ModelSettings.from_config(cfg))
     except ValueError as exc:  # spaces the model cannot take, or settings that do not fit
         raise EnvSettingsError(f"env {cfg.env!r}: {exc}") from None
     return model.to(device)
