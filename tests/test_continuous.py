@@ -254,7 +254,7 @@ def _box_batch(b, t, gen):
 
 
 def test_separate_critic_weights_keep_the_value_loss_out_of_the_actor():
-    from fastrl.algo.learner import Learner
+    from fastrl.algo.learner import Learner, LearnerSettings
     from fastrl.config.settings import Config
 
     cfg = Config(rollout=8, batch_size=32, use_rnn=False, actor_critic_share_weights=False,
@@ -266,7 +266,7 @@ def test_separate_critic_weights_keep_the_value_loss_out_of_the_actor():
     with torch.no_grad():
         model.actor.weight.zero_()
         model.actor.bias.zero_()
-    learner = Learner(cfg, model, BOX, torch.device("cpu"))
+    learner = Learner(LearnerSettings.from_config(cfg), model, BOX, torch.device("cpu"))
     for p in [*model.actor.parameters(), model.action_log_std]:
         p.requires_grad_(False)
     learner.train(_box_batch(4, 8, torch.Generator().manual_seed(0)))
@@ -276,14 +276,15 @@ def test_separate_critic_weights_keep_the_value_loss_out_of_the_actor():
 
 
 def test_linear_decay_takes_the_learning_rate_to_zero_at_the_end_of_the_run():
-    from fastrl.algo.learner import Learner
+    from fastrl.algo.learner import Learner, LearnerSettings
     from fastrl.config.settings import Config
 
     cfg = Config(rollout=8, batch_size=32, use_rnn=False, encoder_mlp_layers=[16],
                  device="cpu", precision="fp32", learning_rate=1e-3,
                  lr_schedule="linear_decay", train_for_env_steps=1000)
     model = ActorCritic(VEC, BOX, ModelSettings.from_config(cfg))
-    learner = Learner(cfg, model, BOX, torch.device("cpu"), frameskip=4)
+    learner = Learner(LearnerSettings.from_config(cfg), model, BOX, torch.device("cpu"),
+                      frameskip=4)
     gen = torch.Generator().manual_seed(0)
     rates = [learner.train(_box_batch(4, 8, gen))["learning_rate"] for _ in range(9)]
     # 32 samples x 4 frames = 128 frames per batch, set before the batch's SGD steps.
@@ -296,14 +297,14 @@ def test_linear_decay_follows_the_run_frames_it_is_given():
     --train_for_env_steps, and policies' shares differ: a learner decays on the run's frames
     that its station reads (fastrl/algo/run_frames.py; tests/test_policies.py drives two
     policies), not on its own."""
-    from fastrl.algo.learner import Learner
+    from fastrl.algo.learner import Learner, LearnerSettings
     from fastrl.config.settings import Config
 
     cfg = Config(rollout=8, batch_size=32, use_rnn=False, encoder_mlp_layers=[16],
                  device="cpu", precision="fp32", learning_rate=1e-3, num_policies=2,
                  lr_schedule="linear_decay", train_for_env_steps=1024)
     model = ActorCritic(VEC, BOX, ModelSettings.from_config(cfg))
-    learner = Learner(cfg, model, BOX, torch.device("cpu"))
+    learner = Learner(LearnerSettings.from_config(cfg), model, BOX, torch.device("cpu"))
     gen = torch.Generator().manual_seed(0)
     rates = [learner.train(_box_batch(4, 8, gen), run_frames)["learning_rate"]
              for run_frames in (0, 896, 512, 1024, 2000)]

@@ -26,7 +26,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.algo.learner import Learner, _add_time_limit_bootstrap
+from fastrl.algo.learner import Learner, LearnerSettings, _add_time_limit_bootstrap
 from fastrl.config.settings import Config
 from fastrl.policy.distributions import ActionDistribution
 from fastrl.policy.model import ActorCritic, as_dict_space
@@ -261,7 +261,7 @@ def test_a_learner_batch_reads_the_device_once_and_no_sgd_step_reads_it(case):
     torch.manual_seed(0)
     cfg = _cfg(**settings)
     model = ActorCritic(VEC, space, ModelSettings.from_config(cfg))
-    learner = Learner(cfg, model, space, torch.device("cpu"))
+    learner = Learner(LearnerSettings.from_config(cfg), model, space, torch.device("cpu"))
     staging = Staging("cpu")
     batches = []
     for seed in range(2):
@@ -285,7 +285,7 @@ def test_a_batch_without_its_host_part_is_read_back_once_per_batch_not_per_step(
     torch.manual_seed(0)
     cfg = _cfg(use_rnn=True, rnn_size=8)
     model = ActorCritic(VEC, DISCRETE, ModelSettings.from_config(cfg))
-    learner = Learner(cfg, model, DISCRETE, torch.device("cpu"))
+    learner = Learner(LearnerSettings.from_config(cfg), model, DISCRETE, torch.device("cpu"))
     batch = _batch(12, 8, DISCRETE, rnn_size=model.rnn_state_size)
     learner.train(batch)
     with host_reads(exempt=_adam_steps(learner)) as reads:
@@ -303,10 +303,11 @@ def test_the_host_part_changes_no_number(case):
     model = ActorCritic(VEC, space, ModelSettings.from_config(cfg))
     twin = copy.deepcopy(model)
     batch = _batch(12, 8, space, seed=4, rnn_size=model.rnn_state_size)
+    settings = LearnerSettings.from_config(cfg)
     torch.manual_seed(1)
-    stats = Learner(cfg, model, space, torch.device("cpu")).train(batch)
+    stats = Learner(settings, model, space, torch.device("cpu")).train(batch)
     torch.manual_seed(1)
-    twin_stats = Learner(cfg, twin, space, torch.device("cpu")).train(
+    twin_stats = Learner(settings, twin, space, torch.device("cpu")).train(
         _gathered(batch, Staging("cpu")))
     assert stats == twin_stats
     for (name, a), b in zip(model.state_dict().items(), twin.state_dict().values()):

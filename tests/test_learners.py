@@ -12,7 +12,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.algo.learner import Learner
+from fastrl.algo.learner import Learner, LearnerSettings
 from fastrl.algo.learner_group import LearnerGroup, free_port
 from fastrl.config.settings import Config
 from fastrl.policy.model import ActorCritic
@@ -50,7 +50,8 @@ def _rank_main(rank: int, world: int, port: int, jobs: list, out_dir: str) -> No
             cfg = _cfg(settings)
             model = ActorCritic(VEC, space, ModelSettings.from_config(cfg))
             model.load_state_dict(state)
-            learner = Learner(cfg, model, space, torch.device("cpu"), group=group)
+            learner = Learner(LearnerSettings.from_config(cfg), model, space, torch.device("cpu"),
+                              group=group)
             share = _share(batch, rank, world)
             stats = learner.train(share)
             if rank == 0:
@@ -91,7 +92,8 @@ def test_two_ranks_on_halves_make_the_update_of_one_learner_on_the_whole(tmp_pat
         model = ActorCritic(VEC, space, ModelSettings.from_config(cfg))
         state = copy.deepcopy(model.state_dict())
         batch = _batch(8, 8, space, seed=3, rnn_size=model.rnn_state_size)
-        stats = Learner(cfg, model, space, torch.device("cpu")).train(batch)
+        learner = Learner(LearnerSettings.from_config(cfg), model, space, torch.device("cpu"))
+        stats = learner.train(batch)
         expected[name] = (model.state_dict(), stats)
         jobs.append((name, space, settings, state, batch))
     run_ranks(_rank_main, lambda rank, port: (rank, 2, port, jobs, str(tmp_path)))
@@ -185,7 +187,8 @@ def test_every_accepted_learner_split_enters_the_same_collectives_on_every_rank(
     calls = []
     for rank in range(learners):
         group = _CountingGroup(learners)
-        learner = Learner(cfg, copy.deepcopy(model), DISCRETE, torch.device("cpu"), group=group)
+        learner = Learner(LearnerSettings.from_config(cfg), copy.deepcopy(model), DISCRETE,
+                          torch.device("cpu"), group=group)
         learner.train(_share(batch, rank, learners))
         calls.append(group.calls)
     errors = [e for e in validate(cfg) if "--num_learners" in e]

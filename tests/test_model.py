@@ -416,7 +416,7 @@ def test_without_normalize_input_update_is_a_no_op_and_there_are_no_buffers():
 def test_learner_updates_the_statistics_and_shared_weights_carry_them():
     import multiprocessing
 
-    from fastrl.algo.learner import Learner
+    from fastrl.algo.learner import Learner, LearnerSettings
     from fastrl.sampling.weights import SharedWeights
 
     b, t = 4, 8
@@ -424,7 +424,8 @@ def test_learner_updates_the_statistics_and_shared_weights_carry_them():
                  precision="fp32")
     assert cfg.normalize_input  # the default
     model = ActorCritic(IMG, spaces.Discrete(4), ModelSettings.from_config(cfg))
-    learner = Learner(cfg, model, spaces.Discrete(4), torch.device("cpu"))
+    learner = Learner(LearnerSettings.from_config(cfg), model, spaces.Discrete(4),
+                      torch.device("cpu"))
     gen = torch.Generator().manual_seed(3)
     batch = {
         "obs": {"obs": torch.randint(0, 256, (b, t + 1, *IMG.shape), dtype=torch.uint8,

@@ -15,7 +15,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.algo.learner import PBT_HYPERPARAMS, Learner
+from fastrl.algo.learner import PBT_HYPERPARAMS, Learner, LearnerSettings
 from fastrl.algo.pbt.population import HISTORY, Population, choose, perturb
 from fastrl.algo.run_frames import RunFrames
 from fastrl.config.load import parse_config
@@ -59,7 +59,7 @@ def _cfg(**overrides) -> Config:
 def _learner(cfg: Config, seed: int) -> Learner:
     torch.manual_seed(seed)
     model = ActorCritic(VEC, ACTIONS, ModelSettings.from_config(cfg))
-    return Learner(cfg, model, ACTIONS, torch.device("cpu"))
+    return Learner(LearnerSettings.from_config(cfg), model, ACTIONS, torch.device("cpu"))
 
 
 def _population(tmp_path, cfg: Config, counters: dict | None = None, writer=None):

@@ -14,7 +14,7 @@ import torch
 from gymnasium import spaces
 
 from fastrl.algo.appo import LossParams, return_targets_and_advantages
-from fastrl.algo.learner import Learner
+from fastrl.algo.learner import Learner, LearnerSettings
 from fastrl.config.checks import validate
 from fastrl.config.load import parse_config
 from fastrl.config.settings import Config
@@ -75,9 +75,10 @@ def test_one_step_over_the_whole_batch_is_the_same_update_either_way(action_spac
     model = ActorCritic(VEC, action_space, settings)
     twin = copy.deepcopy(model)
     batch = _batch(6, 8, action_space, rnn_size=model.rnn_state_size)
-    Learner(cfg_traj, model, action_space, torch.device("cpu")).train(batch)
+    cpu = torch.device("cpu")
+    Learner(LearnerSettings.from_config(cfg_traj), model, action_space, cpu).train(batch)
     cfg_batch = _cfg(use_rnn=use_rnn, rnn_size=8, with_vtrace=with_vtrace, advantages="batch")
-    stats = Learner(cfg_batch, twin, action_space, torch.device("cpu")).train(batch)
+    stats = Learner(LearnerSettings.from_config(cfg_batch), twin, action_space, cpu).train(batch)
     for (name, a), b in zip(model.named_parameters(), twin.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
     assert stats["num_valid"] == 6 * 8 - 2
@@ -90,7 +91,7 @@ def test_single_steps_make_minibatches_smaller_than_a_trajectory():
                advantages="batch", normalize_returns=True)
     assert validate(cfg) == []
     model = ActorCritic(VEC, BOX, ModelSettings.from_config(cfg))
-    learner = Learner(cfg, model, BOX, torch.device("cpu"))
+    learner = Learner(LearnerSettings.from_config(cfg), model, BOX, torch.device("cpu"))
     batch = _batch(6, 16, BOX)
     stats = learner.train(batch)
     assert learner.version == 3 * 12  # 96 steps in minibatches of 8, three epochs

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from fastrl.algo.learner import Learner
+from fastrl.algo.learner import Learner, LearnerSettings
 from fastrl.algo.learner_group import LearnerGroup
 from fastrl.algo.replay.apex import ApexLearner
 from fastrl.algo.replay.exploration import ape_x_epsilons
@@ -58,8 +58,8 @@ def make_learner(cfg, info: EnvInfo, device: torch.device, group: LearnerGroup |
                         info.action_space, device, frameskip=info.frameskip, group=group,
                         columns=replay_columns)
     else:
-        learner = Learner(cfg, build_model(cfg, info, device), info.action_space, device,
-                          frameskip=info.frameskip, group=group,
+        learner = Learner(LearnerSettings.from_config(cfg), build_model(cfg, info, device),
+                          info.action_space, device, frameskip=info.frameskip, group=group,
                           reward_terms=weighed_reward_terms(cfg, info))
     counters, path = restore_learner(learner, cfg, info, policy)
     if group is not None:

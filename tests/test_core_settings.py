@@ -1,5 +1,6 @@
-"""``ModelSettings``: the model's fields of ``Config``, read from it with no defaults of their
-own, and all that ``ActorCritic`` and its encoders read."""
+"""Each core's settings, built from ``Config`` with no defaults of their own: ``ModelSettings``
+(all that ``ActorCritic`` and its encoders read) and ``LearnerSettings`` (the APPO learner's
+and its loss's)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
+from fastrl.algo.appo import LossParams
+from fastrl.algo.learner import LearnerSettings
 from fastrl.config.settings import MODEL_DEFINING, Config
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.model_settings import ModelSettings
@@ -17,6 +20,8 @@ from fastrl.policy.model_settings import ModelSettings
 NAMES = [f.name for f in dataclasses.fields(ModelSettings)]
 # Settings that only set initial values: a checkpoint's model does not depend on them.
 INITIAL_VALUES_ONLY = {"action_init_log_std"}
+# LearnerSettings' fields that are not copied from a Config field of the same name.
+LEARNER_RESOLVED = {"loss", "reward_scale"}
 
 
 def test_every_field_has_no_default_and_is_config_s_value():
@@ -29,9 +34,10 @@ def test_every_field_has_no_default_and_is_config_s_value():
         assert getattr(settings, name) == (tuple(want) if isinstance(want, list) else want), name
     # The model's old fallback (getattr(cfg, "normalize_returns", False)) differed from Config.
     assert settings.normalize_returns is True
-    model = ActorCritic(spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(2), settings)
+    small = dataclasses.replace(settings, rnn_size=8, encoder_mlp_layers=(8,))
+    model = ActorCritic(spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(2), small)
     assert model.returns_normalizer is not None
-    off = ModelSettings.from_config(Config(normalize_returns=False))
+    off = ModelSettings.from_config(Config(normalize_returns=False, rnn_size=8))
     assert ActorCritic(spaces.Box(-1, 1, (3,)), spaces.Discrete(2), off).returns_normalizer is None
 
 
@@ -58,7 +64,8 @@ def test_the_model_reads_every_field_and_nothing_else():
     box, image = spaces.Box(-1, 1, (2,), np.float32), spaces.Box(0, 255, (3, 36, 36), np.uint8)
     for overrides, obs in [({}, spaces.Dict({"obs": image, "v": box})),
                            ({"use_rnn": False, "actor_critic_share_weights": False}, box)]:
-        spy = _Reads(dataclasses.replace(ModelSettings.from_config(Config()), **overrides))
+        small = Config(rnn_size=8, encoder_fc_size=8, encoder_mlp_layers=[8])
+        spy = _Reads(dataclasses.replace(ModelSettings.from_config(small), **overrides))
         ActorCritic(obs, box, spy)  # a Box action: the log-std fields are read
         read |= spy.read
     assert read == set(NAMES)
@@ -66,3 +73,29 @@ def test_the_model_reads_every_field_and_nothing_else():
 
 def test_every_field_that_shapes_the_model_is_checked_on_resume():
     assert set(NAMES) - INITIAL_VALUES_ONLY <= set(MODEL_DEFINING)
+
+
+def test_the_learner_s_settings_and_its_loss_s_are_config_s_values():
+    for f in (*dataclasses.fields(LearnerSettings), *dataclasses.fields(LossParams)):
+        assert f.name in LEARNER_RESOLVED or hasattr(Config, f.name), f.name
+    cfg = Config(gamma=0.97, ratio_clamp=3.0, vtrace_c=0.5, gae_lambda=0.9, reward_scale=0.1,
+                 num_epochs=3)
+    settings = LearnerSettings.from_config(cfg)
+    # LossParams' defaults (vtrace_c 1.0, ...) are its own, for direct callers of the loss:
+    # every one of them is replaced by the flag's value.
+    assert vars(settings.loss) == {f.name: getattr(cfg, f.name)
+                                   for f in dataclasses.fields(LossParams)}
+    assert {f.name: getattr(settings, f.name) for f in dataclasses.fields(LearnerSettings)
+            if f.name not in LEARNER_RESOLVED} == {
+        f.name: getattr(cfg, f.name) for f in dataclasses.fields(LearnerSettings)
+        if f.name not in LEARNER_RESOLVED}
+    assert settings.trajectories_per_batch == cfg.trajectories_per_batch
+    assert settings.reward_scale == 0.1
+    assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(LearnerSettings))
+
+
+def test_the_learner_s_reward_scale_is_the_env_s_when_the_flag_is_unset():
+    from fastrl.env_registry import recommended_settings
+
+    scale = recommended_settings("CartPole-v1")["reward_scale"]
+    assert LearnerSettings.from_config(Config(env="CartPole-v1")).reward_scale == scale != 1.0
