@@ -15,6 +15,7 @@ from fastrl.algo.replay.apex import ApexLearner
 from fastrl.algo.replay.dueling import dueling_heads
 from fastrl.algo.replay.r2d2 import R2D2Learner
 from fastrl.algo.replay.sequence_store import sequence_priorities
+from fastrl.algo.replay.settings import ReplaySettings
 from fastrl.algo.replay.store import PRIORITY_EPS
 from fastrl.algo.replay.targets import actor_td_errors, value_rescale
 from fastrl.config.load import parse_config
@@ -110,7 +111,7 @@ def test_apex_inserts_at_the_actor_priorities(tmp_path):
                         "64", "--batch_size", "64", "--replay_initial_priority", "actor"])
     obs, act = spaces.Dict({"obs": spaces.Box(-1, 1, (3,))}), spaces.Discrete(2)
     model = ActorCritic(obs, act, ModelSettings.from_config(cfg))
-    learner = ApexLearner(cfg, model, obs, act, torch.device("cpu"))
+    learner = ApexLearner(ReplaySettings.from_config(cfg), model, obs, act, torch.device("cpu"))
     batch = _with_q(_trajectories(5, 8, seed=1), seed=2)
     batch["policy_versions"][0, :3] = -1  # not acted: priority 0
     learner.insert(batch)
@@ -129,7 +130,7 @@ def test_r2d2_inserts_sequences_at_the_actor_priorities(tmp_path):
                         "--replay_initial_priority", "actor"])
     obs, act = spaces.Dict({"obs": spaces.Box(-1, 1, (3,))}), spaces.Discrete(2)
     model = ActorCritic(obs, act, ModelSettings.from_config(cfg))
-    learner = R2D2Learner(cfg, model, obs, act, torch.device("cpu"))
+    learner = R2D2Learner(ReplaySettings.from_config(cfg), model, obs, act, torch.device("cpu"))
     batch = _with_q(_rows(4, env=0, first=0, s=8), seed=3)
     learner.insert(batch)
     td, known = _loop_td(batch, cfg.nstep, cfg.gamma, cfg.r2d2_value_rescaling)

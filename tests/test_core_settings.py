@@ -1,6 +1,6 @@
 """Each core's settings, built from ``Config`` with no defaults of their own: ``ModelSettings``
-(all that ``ActorCritic`` and its encoders read) and ``LearnerSettings`` (the APPO learner's
-and its loss's)."""
+(all that ``ActorCritic`` and its encoders read), ``LearnerSettings`` (the APPO learner's and
+its loss's) and ``ReplaySettings`` (the replay learners' and their store's)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from gymnasium import spaces
 
 from fastrl.algo.appo import LossParams
 from fastrl.algo.learner import LearnerSettings
+from fastrl.algo.replay.settings import ReplaySettings
 from fastrl.config.settings import MODEL_DEFINING, Config
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.model_settings import ModelSettings
@@ -99,3 +100,13 @@ def test_the_learner_s_reward_scale_is_the_env_s_when_the_flag_is_unset():
 
     scale = recommended_settings("CartPole-v1")["reward_scale"]
     assert LearnerSettings.from_config(Config(env="CartPole-v1")).reward_scale == scale != 1.0
+
+
+def test_the_replay_settings_are_config_s_values():
+    cfg = Config(algo="r2d2", rnn_type="lstm", rnn_size=16, nstep=5, replay_alpha=0.5, seed=3)
+    settings = ReplaySettings.from_config(cfg)
+    for f in dataclasses.fields(ReplaySettings):
+        assert f.default is dataclasses.MISSING, f.name
+        if f.name != "rnn_state_size":
+            assert getattr(settings, f.name) == getattr(cfg, f.name), f.name
+    assert settings.rnn_state_size == 32  # an LSTM's hidden and cell state

@@ -16,6 +16,7 @@ from gymnasium import spaces
 from fastrl.algo.learner_group import LearnerGroup
 from fastrl.algo.replay.apex import ApexLearner, build_store
 from fastrl.algo.replay.r2d2 import R2D2Learner
+from fastrl.algo.replay.settings import ReplaySettings
 from fastrl.config.checks import validate
 from fastrl.config.load import parse_config
 from fastrl.config.settings import Config
@@ -53,7 +54,8 @@ def _learner(algo: str, tmp: str, state: dict, group=None, columns=None) -> Apex
     model = ActorCritic(OBS, ACT, ModelSettings.from_config(cfg))
     model.load_state_dict(state)
     kind = R2D2Learner if algo == "r2d2" else ApexLearner
-    return kind(cfg, model, OBS, ACT, torch.device("cpu"), group=group, columns=columns)
+    return kind(ReplaySettings.from_config(cfg), model, OBS, ACT, torch.device("cpu"),
+                group=group, columns=columns)
 
 
 def _data(algo: str) -> list[dict]:
@@ -100,7 +102,7 @@ def test_two_ranks_on_a_shared_store_make_the_steps_of_one_learner(tmp_path, alg
     for _ in range(STEPS):
         one.train()
     cfg = _cfg(algo, tmp)
-    columns = build_store(cfg, OBS, ACT, shared=True).columns()
+    columns = build_store(ReplaySettings.from_config(cfg), OBS, ACT, shared=True).columns()
     assert all(t.is_shared() for t in columns.values())
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
@@ -149,7 +151,8 @@ def test_dev_shm_is_checked_for_the_sum_of_the_shared_store_and_the_buffers(tmp_
                         "cpu", "--num_learners", "2", "--train_dir", str(tmp_path),
                         "--experiment", "x"])
     info = probe_env(cfg)
-    store = shared_store_nbytes(cfg, info.obs_space, info.action_space)  # its columns
+    settings = ReplaySettings.from_config(cfg)
+    store = shared_store_nbytes(settings, info.obs_space, info.action_space)  # its columns
     free = store + (4 << 10)  # the store alone fits, and so do the buffers (tens of KiB)
 
     class Room:
@@ -170,9 +173,9 @@ def test_the_shared_store_size_is_what_its_columns_hold():
 
     for algo in ("apex", "r2d2"):
         cfg = parse_config([*FLAGS[algo], "--device", "cpu"])
-        store = build_store(cfg, OBS, ACT)
+        store = build_store(ReplaySettings.from_config(cfg), OBS, ACT)
         held = sum(c.numel() * c.element_size() for c in store.columns().values())
-        assert shared_store_nbytes(cfg, OBS, ACT) == held
+        assert shared_store_nbytes(ReplaySettings.from_config(cfg), OBS, ACT) == held
 
 
 def _args(tmp_path, algo: str, steps: int, *flags) -> list[str]:

@@ -9,6 +9,7 @@ import os
 import torch
 
 from fastrl.algo.replay.apex import build_store, q_learning_problem
+from fastrl.algo.replay.settings import ReplaySettings
 from fastrl.config.recipes import recipe_line
 from fastrl.config.settings import REPLAY_ALGOS, Config
 from fastrl.errors import EnvSettingsError
@@ -41,7 +42,8 @@ def check_env_settings(cfg: Config, info: EnvInfo) -> None:
         problem = q_learning_problem(info.action_space, info.obs_space, cfg.algo)
         if problem:
             raise EnvSettingsError(f"env {cfg.env!r}: {problem}")
-        nbytes = build_store(cfg, info.obs_space, info.action_space, nbytes_only=True)
+        nbytes = build_store(ReplaySettings.from_config(cfg), info.obs_space, info.action_space,
+                             nbytes_only=True)
         try:
             check_fits(nbytes, cfg.replay_capacity)
         except MemoryError as exc:
