@@ -73,7 +73,7 @@ def main() -> None:
     args, extra = parser.parse_known_args()
     torch.set_num_threads(args.threads)
 
-    from fastrl.algo.learner import Learner
+    from fastrl.algo.learner import Learner, LearnerSettings
     from fastrl.run_config import parse_config
     from fastrl.runner.run_start import build_model
     from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
@@ -90,7 +90,8 @@ def main() -> None:
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     model = build_model(cfg, info, device)
-    learner = Learner(cfg, model, info.action_space, device, frameskip=info.frameskip)
+    learner = Learner(LearnerSettings.from_config(cfg), model, info.action_space, device,
+                      frameskip=info.frameskip)
     n = cfg.trajectories_per_batch
     slots = max(n, args.infer_batch)
     layout = BufferLayout.from_spaces(info.obs_space, info.action_space, num_buffers=slots,

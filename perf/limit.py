@@ -114,14 +114,14 @@ def train_flops_per_sample(cfg, info, model, device: torch.device,
     on ``trajectories`` trajectories, over their samples (every counted op's FLOPs grow with
     the rows, so a few trajectories give the batch's figure), plus the optimizer's FLOPs per
     SGD step over the samples of a minibatch (``batch_size``)."""
-    from fastrl.algo.learner import Learner
+    from fastrl.algo.learner import Learner, LearnerSettings
     from fastrl.sampling.env_setup import weighed_reward_terms
 
     if cfg.sampling_only:
         return {}
     cfg = dataclasses.replace(cfg, num_batches_per_epoch=1, num_learners=1)
-    learner = Learner(cfg, model, info.action_space, device, frameskip=info.frameskip,
-                      reward_terms=weighed_reward_terms(cfg, info))
+    learner = Learner(LearnerSettings.from_config(cfg), model, info.action_space, device,
+                      frameskip=info.frameskip, reward_terms=weighed_reward_terms(cfg, info))
     batch = _filled_batch(cfg, info, model, trajectories, device)
     flops = _scaled(count_flops(lambda: learner.train(batch)),
                     1.0 / (trajectories * cfg.rollout))

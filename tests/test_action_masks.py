@@ -15,7 +15,7 @@ from fastrl.policy.distributions import ActionDistribution, mask_logits
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.obs import random_legal_action
 from tests.learning_runs import small_ppo_run
-from tests.test_model import make_cfg
+from tests.test_model import small_settings
 from tests.test_parallel import run_train, run_train_here
 
 SPACES = {"discrete": (spaces.Discrete(5), [5]),
@@ -99,7 +99,7 @@ def test_model_masks_logits_and_does_not_encode_the_mask(use_rnn):
     space, nvec = SPACES["discrete"]
     obs_space = spaces.Dict({"obs": spaces.Box(-1, 1, (4,), np.float32),
                              "action_mask": spaces.Box(0, 1, (5,), np.uint8)})
-    model = ActorCritic(obs_space, space, make_cfg(use_rnn=use_rnn))
+    model = ActorCritic(obs_space, space, small_settings(use_rnn=use_rnn))
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(6, 3, 4, generator=gen)
     m1 = random_mask(nvec, 18, gen).view(6, 3, 5)
@@ -118,7 +118,7 @@ def test_a_mask_of_the_wrong_shape_is_refused():
     obs_space = spaces.Dict({"obs": spaces.Box(-1, 1, (4,), np.float32),
                              "action_mask": spaces.Box(0, 1, (4,), np.uint8)})
     with pytest.raises(ValueError, match=r"'action_mask' must be a Box of shape \(5,\)"):
-        ActorCritic(obs_space, spaces.Discrete(5), make_cfg())
+        ActorCritic(obs_space, spaces.Discrete(5), small_settings())
 
 
 def test_info_mask_adapter_passes_the_gymnasium_checker_and_keeps_the_mask():

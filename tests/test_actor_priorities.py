@@ -15,10 +15,12 @@ from fastrl.algo.replay.apex import ApexLearner
 from fastrl.algo.replay.dueling import dueling_heads
 from fastrl.algo.replay.r2d2 import R2D2Learner
 from fastrl.algo.replay.sequence_store import sequence_priorities
+from fastrl.algo.replay.settings import ReplaySettings
 from fastrl.algo.replay.store import PRIORITY_EPS
 from fastrl.algo.replay.targets import actor_td_errors, value_rescale
 from fastrl.config.settings import Config
 from fastrl.policy.model import ActorCritic, as_dict_space
+from fastrl.policy.model_settings import ModelSettings
 from fastrl.run_config import parse_config
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.inference import PolicyWorker
@@ -86,10 +88,11 @@ def test_the_epsilon_greedy_policy_worker_reports_its_q_values():
                                       rnn_size=0)
     buffers = TrajectoryBuffers(layout)
     buffers.obs["obs"].uniform_(-1, 1)
-    model = ActorCritic(obs, act, cfg)
+    settings = ModelSettings.from_config(cfg)
+    model = ActorCritic(obs, act, settings)
     shared = SharedWeights(model, multiprocessing.get_context("spawn"))
     shared.publish(model, 0)
-    worker = PolicyWorker(ActorCritic(obs, act, cfg), act, buffers, torch.zeros(2, 0),
+    worker = PolicyWorker(ActorCritic(obs, act, settings), act, buffers, torch.zeros(2, 0),
                           torch.device("cpu"), weights=shared, epsilons=torch.tensor([1.0, 0.0]))
     worker.infer([InferenceRequest(0, 0, 0, (0, 1), (0, 1), 0, 0)])
     with torch.no_grad():
@@ -107,7 +110,8 @@ def test_apex_inserts_at_the_actor_priorities(tmp_path):
                         "--rollout", "8", "--replay_capacity", "400", "--replay_min_size",
                         "64", "--batch_size", "64", "--replay_initial_priority", "actor"])
     obs, act = spaces.Dict({"obs": spaces.Box(-1, 1, (3,))}), spaces.Discrete(2)
-    learner = ApexLearner(cfg, ActorCritic(obs, act, cfg), obs, act, torch.device("cpu"))
+    model = ActorCritic(obs, act, ModelSettings.from_config(cfg))
+    learner = ApexLearner(ReplaySettings.from_config(cfg), model, obs, act, torch.device("cpu"))
     batch = _with_q(_trajectories(5, 8, seed=1), seed=2)
     batch["policy_versions"][0, :3] = -1  # not acted: priority 0
     learner.insert(batch)
@@ -125,7 +129,8 @@ def test_r2d2_inserts_sequences_at_the_actor_priorities(tmp_path):
                         "--replay_min_size", "64", "--batch_size", "4", "--rnn_size", "8",
                         "--replay_initial_priority", "actor"])
     obs, act = spaces.Dict({"obs": spaces.Box(-1, 1, (3,))}), spaces.Discrete(2)
-    learner = R2D2Learner(cfg, ActorCritic(obs, act, cfg), obs, act, torch.device("cpu"))
+    model = ActorCritic(obs, act, ModelSettings.from_config(cfg))
+    learner = R2D2Learner(ReplaySettings.from_config(cfg), model, obs, act, torch.device("cpu"))
     batch = _with_q(_rows(4, env=0, first=0, s=8), seed=3)
     learner.insert(batch)
     td, known = _loop_td(batch, cfg.nstep, cfg.gamma, cfg.r2d2_value_rescaling)

@@ -6,8 +6,6 @@ when pettingzoo is installed (they skip without it)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 import torch
@@ -22,6 +20,7 @@ from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.env_setup import AgentsObsAdapter, create_env, env_info
 from tests.agents_spaces_env import SPACES, final_obs_of, raw_obs
 from tests.test_agents import drive
+from tests.test_model import small_settings
 
 T = 5
 KAZ = "pettingzoo:butterfly.knights_archers_zombies_v11"
@@ -120,15 +119,15 @@ def test_the_adapter_keeps_the_multi_agent_contract():
         create_env(_cfg("tests.agents_spaces_env:AgentsBoxGrid-v0", "--env_framestack", "2"))
 
 
-CFG = SimpleNamespace(use_rnn=True, rnn_size=8, encoder_fc_size=16, encoder_mlp_layers=[8],
-                      nonlinearity="elu", normalize_input=True)
+SETTINGS = small_settings(rnn_size=8, encoder_fc_size=16, encoder_mlp_layers=[8],
+                          normalize_input=True)
 
 
 @pytest.mark.parametrize("kind", ["BoxGrid", "PixelsHWC", "Dict", "Tuple"])
 def test_enjoys_match_gives_the_model_each_agents_adapted_observation(kind):
     env = _envs(kind, 1)[0]
     info = env_info(env)
-    model = ActorCritic(info.obs_space, info.action_space, CFG)
+    model = ActorCritic(info.obs_space, info.action_space, SETTINGS)
     seen = []
     step = model.forward_step
 

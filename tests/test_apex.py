@@ -14,10 +14,12 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from fastrl.algo.replay.apex import ApexLearner, double_q_targets, q_learning_problem
 from fastrl.algo.replay.dueling import chosen_q, dueling_heads
+from fastrl.algo.replay.settings import ReplaySettings
 from fastrl.config.settings import ConfigError
 from fastrl.errors import EnvSettingsError
 from fastrl.experiment.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.policy.model import ActorCritic
+from fastrl.policy.model_settings import ModelSettings
 from fastrl.run_config import parse_config
 from fastrl.runner.serial import run_serial
 from tests.test_parallel import run_train
@@ -120,8 +122,9 @@ def _learner(tmp_path, *flags):
                         "--target_update_every", "2", "--seed", "0", *flags])
     obs_space = spaces.Dict({"obs": spaces.Box(-1, 1, (3,))})
     action_space = spaces.Discrete(2)
-    model = ActorCritic(obs_space, action_space, cfg)
-    return ApexLearner(cfg, model, obs_space, action_space, torch.device("cpu"))
+    model = ActorCritic(obs_space, action_space, ModelSettings.from_config(cfg))
+    return ApexLearner(ReplaySettings.from_config(cfg), model, obs_space, action_space,
+                       torch.device("cpu"))
 
 
 def test_learner_trains_updates_priorities_syncs_target_and_round_trips(tmp_path):
@@ -215,7 +218,7 @@ def test_initial_priorities_from_td_errors(tmp_path):
     assert (leaves[:4] == 0).all()
     idx = np.arange(4, 64)
     with torch.no_grad():
-        taken, y = learner._q_and_targets(learner.store.transitions(idx, 3, learner.cfg.gamma))
+        taken, y = learner._q_and_targets(learner.store.transitions(idx, 3, learner.settings.gamma))
     want = ((taken - y).abs().mean(1).numpy() + 1e-6) ** 0.6
     np.testing.assert_allclose(leaves[4:], want, rtol=1e-5)
 

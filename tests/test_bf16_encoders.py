@@ -4,8 +4,6 @@ date as new weights are loaded."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 import torch
@@ -20,15 +18,14 @@ from fastrl.sampling.inference import PolicyWorker
 from fastrl.sampling.weights import LocalWeights
 from fastrl.transport.messages import InferenceRequest
 from tests.spaces_env import every_space
+from tests.test_model import small_settings
 
 CPU = torch.device("cpu")
 
 
-def _cfg(**overrides):
-    settings = dict(use_rnn=True, rnn_size=8, encoder_fc_size=16, encoder_mlp_layers=[8],
-                    nonlinearity="elu", normalize_input=True, normalize_returns=False)
-    settings.update(overrides)
-    return SimpleNamespace(**settings)
+def _settings(**overrides):
+    return small_settings(**{"rnn_size": 8, "encoder_fc_size": 16, "encoder_mlp_layers": [8],
+                             "normalize_input": True, **overrides})
 
 
 def _obs(space: spaces.Dict, n: int, seed: int) -> dict:
@@ -38,11 +35,11 @@ def _obs(space: spaces.Dict, n: int, seed: int) -> dict:
     return {k: torch.as_tensor(np.stack([r[k] for r in rows])) for k in plan.model_space().spaces}
 
 
-@pytest.mark.parametrize("cfg", [_cfg(), _cfg(use_rnn=False, normalize_input=False)])
-def test_the_bf16_copy_encodes_bit_for_bit_as_autocast_does(cfg):
+@pytest.mark.parametrize("settings", [_settings(), _settings(use_rnn=False, normalize_input=False)])
+def test_the_bf16_copy_encodes_bit_for_bit_as_autocast_does(settings):
     space = ObsPlan(every_space()).model_space()  # images, vectors, one-hots, flattened keys
     torch.manual_seed(0)
-    model = ActorCritic(space, spaces.Discrete(3), cfg)
+    model = ActorCritic(space, spaces.Discrete(3), settings)
     obs = _obs(every_space(), 6, 1)
     model.update_normalizers(obs)
     lowp = lowp_encoders(model.encoders)
@@ -70,10 +67,10 @@ def test_a_bf16_policy_worker_acts_as_the_float32_model_under_autocast():
     """Several policies, new weights loaded between calls: the values the worker writes are
     those of each policy's own model under autocast."""
     space = spaces.Dict({"obs": spaces.Box(0, 255, (3, 24, 32), "uint8")})
-    cfg = _cfg()
+    settings = _settings()
     torch.manual_seed(1)
-    learners = [ActorCritic(space, spaces.Discrete(4), cfg) for _ in range(2)]
-    acting = [ActorCritic(space, spaces.Discrete(4), cfg) for _ in range(2)]
+    learners = [ActorCritic(space, spaces.Discrete(4), settings) for _ in range(2)]
+    acting = [ActorCritic(space, spaces.Discrete(4), settings) for _ in range(2)]
     sources = [LocalWeights(m) for m in learners]
     layout = BufferLayout.from_spaces(space, spaces.Discrete(4), 8, 4, acting[0].rnn_state_size)
     buffers = TrajectoryBuffers(layout)

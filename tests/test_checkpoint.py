@@ -14,7 +14,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.algo.learner import Learner
+from fastrl.algo.learner import Learner, LearnerSettings
 from fastrl.config.settings import Config
 from fastrl.experiment import checkpoint
 from fastrl.experiment.checkpoint import (
@@ -43,7 +43,8 @@ def _cfg(tmp_path, **settings) -> Config:
 
 
 def _learner(cfg: Config, device: torch.device = CPU) -> Learner:
-    return Learner(cfg, build_model(cfg, INFO, device), INFO.action_space, device)
+    return Learner(LearnerSettings.from_config(cfg), build_model(cfg, INFO, device),
+                   INFO.action_space, device)
 
 
 def _save(cfg: Config) -> dict:

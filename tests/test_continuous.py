@@ -16,8 +16,9 @@ from torch.distributions import Categorical, Normal
 from fastrl.policy.actions import ActionSpec
 from fastrl.policy.distributions import LOG_STD_MAX, LOG_STD_MIN, ActionDistribution
 from fastrl.policy.model import ActorCritic
+from fastrl.policy.model_settings import ModelSettings
 from tests.learning_runs import small_ppo_run
-from tests.test_model import make_cfg
+from tests.test_model import small_settings
 from tests.test_parallel import run_train
 
 BOX = spaces.Box(-2.0, 2.0, (3,), np.float32)
@@ -121,7 +122,7 @@ VEC = spaces.Box(-1.0, 1.0, (5,), np.float32)
 
 
 def test_state_independent_log_std_is_one_learned_parameter():
-    model = ActorCritic(VEC, BOX, make_cfg(use_rnn=False))
+    model = ActorCritic(VEC, BOX, small_settings(use_rnn=False))
     assert model.action_log_std.shape == (3,)
     with torch.no_grad():
         model.action_log_std.copy_(torch.tensor([0.1, -0.2, 0.3]))
@@ -137,7 +138,7 @@ def test_state_independent_log_std_is_one_learned_parameter():
 def test_the_log_std_starts_where_the_flag_says_and_refuses_what_cannot():
     from fastrl.config.checks import validate
     from fastrl.config.settings import Config
-    model = ActorCritic(VEC, BOX, make_cfg(use_rnn=False, action_init_log_std=-1.5))
+    model = ActorCritic(VEC, BOX, small_settings(use_rnn=False, action_init_log_std=-1.5))
     assert torch.equal(model.action_log_std.detach(), torch.full((3,), -1.5))
     errors = validate(Config(action_init_log_std=-1.0, action_log_std="state_dependent"))
     assert any(e.startswith("--action_init_log_std=-1.0: needs --action_log_std "
@@ -147,7 +148,7 @@ def test_the_log_std_starts_where_the_flag_says_and_refuses_what_cannot():
 
 
 def test_state_dependent_log_std_is_an_output_clamped_to_its_bounds():
-    model = ActorCritic(VEC, BOX, make_cfg(use_rnn=False, action_log_std="state_dependent"))
+    model = ActorCritic(VEC, BOX, small_settings(use_rnn=False, action_log_std="state_dependent"))
     assert model.action_log_std is None and model.actor.out_features == 6
     with torch.no_grad():
         model.actor.weight.mul_(1e4)
@@ -160,7 +161,7 @@ def test_state_dependent_log_std_is_an_output_clamped_to_its_bounds():
 def test_an_action_mask_with_continuous_actions_is_refused():
     obs = spaces.Dict({"obs": VEC, "action_mask": spaces.Box(0, 1, (0,), np.uint8)})
     with pytest.raises(ValueError, match="needs a Discrete or MultiDiscrete action space"):
-        ActorCritic(obs, BOX, make_cfg(use_rnn=False))
+        ActorCritic(obs, BOX, small_settings(use_rnn=False))
 
 
 # --- end to end -----------------------------------------------------------------------------
@@ -253,19 +254,19 @@ def _box_batch(b, t, gen):
 
 
 def test_separate_critic_weights_keep_the_value_loss_out_of_the_actor():
-    from fastrl.algo.learner import Learner
+    from fastrl.algo.learner import Learner, LearnerSettings
     from fastrl.config.settings import Config
 
     cfg = Config(rollout=8, batch_size=32, use_rnn=False, actor_critic_share_weights=False,
                  encoder_mlp_layers=[16], device="cpu", precision="fp32",
                  value_loss_coeff=1.0, exploration_loss_coeff=0.0, ppo_clip_value=0.0)
-    model = ActorCritic(VEC, BOX, cfg)
+    model = ActorCritic(VEC, BOX, ModelSettings.from_config(cfg))
     actor_before = [p.detach().clone() for p in model.encoders.parameters()]
     # Only a value loss: the policy term is zero when the actions' log-probs cannot change.
     with torch.no_grad():
         model.actor.weight.zero_()
         model.actor.bias.zero_()
-    learner = Learner(cfg, model, BOX, torch.device("cpu"))
+    learner = Learner(LearnerSettings.from_config(cfg), model, BOX, torch.device("cpu"))
     for p in [*model.actor.parameters(), model.action_log_std]:
         p.requires_grad_(False)
     learner.train(_box_batch(4, 8, torch.Generator().manual_seed(0)))
@@ -275,13 +276,15 @@ def test_separate_critic_weights_keep_the_value_loss_out_of_the_actor():
 
 
 def test_linear_decay_takes_the_learning_rate_to_zero_at_the_end_of_the_run():
-    from fastrl.algo.learner import Learner
+    from fastrl.algo.learner import Learner, LearnerSettings
     from fastrl.config.settings import Config
 
     cfg = Config(rollout=8, batch_size=32, use_rnn=False, encoder_mlp_layers=[16],
                  device="cpu", precision="fp32", learning_rate=1e-3,
                  lr_schedule="linear_decay", train_for_env_steps=1000)
-    learner = Learner(cfg, ActorCritic(VEC, BOX, cfg), BOX, torch.device("cpu"), frameskip=4)
+    model = ActorCritic(VEC, BOX, ModelSettings.from_config(cfg))
+    learner = Learner(LearnerSettings.from_config(cfg), model, BOX, torch.device("cpu"),
+                      frameskip=4)
     gen = torch.Generator().manual_seed(0)
     rates = [learner.train(_box_batch(4, 8, gen))["learning_rate"] for _ in range(9)]
     # 32 samples x 4 frames = 128 frames per batch, set before the batch's SGD steps.
@@ -294,13 +297,14 @@ def test_linear_decay_follows_the_run_frames_it_is_given():
     --train_for_env_steps, and policies' shares differ: a learner decays on the run's frames
     that its station reads (fastrl/algo/run_frames.py; tests/test_policies.py drives two
     policies), not on its own."""
-    from fastrl.algo.learner import Learner
+    from fastrl.algo.learner import Learner, LearnerSettings
     from fastrl.config.settings import Config
 
     cfg = Config(rollout=8, batch_size=32, use_rnn=False, encoder_mlp_layers=[16],
                  device="cpu", precision="fp32", learning_rate=1e-3, num_policies=2,
                  lr_schedule="linear_decay", train_for_env_steps=1024)
-    learner = Learner(cfg, ActorCritic(VEC, BOX, cfg), BOX, torch.device("cpu"))
+    model = ActorCritic(VEC, BOX, ModelSettings.from_config(cfg))
+    learner = Learner(LearnerSettings.from_config(cfg), model, BOX, torch.device("cpu"))
     gen = torch.Generator().manual_seed(0)
     rates = [learner.train(_box_batch(4, 8, gen), run_frames)["learning_rate"]
              for run_frames in (0, 896, 512, 1024, 2000)]

@@ -28,6 +28,8 @@ from fastrl.experiment.evaluation import (
 )
 from fastrl.experiment.video import agent_view, full_video_path, pad_even
 from fastrl.policy.model import ActorCritic
+from fastrl.policy.model_settings import ModelSettings
+from tests.test_model import small_settings
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = "CartPole-v1"
@@ -272,9 +274,9 @@ class SpyModel(ActorCritic):
         return logits, values, new_state
 
 
-def small_cfg(use_rnn: bool) -> SimpleNamespace:
-    return SimpleNamespace(use_rnn=use_rnn, rnn_size=8, encoder_fc_size=16, encoder_mlp_layers=[16],
-                           nonlinearity="elu", normalize_input=False)
+def tiny_settings(use_rnn: bool) -> ModelSettings:
+    return small_settings(use_rnn=use_rnn, rnn_size=8, encoder_fc_size=16,
+                          encoder_mlp_layers=[16])
 
 
 def test_evaluate_carries_and_resets_the_rnn_state() -> None:
@@ -282,7 +284,7 @@ def test_evaluate_carries_and_resets_the_rnn_state() -> None:
 
     env = make_env(ENV, max_episode_steps=6)
     try:
-        model = SpyModel(env.observation_space, env.action_space, small_cfg(use_rnn=True))
+        model = SpyModel(env.observation_space, env.action_space, tiny_settings(use_rnn=True))
         model.train()
         result = evaluate(model, env, 3, deterministic=False, device="cpu",
                           seed=3)
@@ -304,7 +306,7 @@ def test_evaluate_with_a_seed_leaves_the_global_rng_alone() -> None:
 
     env = make_env(ENV)
     try:
-        model = ActorCritic(env.observation_space, env.action_space, small_cfg(use_rnn=False))
+        model = ActorCritic(env.observation_space, env.action_space, tiny_settings(use_rnn=False))
         torch.manual_seed(123)
         before = torch.get_rng_state()
         first = evaluate(model, env, 2, deterministic=False, device="cpu", seed=5)
@@ -320,7 +322,7 @@ def test_periodic_evaluator_cadence_and_summaries() -> None:
     from fastrl import make_env
 
     env = make_env(ENV, max_episode_steps=5)
-    model = ActorCritic(env.observation_space, env.action_space, small_cfg(use_rnn=False))
+    model = ActorCritic(env.observation_space, env.action_space, tiny_settings(use_rnn=False))
     evaluator = PeriodicEvaluator(env, model, every_env_frames=1000, num_episodes=2, seed=0,
                                   start_frames=1500)
     try:
@@ -358,7 +360,7 @@ def test_periodic_evaluator_in_the_background() -> None:
     from fastrl import make_env
 
     env = make_env(ENV, max_episode_steps=5)
-    model = ActorCritic(env.observation_space, env.action_space, small_cfg(use_rnn=False))
+    model = ActorCritic(env.observation_space, env.action_space, tiny_settings(use_rnn=False))
     source = CountingWeights(model)
     evaluator = PeriodicEvaluator(env, model, every_env_frames=100, num_episodes=3, seed=0)
     try:

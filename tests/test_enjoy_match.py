@@ -15,6 +15,7 @@ import pytest
 from fastrl.enjoy import main
 from fastrl.experiment.match import default_seats, parse_seats, play_match
 from fastrl.policy.model import ActorCritic
+from fastrl.policy.model_settings import ModelSettings
 from fastrl.run_config import parse_config
 from tests.agents_env import AgentsEnv
 
@@ -58,7 +59,8 @@ def test_each_agent_is_played_by_its_policy_and_sits_out_unscored(tmp_path):
     steps of each match. Each model sees only its own agents' observations."""
     cfg = parse_config(TRAIN + ["--train_dir", str(tmp_path)])
     env = AgentsEnv(env_tag=1, match=True)
-    models = [ActorCritic(env.observation_space, env.action_space, cfg) for _ in range(2)]
+    settings = ModelSettings.from_config(cfg)
+    models = [ActorCritic(env.observation_space, env.action_space, settings) for _ in range(2)]
     seen: list[set[int]] = [set(), set()]
     for k, model in enumerate(models):
         step = model.forward_step
@@ -82,7 +84,7 @@ def test_a_sat_out_step_zeroes_the_recurrent_state_as_in_training(tmp_path):
     cfg = parse_config(TRAIN + ["--train_dir", str(tmp_path), "--use_rnn", "True",
                                 "--rnn_size", "8"])
     env = AgentsEnv(env_tag=1, episode_lens=(2, 5), match=True)
-    model = ActorCritic(env.observation_space, env.action_space, cfg)
+    model = ActorCritic(env.observation_space, env.action_space, ModelSettings.from_config(cfg))
     fed: list[tuple[int, bool]] = []  # agent 0: (global step of its obs, state was zeros)
     step = model.forward_step
 

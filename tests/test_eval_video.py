@@ -16,7 +16,7 @@ from fastrl.experiment.evaluation import EVAL_VIDEO_FRAMES, PeriodicEvaluator
 from fastrl.experiment.wandb_run import STEP_KEY, ScalarTee
 from fastrl.policy.model import ActorCritic
 from fastrl.run_config import parse_config
-from tests.test_enjoy import read_frames, small_cfg
+from tests.test_enjoy import read_frames, tiny_settings
 from tests.test_parallel import run_train_here
 from tests.test_wandb import CARTPOLE, offline_runs, wandb_env  # noqa: F401 - the fixture
 
@@ -57,7 +57,7 @@ class BrokenRecorder:
 def test_a_failing_recording_is_one_line_and_the_evaluation_goes_on(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(evaluation, "VideoRecorder", BrokenRecorder)
     env = make_env("CartPole-v1", max_episode_steps=5)
-    model = ActorCritic(env.observation_space, env.action_space, small_cfg(use_rnn=False))
+    model = ActorCritic(env.observation_space, env.action_space, tiny_settings(use_rnn=False))
     evaluator = PeriodicEvaluator(env, model, every_env_frames=100, num_episodes=2, seed=0,
                                   video_dir=str(tmp_path / "videos"))
     try:
@@ -74,7 +74,7 @@ def test_each_evaluation_records_its_first_episode(tmp_path):
     """CartPole (no image observation) renders its screen; the video holds the first of the
     evaluation's episodes, one frame per step the agent acted on, named by the frames."""
     env = make_env("CartPole-v1", max_episode_steps=7, render_mode="rgb_array")
-    model = ActorCritic(env.observation_space, env.action_space, small_cfg(use_rnn=False))
+    model = ActorCritic(env.observation_space, env.action_space, tiny_settings(use_rnn=False))
     evaluator = PeriodicEvaluator(env, model, every_env_frames=100, num_episodes=3, seed=0,
                                   video_dir=str(tmp_path / "videos"))
     try:

@@ -16,6 +16,7 @@ from gymnasium import spaces
 from fastrl.config.settings import Config
 from fastrl.policy.actions import ActionSpec
 from fastrl.policy.model import ActorCritic, as_dict_space
+from fastrl.policy.model_settings import ModelSettings
 from fastrl.sampling.buffers import FILL_FLOAT, BufferLayout, TrajectoryBuffers
 from fastrl.sampling.free_policy import FREE_POLICY_VAR, FreePolicyWorker, free_policy_requested
 from fastrl.sampling.weights import LocalWeights
@@ -39,7 +40,7 @@ def test_free_policy_writes_valid_actions_and_every_field_the_rollout_worker_rea
                                       rnn_size=0)
     buffers = TrajectoryBuffers(layout)
     buffers.obs["obs"].zero_()
-    model = ActorCritic(OBS, space, CFG)
+    model = ActorCritic(OBS, space, ModelSettings.from_config(CFG))
     weights = LocalWeights(model)
     weights.publish(model, 7)
     rnn_state = torch.randn(6, 4)  # [envs, H]: the state is handed back unchanged
@@ -66,7 +67,7 @@ def test_many_draws_cover_every_choice():
     layout = BufferLayout.from_spaces(as_dict_space(OBS), space, num_buffers=64, rollout=1,
                                       rnn_size=0)
     buffers = TrajectoryBuffers(layout)
-    model = ActorCritic(OBS, space, CFG)
+    model = ActorCritic(OBS, space, ModelSettings.from_config(CFG))
     weights = LocalWeights(model)
     weights.publish(model, 0)
     worker = FreePolicyWorker(model, space, buffers, torch.zeros(64, 0), torch.device("cpu"),

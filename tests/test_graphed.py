@@ -17,6 +17,7 @@ from gymnasium import spaces
 from fastrl.config.settings import Config
 from fastrl.policy.distributions import ActionDistribution
 from fastrl.policy.model import ActorCritic, as_dict_space
+from fastrl.policy.model_settings import ModelSettings
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.graphed import GraphedActor, buckets
 from fastrl.sampling.inference import PolicyWorker
@@ -127,7 +128,7 @@ def test_graphs_warm_up_on_observations_of_the_space_not_on_zeros(device):
                          "v": spaces.Box(-1, 1, (2,), np.float32)})
     cfg = Config(rnn_size=16, encoder_mlp_layers=[16], encoder_fc_size=16, device=device)
     torch.manual_seed(0)
-    model = ActorCritic(space, ACTIONS, cfg).to(device)
+    model = ActorCritic(space, ACTIONS, ModelSettings.from_config(cfg)).to(device)
     shared = SharedWeights(model, multiprocessing.get_context("spawn"))
     shared.publish(model, 0)
     layout = BufferLayout.from_spaces(space, ACTIONS, num_buffers=12, rollout=2,
@@ -142,7 +143,8 @@ def test_graphs_warm_up_on_observations_of_the_space_not_on_zeros(device):
         if workers:  # the same observations for both
             for key, values in workers[0][1].obs.items():
                 buffers.obs[key].copy_(values)
-        worker = PolicyWorker(ActorCritic(space, ACTIONS, cfg).to(device), ACTIONS, buffers,
+        acting = ActorCritic(space, ACTIONS, ModelSettings.from_config(cfg)).to(device)
+        worker = PolicyWorker(acting, ACTIONS, buffers,
                               torch.zeros(12, model.rnn_state_size), torch.device(device),
                               shared, deterministic=True, cuda_graphs=graphs)
         if graphs and device == "cpu":
@@ -170,7 +172,7 @@ def _workers(precision: str, deterministic: bool, envs: int = 24, device: str = 
     worker's graphs come from the stand-in capture."""
     cfg = Config(rnn_size=32, encoder_fc_size=32, device=device, precision=precision)
     torch.manual_seed(0)
-    learner_model = ActorCritic(PIXELS, ACTIONS, cfg).to(device)
+    learner_model = ActorCritic(PIXELS, ACTIONS, ModelSettings.from_config(cfg)).to(device)
     shared = SharedWeights(learner_model, multiprocessing.get_context("spawn"))
     shared.publish(learner_model, 0)
     layout = BufferLayout.from_spaces(as_dict_space(PIXELS), ACTIONS, num_buffers=envs,
@@ -183,7 +185,7 @@ def _workers(precision: str, deterministic: bool, envs: int = 24, device: str = 
                                                dtype=torch.uint8) if not out else
                                  out[0][1].obs["obs"])
         rnn = torch.randn(envs, 32, generator=gen) if not out else out[0][2].clone()
-        model = ActorCritic(PIXELS, ACTIONS, cfg).to(device)
+        model = ActorCritic(PIXELS, ACTIONS, ModelSettings.from_config(cfg)).to(device)
         worker = PolicyWorker(model, ACTIONS, buffers, rnn, torch.device(device), shared,
                               deterministic=deterministic, precision=precision,
                               cuda_graphs=graphs)

@@ -26,10 +26,11 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.algo.learner import Learner, _add_time_limit_bootstrap
+from fastrl.algo.learner import Learner, LearnerSettings, _add_time_limit_bootstrap
 from fastrl.config.settings import Config
 from fastrl.policy.distributions import ActionDistribution
 from fastrl.policy.model import ActorCritic, as_dict_space
+from fastrl.policy.model_settings import ModelSettings
 from fastrl.policy.normalize import ReturnNormalizer, merge_moments, merge_summed_moments
 from fastrl.policy.recurrent import find_cuts, make_rnn, rnn_step, rnn_unroll, state_size
 from fastrl.sampling import inference
@@ -259,8 +260,8 @@ def test_a_learner_batch_reads_the_device_once_and_no_sgd_step_reads_it(case):
     space, settings = CASES[case]
     torch.manual_seed(0)
     cfg = _cfg(**settings)
-    model = ActorCritic(VEC, space, cfg)
-    learner = Learner(cfg, model, space, torch.device("cpu"))
+    model = ActorCritic(VEC, space, ModelSettings.from_config(cfg))
+    learner = Learner(LearnerSettings.from_config(cfg), model, space, torch.device("cpu"))
     staging = Staging("cpu")
     batches = []
     for seed in range(2):
@@ -283,8 +284,8 @@ def test_a_learner_batch_reads_the_device_once_and_no_sgd_step_reads_it(case):
 def test_a_batch_without_its_host_part_is_read_back_once_per_batch_not_per_step():
     torch.manual_seed(0)
     cfg = _cfg(use_rnn=True, rnn_size=8)
-    model = ActorCritic(VEC, DISCRETE, cfg)
-    learner = Learner(cfg, model, DISCRETE, torch.device("cpu"))
+    model = ActorCritic(VEC, DISCRETE, ModelSettings.from_config(cfg))
+    learner = Learner(LearnerSettings.from_config(cfg), model, DISCRETE, torch.device("cpu"))
     batch = _batch(12, 8, DISCRETE, rnn_size=model.rnn_state_size)
     learner.train(batch)
     with host_reads(exempt=_adam_steps(learner)) as reads:
@@ -299,13 +300,14 @@ def test_the_host_part_changes_no_number(case):
     space, settings = CASES[case]
     torch.manual_seed(0)
     cfg = _cfg(**settings)
-    model = ActorCritic(VEC, space, cfg)
+    model = ActorCritic(VEC, space, ModelSettings.from_config(cfg))
     twin = copy.deepcopy(model)
     batch = _batch(12, 8, space, seed=4, rnn_size=model.rnn_state_size)
+    settings = LearnerSettings.from_config(cfg)
     torch.manual_seed(1)
-    stats = Learner(cfg, model, space, torch.device("cpu")).train(batch)
+    stats = Learner(settings, model, space, torch.device("cpu")).train(batch)
     torch.manual_seed(1)
-    twin_stats = Learner(cfg, twin, space, torch.device("cpu")).train(
+    twin_stats = Learner(settings, twin, space, torch.device("cpu")).train(
         _gathered(batch, Staging("cpu")))
     assert stats == twin_stats
     for (name, a), b in zip(model.state_dict().items(), twin.state_dict().values()):
@@ -393,7 +395,7 @@ def test_a_policy_worker_makes_one_transfer_per_batch(action_space, use_rnn, pat
     cfg = Config(use_rnn=use_rnn, rnn_size=6, encoder_mlp_layers=[8], device="cpu",
                  precision="fp32")
     torch.manual_seed(0)
-    model = ActorCritic(VEC, action_space, cfg)
+    model = ActorCritic(VEC, action_space, ModelSettings.from_config(cfg))
     h = model.rnn_state_size
     layout = BufferLayout.from_spaces(as_dict_space(VEC), action_space, num_buffers=4,
                                       rollout=3, rnn_size=h)
@@ -449,7 +451,8 @@ def test_the_one_transfer_carries_every_dtype_bit_for_bit():
 
 def test_publishing_weights_reuses_the_shared_flat_tensor():
     cfg = _cfg(use_rnn=True, rnn_size=8)
-    model = ActorCritic(VEC, DISCRETE, cfg)  # float32 weights, float64 statistics
+    # float32 weights, float64 statistics
+    model = ActorCritic(VEC, DISCRETE, ModelSettings.from_config(cfg))
     shared = SharedWeights(model, multiprocessing.get_context("spawn"))
     where = shared.flat.data_ptr()
     calls = []
@@ -468,7 +471,7 @@ def test_publishing_weights_reuses_the_shared_flat_tensor():
     assert shared.flat.data_ptr() == where and shared.version() == 2
     want = torch.cat([t.reshape(-1).float() for t in model.state_dict().values()])
     assert torch.equal(shared.flat, want)
-    reader = ActorCritic(VEC, DISCRETE, cfg)
+    reader = ActorCritic(VEC, DISCRETE, ModelSettings.from_config(cfg))
     assert shared.load_into(reader) == 2
     for key, value in model.state_dict().items():
         assert torch.equal(reader.state_dict()[key], value), key

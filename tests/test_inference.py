@@ -11,6 +11,7 @@ from gymnasium import spaces
 
 from fastrl.config.settings import Config
 from fastrl.policy.model import ActorCritic, as_dict_space
+from fastrl.policy.model_settings import ModelSettings
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.inference import PolicyWorker
 from fastrl.sampling.weights import SharedWeights
@@ -26,7 +27,7 @@ def _setup(weights):
     buffers = TrajectoryBuffers(layout)
     buffers.obs["obs"].zero_()
     torch.manual_seed(123)  # the acting model's own initialisation differs from the learner's
-    model = ActorCritic(OBS, ACT, CFG)
+    model = ActorCritic(OBS, ACT, ModelSettings.from_config(CFG))
     worker = PolicyWorker(model, ACT, buffers, torch.zeros(2, 0), torch.device("cpu"),
                           weights=weights)
     return worker, buffers
@@ -34,7 +35,7 @@ def _setup(weights):
 
 def _learner_model() -> ActorCritic:
     torch.manual_seed(7)
-    return ActorCritic(OBS, ACT, CFG)
+    return ActorCritic(OBS, ACT, ModelSettings.from_config(CFG))
 
 
 def test_first_published_weights_are_loaded_even_at_version_0():

@@ -9,19 +9,22 @@ import copy
 import pytest
 import torch
 
-from fastrl.algo.learner import Learner
+from fastrl.algo.learner import Learner, LearnerSettings
 from fastrl.policy import compiled
 from fastrl.policy.model import ActorCritic
+from fastrl.policy.model_settings import ModelSettings
 from tests.test_ppo_batch import DISCRETE, VEC, _batch, _cfg
 
 
 def _learners(**settings) -> tuple[Learner, Learner]:
     cfg = _cfg(use_rnn=True, rnn_size=8, **settings)
     torch.manual_seed(0)
-    model = ActorCritic(VEC, DISCRETE, cfg)
-    eager = Learner(cfg, copy.deepcopy(model), DISCRETE, torch.device("cpu"))
+    model = ActorCritic(VEC, DISCRETE, ModelSettings.from_config(cfg))
+    eager = Learner(LearnerSettings.from_config(cfg), copy.deepcopy(model), DISCRETE,
+                    torch.device("cpu"))
     cfg_c = _cfg(use_rnn=True, rnn_size=8, learner_compile=True, **settings)
-    return eager, Learner(cfg_c, model, DISCRETE, torch.device("cpu"))
+    return eager, Learner(LearnerSettings.from_config(cfg_c), model, DISCRETE,
+                          torch.device("cpu"))
 
 
 def _train_twice(learner: Learner) -> list[dict]:

@@ -12,10 +12,11 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.algo.learner import Learner
+from fastrl.algo.learner import Learner, LearnerSettings
 from fastrl.algo.learner_group import LearnerGroup, free_port
 from fastrl.config.settings import Config
 from fastrl.policy.model import ActorCritic
+from fastrl.policy.model_settings import ModelSettings
 from tests.test_faults import kill_learner_then_resume, run_two_learners
 from tests.test_parallel import base_args, shm_files
 from tests.test_ppo_batch import _batch
@@ -47,9 +48,10 @@ def _rank_main(rank: int, world: int, port: int, jobs: list, out_dir: str) -> No
     try:
         for name, space, settings, state, batch in jobs:
             cfg = _cfg(settings)
-            model = ActorCritic(VEC, space, cfg)
+            model = ActorCritic(VEC, space, ModelSettings.from_config(cfg))
             model.load_state_dict(state)
-            learner = Learner(cfg, model, space, torch.device("cpu"), group=group)
+            learner = Learner(LearnerSettings.from_config(cfg), model, space, torch.device("cpu"),
+                              group=group)
             share = _share(batch, rank, world)
             stats = learner.train(share)
             if rank == 0:
@@ -87,10 +89,11 @@ def test_two_ranks_on_halves_make_the_update_of_one_learner_on_the_whole(tmp_pat
     for name, space, settings in CASES:
         torch.manual_seed(1)
         cfg = _cfg(settings)
-        model = ActorCritic(VEC, space, cfg)
+        model = ActorCritic(VEC, space, ModelSettings.from_config(cfg))
         state = copy.deepcopy(model.state_dict())
         batch = _batch(8, 8, space, seed=3, rnn_size=model.rnn_state_size)
-        stats = Learner(cfg, model, space, torch.device("cpu")).train(batch)
+        learner = Learner(LearnerSettings.from_config(cfg), model, space, torch.device("cpu"))
+        stats = learner.train(batch)
         expected[name] = (model.state_dict(), stats)
         jobs.append((name, space, settings, state, batch))
     run_ranks(_rank_main, lambda rank, port: (rank, 2, port, jobs, str(tmp_path)))
@@ -179,12 +182,13 @@ def test_every_accepted_learner_split_enters_the_same_collectives_on_every_rank(
     cfg = _cfg(settings)
     trajectories = cfg.trajectories_per_batch
     torch.manual_seed(0)
-    model = ActorCritic(VEC, DISCRETE, cfg)
+    model = ActorCritic(VEC, DISCRETE, ModelSettings.from_config(cfg))
     batch = _batch(trajectories, rollout, DISCRETE, seed=1, rnn_size=model.rnn_state_size)
     calls = []
     for rank in range(learners):
         group = _CountingGroup(learners)
-        learner = Learner(cfg, copy.deepcopy(model), DISCRETE, torch.device("cpu"), group=group)
+        learner = Learner(LearnerSettings.from_config(cfg), copy.deepcopy(model), DISCRETE,
+                          torch.device("cpu"), group=group)
         learner.train(_share(batch, rank, learners))
         calls.append(group.calls)
     errors = [e for e in validate(cfg) if "--num_learners" in e]

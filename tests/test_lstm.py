@@ -11,13 +11,13 @@ from gymnasium import spaces
 
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.recurrent import make_rnn, rnn_step, rnn_unroll
-from tests.test_model import OBS_SPACES, make_cfg, random_obs, stepwise_reference
+from tests.test_model import OBS_SPACES, random_obs, small_settings, stepwise_reference
 from tests.test_parallel import run_train
 
 
 def lstm_model(**overrides):
     return ActorCritic(OBS_SPACES["dict"], spaces.MultiDiscrete([3, 2]),
-                       make_cfg(**{"rnn_type": "lstm", **overrides}))
+                       small_settings(**{"rnn_type": "lstm", **overrides}))
 
 
 def test_state_is_hidden_then_cell_and_matches_torch_lstm():

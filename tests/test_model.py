@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
 
+from fastrl.config.settings import Config
 from fastrl.policy.distributions import ActionDistribution
 from fastrl.policy.model import ActorCritic
+from fastrl.policy.model_settings import ModelSettings
 from fastrl.policy.obs import as_dict_space, obs_to_dict
 
 IMG = spaces.Box(0, 255, (3, 36, 36), np.uint8)  # the smallest image convnet_simple accepts
@@ -27,17 +28,24 @@ ACTION_SPACES = {
 }
 
 
-def make_cfg(**overrides) -> SimpleNamespace:
-    cfg = dict(
+def small_settings(**overrides) -> ModelSettings:
+    """A small model's settings: ``Config``'s, with small layers and no normalisers, then
+    ``overrides`` (any of ``ModelSettings``' fields)."""
+    fields = dict(
         use_rnn=True,
         rnn_size=16,
         encoder_fc_size=32,
         encoder_mlp_layers=[16, 16],
         nonlinearity="elu",
         normalize_input=False,
+        normalize_returns=False,
     )
-    cfg.update(overrides)
-    return SimpleNamespace(**cfg)
+    fields.update(overrides)
+    return ModelSettings.from_config(Config(**fields))
+
+
+FIXED = small_settings(use_rnn=False)  # pixels to [-1, 1] by the fixed x / 127.5 - 1
+WHITENED = small_settings(use_rnn=False, normalize_input=True)  # by running statistics
 
 
 def random_obs(space: spaces.Space, lead: tuple[int, ...], gen: torch.Generator) -> dict:
@@ -80,7 +88,7 @@ def test_as_dict_space_and_obs_to_dict():
 def test_output_shapes(obs_name, act_name, use_rnn):
     gen = torch.Generator().manual_seed(0)
     obs_space, act_space = OBS_SPACES[obs_name], ACTION_SPACES[act_name]
-    model = ActorCritic(obs_space, act_space, make_cfg(use_rnn=use_rnn))
+    model = ActorCritic(obs_space, act_space, small_settings(use_rnn=use_rnn))
     h = 16 if use_rnn else 0
     a = num_logits(act_space)
     assert model.rnn_state_size == h
@@ -101,7 +109,7 @@ def test_output_shapes(obs_name, act_name, use_rnn):
 
 def test_bare_box_obs_tensor_is_accepted():
     gen = torch.Generator().manual_seed(0)
-    model = ActorCritic(VEC, spaces.Discrete(3), make_cfg())
+    model = ActorCritic(VEC, spaces.Discrete(3), small_settings())
     obs = random_obs(VEC, (2,), gen)
     state = model.initial_rnn_state(2)
     from_dict = model.forward_step(obs, state)
@@ -119,8 +127,8 @@ def test_real_doom_observation_batch_4():
         }
     )
     act_space = spaces.MultiDiscrete([3, 3, 2, 2])
-    cfg = make_cfg(rnn_size=512, encoder_fc_size=512, encoder_mlp_layers=[256, 256])
-    model = ActorCritic(obs_space, act_space, cfg)
+    settings = small_settings(rnn_size=512, encoder_fc_size=512, encoder_mlp_layers=[256, 256])
+    model = ActorCritic(obs_space, act_space, settings)
     obs = random_obs(obs_space, (4,), gen)
     assert obs["obs"].dtype == torch.uint8
     with torch.no_grad():
@@ -150,7 +158,7 @@ def test_forward_sequence_matches_stepwise(use_rnn, reset_kind):
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1)
     obs_space = OBS_SPACES["dict"]
-    model = ActorCritic(obs_space, ACTION_SPACES["multidiscrete"], make_cfg(use_rnn=use_rnn))
+    model = ActorCritic(obs_space, ACTION_SPACES["multidiscrete"], small_settings(use_rnn=use_rnn))
     b, t = 4, 7
     obs = random_obs(obs_space, (b, t), gen)
     h0 = torch.randn(b, model.rnn_state_size, generator=gen)
@@ -184,7 +192,7 @@ def test_gradient_reaches_every_parameter(use_rnn):
     gen = torch.Generator().manual_seed(0)
     obs_space = OBS_SPACES["dict"]
     act_space = ACTION_SPACES["multidiscrete"]
-    model = ActorCritic(obs_space, act_space, make_cfg(use_rnn=use_rnn))
+    model = ActorCritic(obs_space, act_space, small_settings(use_rnn=use_rnn))
     b, t = 3, 5
     resets = torch.zeros(b, t)
     resets[1, 2] = 1.0
@@ -201,7 +209,7 @@ def test_gradient_reaches_every_parameter(use_rnn):
 
 
 def test_uint8_images_are_scaled_inside_the_model():
-    model = ActorCritic(IMG, spaces.Discrete(4), make_cfg(use_rnn=False))
+    model = ActorCritic(IMG, spaces.Discrete(4), FIXED)
     state = model.initial_rnn_state(2)
     black = torch.zeros(2, *IMG.shape, dtype=torch.uint8)
     white = torch.full((2, *IMG.shape), 255, dtype=torch.uint8)
@@ -224,12 +232,12 @@ def test_uint8_images_are_scaled_inside_the_model():
 
 def test_bad_nonlinearity_raises():
     with pytest.raises(ValueError, match=r"unknown nonlinearity 'gelu'.*elu.*relu.*tanh"):
-        ActorCritic(IMG, spaces.Discrete(3), make_cfg(nonlinearity="gelu"))
+        ActorCritic(IMG, spaces.Discrete(3), small_settings(nonlinearity="gelu"))
 
 
 @pytest.mark.parametrize("nonlinearity", ["elu", "relu", "tanh"])
 def test_every_nonlinearity_builds(nonlinearity):
-    model = ActorCritic(VEC, spaces.Discrete(3), make_cfg(nonlinearity=nonlinearity))
+    model = ActorCritic(VEC, spaces.Discrete(3), small_settings(nonlinearity=nonlinearity))
     logits, _, _ = model.forward_step({"obs": torch.zeros(1, 7)}, model.initial_rnn_state(1))
     assert logits.shape == (1, 3)
 
@@ -245,22 +253,22 @@ def test_every_nonlinearity_builds(nonlinearity):
 def test_bad_observation_space_raises(bad_space):
     obs_space = spaces.Dict({"obs": IMG, "weird": bad_space})
     with pytest.raises(ValueError, match=r"observation key 'weird': unsupported space"):
-        ActorCritic(obs_space, spaces.Discrete(3), make_cfg())
+        ActorCritic(obs_space, spaces.Discrete(3), small_settings())
 
 
 def test_small_image_gets_the_small_conv_stack():
     small = spaces.Box(0, 255, (3, 20, 64), np.uint8)
-    model = ActorCritic(small, spaces.Discrete(3), make_cfg())
+    model = ActorCritic(small, spaces.Discrete(3), small_settings())
     assert "convnet_small" in model.describe_encoders()["obs"]
     assert "convnet_simple" in ActorCritic(IMG, spaces.Discrete(3),
-                                           make_cfg()).describe_encoders()["obs"]
+                                           small_settings()).describe_encoders()["obs"]
 
 
 @pytest.mark.parametrize("bad", [spaces.Box(-1, 1, (2,), np.int64), spaces.Text(5),
                                  spaces.MultiBinary(3)])
 def test_bad_action_space_raises(bad):
     with pytest.raises(ValueError, match="Discrete, MultiDiscrete, a float Box|must be floating"):
-        ActorCritic(VEC, bad, make_cfg())
+        ActorCritic(VEC, bad, small_settings())
 
 
 # ---- ActionDistribution ----
@@ -352,7 +360,7 @@ def test_uniform_logits_entropy():
 
 
 def test_pixel_statistics_match_numpy_over_everything_seen():
-    model = ActorCritic(IMG, spaces.Discrete(4), make_cfg(use_rnn=False, normalize_input=True))
+    model = ActorCritic(IMG, spaces.Discrete(4), WHITENED)
     gen = np.random.default_rng(0)
     # Batches of different sizes and different brightness, so that a wrong merge shows.
     batches = [gen.integers(lo, hi, (n, *IMG.shape), dtype=np.uint8)
@@ -379,14 +387,14 @@ def _conv_input(model: ActorCritic, obs: torch.Tensor) -> torch.Tensor:
 def test_before_any_update_normalisation_equals_the_fixed_one():
     img = torch.from_numpy(
         np.random.default_rng(1).integers(0, 256, (4, *IMG.shape), dtype=np.uint8))
-    fixed = ActorCritic(IMG, spaces.Discrete(4), make_cfg(use_rnn=False))
-    running = ActorCritic(IMG, spaces.Discrete(4), make_cfg(use_rnn=False, normalize_input=True))
+    fixed = ActorCritic(IMG, spaces.Discrete(4), FIXED)
+    running = ActorCritic(IMG, spaces.Discrete(4), WHITENED)
     torch.testing.assert_close(_conv_input(running, img), _conv_input(fixed, img))
     torch.testing.assert_close(_conv_input(fixed, img), img.float() / 127.5 - 1.0)
 
 
 def test_pixels_are_whitened_and_clipped_after_an_update():
-    model = ActorCritic(IMG, spaces.Discrete(4), make_cfg(use_rnn=False, normalize_input=True))
+    model = ActorCritic(IMG, spaces.Discrete(4), WHITENED)
     gen = np.random.default_rng(2)
     seen = gen.integers(60, 70, (50, *IMG.shape), dtype=np.uint8)
     model.update_normalizers({"obs": torch.from_numpy(seen)})
@@ -400,7 +408,7 @@ def test_pixels_are_whitened_and_clipped_after_an_update():
 
 
 def test_without_normalize_input_update_is_a_no_op_and_there_are_no_buffers():
-    model = ActorCritic(IMG, spaces.Discrete(4), make_cfg(use_rnn=False))
+    model = ActorCritic(IMG, spaces.Discrete(4), FIXED)
     model.update_normalizers({"obs": torch.zeros(2, *IMG.shape, dtype=torch.uint8)})
     assert not any("pixel" in name for name in model.state_dict())
 
@@ -408,16 +416,16 @@ def test_without_normalize_input_update_is_a_no_op_and_there_are_no_buffers():
 def test_learner_updates_the_statistics_and_shared_weights_carry_them():
     import multiprocessing
 
-    from fastrl.algo.learner import Learner
-    from fastrl.config.settings import Config
+    from fastrl.algo.learner import Learner, LearnerSettings
     from fastrl.sampling.weights import SharedWeights
 
     b, t = 4, 8
     cfg = Config(rollout=t, batch_size=b * t, use_rnn=False, encoder_fc_size=32, device="cpu",
                  precision="fp32")
     assert cfg.normalize_input  # the default
-    model = ActorCritic(IMG, spaces.Discrete(4), cfg)
-    learner = Learner(cfg, model, spaces.Discrete(4), torch.device("cpu"))
+    model = ActorCritic(IMG, spaces.Discrete(4), ModelSettings.from_config(cfg))
+    learner = Learner(LearnerSettings.from_config(cfg), model, spaces.Discrete(4),
+                      torch.device("cpu"))
     gen = torch.Generator().manual_seed(3)
     batch = {
         "obs": {"obs": torch.randint(0, 256, (b, t + 1, *IMG.shape), dtype=torch.uint8,
@@ -438,7 +446,7 @@ def test_learner_updates_the_statistics_and_shared_weights_carry_them():
 
     shared = SharedWeights(model, multiprocessing.get_context("spawn"))
     shared.publish(model, learner.version)
-    reader = ActorCritic(IMG, spaces.Discrete(4), cfg)
+    reader = ActorCritic(IMG, spaces.Discrete(4), ModelSettings.from_config(cfg))
     assert shared.load_into(reader) == learner.version
     for key, value in model.state_dict().items():
         read = reader.state_dict()[key]

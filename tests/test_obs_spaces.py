@@ -4,8 +4,6 @@ and fake envs."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 import torch
@@ -20,10 +18,11 @@ from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.env_setup import ObsAdapter, create_env, env_info
 from fastrl.sampling.rollout import RolloutWorker
 from tests.spaces_env import EverySpace, every_space, hwc_frame
+from tests.test_model import small_settings
 from tests.test_rollout import drive
 
-CFG = SimpleNamespace(use_rnn=True, rnn_size=8, encoder_fc_size=16, encoder_mlp_layers=[8],
-                      nonlinearity="elu", normalize_input=True)
+SETTINGS = small_settings(rnn_size=8, encoder_fc_size=16, encoder_mlp_layers=[8],
+                          normalize_input=True)
 
 
 @pytest.mark.parametrize(("shape", "layout"), [
@@ -95,7 +94,7 @@ def test_every_space_goes_through_the_buffers_and_the_encoders():
                     value = value[int(part) if part.isdigit() else part]
                 ref = _reference(key, value).astype(arr.dtype)
                 np.testing.assert_array_equal(arr[b, t], ref, err_msg=key)
-    model = ActorCritic(model_space, spaces.Discrete(3), CFG)
+    model = ActorCritic(model_space, spaces.Discrete(3), SETTINGS)
     model.update_normalizers({k: v.flatten(0, 1) for k, v in buffers.obs.items()})
     logits, values, _ = model.forward_step({k: v[:, 0] for k, v in buffers.obs.items()},
                                            model.initial_rnn_state(3))

@@ -15,7 +15,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.algo.learner import PBT_HYPERPARAMS, Learner
+from fastrl.algo.learner import PBT_HYPERPARAMS, Learner, LearnerSettings
 from fastrl.algo.pbt.population import HISTORY, Population, choose, perturb
 from fastrl.algo.run_frames import RunFrames
 from fastrl.config.settings import Config, ConfigError
@@ -24,6 +24,7 @@ from fastrl.errors import EnvSettingsError
 from fastrl.experiment.checkpoint import checkpoint_state, restore_learner, save_checkpoint
 from fastrl.experiment.stats import TrainingStats
 from fastrl.policy.model import ActorCritic
+from fastrl.policy.model_settings import ModelSettings
 from fastrl.run_config import parse_config
 from fastrl.runner.run_loop import RunLoop
 from fastrl.runner.stations import LearnerStation
@@ -57,8 +58,8 @@ def _cfg(**overrides) -> Config:
 
 def _learner(cfg: Config, seed: int) -> Learner:
     torch.manual_seed(seed)
-    model = ActorCritic(VEC, ACTIONS, cfg)
-    return Learner(cfg, model, ACTIONS, torch.device("cpu"))
+    model = ActorCritic(VEC, ACTIONS, ModelSettings.from_config(cfg))
+    return Learner(LearnerSettings.from_config(cfg), model, ACTIONS, torch.device("cpu"))
 
 
 def _population(tmp_path, cfg: Config, counters: dict | None = None, writer=None):

@@ -195,10 +195,11 @@ def test_a_game_whose_package_is_missing_is_one_line(tmp_path, monkeypatch):
 
 def _model(env):
     from fastrl.policy.model import ActorCritic
+    from fastrl.policy.model_settings import ModelSettings
     from fastrl.run_config import parse_config
 
     cfg = parse_config(["--env", FAKE, "--use_rnn", "False", "--encoder_mlp_layers", "8"])
-    return ActorCritic(env.observation_space, env.action_space, cfg)
+    return ActorCritic(env.observation_space, env.action_space, ModelSettings.from_config(cfg))
 
 
 def test_the_policy_takes_each_seat_in_turn_and_its_games_are_counted():

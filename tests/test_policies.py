@@ -15,6 +15,7 @@ from gymnasium import spaces
 from fastrl.config.settings import ConfigError
 from fastrl.experiment.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.policy.model import ActorCritic
+from fastrl.policy.model_settings import ModelSettings
 from fastrl.run_config import parse_config
 from fastrl.runner.serial import run_serial
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
@@ -206,7 +207,8 @@ def test_the_policy_worker_acts_each_row_with_its_own_policy():
     buffers = TrajectoryBuffers(layout)
     buffers.obs["obs"][:] = torch.randn(6, T + 1, 3)
     torch.manual_seed(0)
-    models = [ActorCritic(obs_space, action_space, cfg).eval() for _ in range(2)]
+    settings = ModelSettings.from_config(cfg)
+    models = [ActorCritic(obs_space, action_space, settings).eval() for _ in range(2)]
     sources = [LocalWeights(m) for m in models]
     sources[0].publish(models[0], 5)
     sources[1].publish(models[1], 9)

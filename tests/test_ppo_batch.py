@@ -14,10 +14,11 @@ import torch
 from gymnasium import spaces
 
 from fastrl.algo.appo import LossParams, return_targets_and_advantages
-from fastrl.algo.learner import Learner
+from fastrl.algo.learner import Learner, LearnerSettings
 from fastrl.config.checks import validate
 from fastrl.config.settings import Config
 from fastrl.policy.model import ActorCritic
+from fastrl.policy.model_settings import ModelSettings
 from fastrl.run_config import parse_config
 from fastrl.runner.serial import run_serial
 from tests.test_parallel import run_train
@@ -70,25 +71,27 @@ def test_one_step_over_the_whole_batch_is_the_same_update_either_way(action_spac
     # parameters after it must agree (the batch path shuffles steps, which a sum ignores).
     torch.manual_seed(0)
     cfg_traj = _cfg(use_rnn=use_rnn, rnn_size=8, with_vtrace=with_vtrace)
-    model = ActorCritic(VEC, action_space, cfg_traj)
+    settings = ModelSettings.from_config(cfg_traj)
+    model = ActorCritic(VEC, action_space, settings)
     twin = copy.deepcopy(model)
     batch = _batch(6, 8, action_space, rnn_size=model.rnn_state_size)
-    Learner(cfg_traj, model, action_space, torch.device("cpu")).train(batch)
+    cpu = torch.device("cpu")
+    Learner(LearnerSettings.from_config(cfg_traj), model, action_space, cpu).train(batch)
     cfg_batch = _cfg(use_rnn=use_rnn, rnn_size=8, with_vtrace=with_vtrace, advantages="batch")
-    stats = Learner(cfg_batch, twin, action_space, torch.device("cpu")).train(batch)
+    stats = Learner(LearnerSettings.from_config(cfg_batch), twin, action_space, cpu).train(batch)
     for (name, a), b in zip(model.named_parameters(), twin.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
     assert stats["num_valid"] == 6 * 8 - 2
     assert any(not torch.equal(a, b) for a, b in zip(
-        model.parameters(), ActorCritic(VEC, action_space, cfg_traj).parameters()))
+        model.parameters(), ActorCritic(VEC, action_space, settings).parameters()))
 
 
 def test_single_steps_make_minibatches_smaller_than_a_trajectory():
     cfg = _cfg(rollout=16, batch_size=8, num_batches_per_epoch=12, num_epochs=3,
                advantages="batch", normalize_returns=True)
     assert validate(cfg) == []
-    model = ActorCritic(VEC, BOX, cfg)
-    learner = Learner(cfg, model, BOX, torch.device("cpu"))
+    model = ActorCritic(VEC, BOX, ModelSettings.from_config(cfg))
+    learner = Learner(LearnerSettings.from_config(cfg), model, BOX, torch.device("cpu"))
     batch = _batch(6, 16, BOX)
     stats = learner.train(batch)
     assert learner.version == 3 * 12  # 96 steps in minibatches of 8, three epochs

@@ -12,7 +12,7 @@ from gymnasium import spaces
 
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.recurrent import RNN_TYPES, make_rnn, rnn_step, rnn_unroll, state_size
-from tests.test_model import make_cfg
+from tests.test_model import small_settings
 
 VEC = spaces.Box(-np.inf, np.inf, (7,), np.float32)
 BOX = spaces.Box(-1.0, 1.0, (2,), np.float32)
@@ -32,7 +32,7 @@ def bf16_autocast():
 @pytest.mark.parametrize("name", sorted(HEADS))
 def test_the_heads_under_bf16_autocast_equal_the_fp32_heads(name):
     action_space, settings = HEADS[name]
-    model = ActorCritic(VEC, action_space, make_cfg(use_rnn=False, **settings))
+    model = ActorCritic(VEC, action_space, small_settings(use_rnn=False, **settings))
     # What the encoders hand the heads under autocast: bf16 features.
     core = torch.randn(64, 16, generator=torch.Generator().manual_seed(1)).bfloat16()
     want = model._heads(core.float())
@@ -45,7 +45,7 @@ def test_the_heads_under_bf16_autocast_equal_the_fp32_heads(name):
 
 def test_separate_critic_encoders_feed_a_float32_critic_under_autocast():
     model = ActorCritic(VEC, spaces.Discrete(4),
-                        make_cfg(use_rnn=False, actor_critic_share_weights=False))
+                        small_settings(use_rnn=False, actor_critic_share_weights=False))
     g = torch.Generator().manual_seed(2)
     core, critic_in = (torch.randn(32, 16, generator=g).bfloat16() for _ in range(2))
     want = model._heads(core.float(), critic_in=critic_in.float())
@@ -82,7 +82,7 @@ def test_the_core_under_bf16_autocast_is_float32_and_equals_the_fp32_core(rnn_ty
 
 
 def test_a_recurrent_model_under_autocast_hands_back_a_float32_state():
-    model = ActorCritic(VEC, spaces.Discrete(4), make_cfg(rnn_type="lstm"))
+    model = ActorCritic(VEC, spaces.Discrete(4), small_settings(rnn_type="lstm"))
     obs = torch.randn(5, 7)
     with bf16_autocast():
         _, _, state = model.forward_step(obs, model.initial_rnn_state(5))

@@ -14,6 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from fastrl.algo.replay.apex import q_learning_problem
 from fastrl.algo.replay.r2d2 import R2D2Learner
 from fastrl.algo.replay.sequence_store import SequenceStore, sequence_priorities
+from fastrl.algo.replay.settings import ReplaySettings
 from fastrl.algo.replay.targets import (
     nstep_returns,
     sequence_targets,
@@ -23,6 +24,7 @@ from fastrl.algo.replay.targets import (
 from fastrl.config.settings import ConfigError
 from fastrl.experiment.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.policy.model import ActorCritic
+from fastrl.policy.model_settings import ModelSettings
 from fastrl.run_config import parse_config
 from fastrl.runner.run_start import check_env_settings
 from fastrl.runner.serial import run_serial
@@ -141,8 +143,9 @@ def _learner(tmp_path, *flags):
                         "--rnn_size", "8", "--encoder_mlp_layers", "8", "--seed", "0", *flags])
     obs_space = spaces.Dict({"obs": spaces.Box(-1, 1, (3,))})
     action_space = spaces.Discrete(2)
-    model = ActorCritic(obs_space, action_space, cfg)
-    return R2D2Learner(cfg, model, obs_space, action_space, torch.device("cpu"))
+    model = ActorCritic(obs_space, action_space, ModelSettings.from_config(cfg))
+    return R2D2Learner(ReplaySettings.from_config(cfg), model, obs_space, action_space,
+                       torch.device("cpu"))
 
 
 def test_burn_in_unrolls_the_predecessor_step_by_step_without_gradient(tmp_path):
@@ -207,7 +210,7 @@ def test_value_bootstrap_false_trains_the_steps_before_a_time_limit_as_before_a_
     _, y, mask = learner._q_and_targets(data)
     assert mask[0].tolist() == [True, True, True, True]
     rewards = data["rewards"][0]
-    want = [float(rewards[1] + learner.cfg.gamma * rewards[2]), float(rewards[2])]
+    want = [float(rewards[1] + learner.settings.gamma * rewards[2]), float(rewards[2])]
     assert y[0, 1:3, 0].tolist() == pytest.approx(want, abs=1e-5)
 
 

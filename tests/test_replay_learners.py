@@ -16,10 +16,12 @@ from gymnasium import spaces
 from fastrl.algo.learner_group import LearnerGroup
 from fastrl.algo.replay.apex import ApexLearner, build_store
 from fastrl.algo.replay.r2d2 import R2D2Learner
+from fastrl.algo.replay.settings import ReplaySettings
 from fastrl.config.checks import validate
 from fastrl.config.settings import Config
 from fastrl.experiment.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.policy.model import ActorCritic
+from fastrl.policy.model_settings import ModelSettings
 from fastrl.run_config import parse_config
 from tests.test_faults import run_two_learners
 from tests.test_learners import run_ranks
@@ -49,10 +51,11 @@ def _cfg(algo: str, tmp: str) -> Config:
 
 def _learner(algo: str, tmp: str, state: dict, group=None, columns=None) -> ApexLearner:
     cfg = _cfg(algo, tmp)
-    model = ActorCritic(OBS, ACT, cfg)
+    model = ActorCritic(OBS, ACT, ModelSettings.from_config(cfg))
     model.load_state_dict(state)
     kind = R2D2Learner if algo == "r2d2" else ApexLearner
-    return kind(cfg, model, OBS, ACT, torch.device("cpu"), group=group, columns=columns)
+    return kind(ReplaySettings.from_config(cfg), model, OBS, ACT, torch.device("cpu"),
+                group=group, columns=columns)
 
 
 def _data(algo: str) -> list[dict]:
@@ -92,14 +95,14 @@ def _rank_main(rank: int, algo: str, port: int, tmp: str, state: dict, columns: 
 def test_two_ranks_on_a_shared_store_make_the_steps_of_one_learner(tmp_path, algo):
     tmp = str(tmp_path)
     torch.manual_seed(3)
-    state = ActorCritic(OBS, ACT, _cfg(algo, tmp)).state_dict()
+    state = ActorCritic(OBS, ACT, ModelSettings.from_config(_cfg(algo, tmp))).state_dict()
     one = _learner(algo, tmp, state)
     for batch in _data(algo):
         one.insert(batch)
     for _ in range(STEPS):
         one.train()
     cfg = _cfg(algo, tmp)
-    columns = build_store(cfg, OBS, ACT, shared=True).columns()
+    columns = build_store(ReplaySettings.from_config(cfg), OBS, ACT, shared=True).columns()
     assert all(t.is_shared() for t in columns.values())
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
@@ -148,7 +151,8 @@ def test_dev_shm_is_checked_for_the_sum_of_the_shared_store_and_the_buffers(tmp_
                         "cpu", "--num_learners", "2", "--train_dir", str(tmp_path),
                         "--experiment", "x"])
     info = probe_env(cfg)
-    store = shared_store_nbytes(cfg, info.obs_space, info.action_space)  # its columns
+    settings = ReplaySettings.from_config(cfg)
+    store = shared_store_nbytes(settings, info.obs_space, info.action_space)  # its columns
     free = store + (4 << 10)  # the store alone fits, and so do the buffers (tens of KiB)
 
     class Room:
@@ -169,9 +173,9 @@ def test_the_shared_store_size_is_what_its_columns_hold():
 
     for algo in ("apex", "r2d2"):
         cfg = parse_config([*FLAGS[algo], "--device", "cpu"])
-        store = build_store(cfg, OBS, ACT)
+        store = build_store(ReplaySettings.from_config(cfg), OBS, ACT)
         held = sum(c.numel() * c.element_size() for c in store.columns().values())
-        assert shared_store_nbytes(cfg, OBS, ACT) == held
+        assert shared_store_nbytes(ReplaySettings.from_config(cfg), OBS, ACT) == held
 
 
 def _args(tmp_path, algo: str, steps: int, *flags) -> list[str]:

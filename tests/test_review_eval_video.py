@@ -25,7 +25,7 @@ from fastrl.policy.model import ActorCritic
 from fastrl.policy.spaces import is_image
 from fastrl.sampling.env_faults import CallTimer
 from fastrl.sampling.rollout import RolloutWorker
-from tests.test_enjoy import small_cfg
+from tests.test_enjoy import tiny_settings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -114,7 +114,7 @@ def test_a_float_image_env_gets_a_video_or_a_line_saying_why(monkeypatch, tmp_pa
     monkeypatch.setattr(video, "_Mp4Writer", _CountingWriter)
     env = FloatImageEnv()
     assert is_image(env.observation_space)
-    model = ActorCritic(env.observation_space, env.action_space, small_cfg(use_rnn=False))
+    model = ActorCritic(env.observation_space, env.action_space, tiny_settings(use_rnn=False))
     evaluator = PeriodicEvaluator(env, model, every_env_frames=100, num_episodes=1, seed=0,
                                   video_dir=str(tmp_path / "videos"))
     try:
@@ -159,7 +159,7 @@ def test_a_recording_that_failed_mid_episode_is_not_given_as_the_episode(monkeyp
     sent to W&B as eval/video)."""
     monkeypatch.setattr(video, "_Mp4Writer", _CountingWriter)
     env = ScreenFailsEnv()
-    model = ActorCritic(env.observation_space, env.action_space, small_cfg(use_rnn=False))
+    model = ActorCritic(env.observation_space, env.action_space, tiny_settings(use_rnn=False))
     evaluator = PeriodicEvaluator(env, model, every_env_frames=100, num_episodes=1, seed=0,
                                   video_dir=str(tmp_path / "videos"))
     try:
@@ -207,7 +207,7 @@ def _cancel_while_recording(monkeypatch, tmp_path) -> Path:
 
     monkeypatch.setattr(video.VideoRecorder, "__call__", spy)
     env = make_env("CartPole-v1", render_mode="rgb_array")
-    model = ActorCritic(env.observation_space, env.action_space, small_cfg(use_rnn=False))
+    model = ActorCritic(env.observation_space, env.action_space, tiny_settings(use_rnn=False))
     evaluator = PeriodicEvaluator(env, model, every_env_frames=100, num_episodes=50, seed=0,
                                   video_dir=str(tmp_path / "videos"))
     assert evaluator.maybe_start(100, model)
@@ -255,7 +255,7 @@ def test_a_first_episode_longer_than_the_cap_gives_its_first_1000_frames(monkeyp
 
     monkeypatch.setattr(video, "_Mp4Writer", Kept)
     env = LongEnv()
-    model = ActorCritic(env.observation_space, env.action_space, small_cfg(use_rnn=False))
+    model = ActorCritic(env.observation_space, env.action_space, tiny_settings(use_rnn=False))
     evaluator = PeriodicEvaluator(env, model, every_env_frames=100, num_episodes=1, seed=0,
                                   video_dir=str(tmp_path / "videos"))
     try:

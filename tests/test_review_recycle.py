@@ -83,19 +83,17 @@ def test_a_seeded_evaluation_repeats_when_the_env_is_recycled():
     SeedSequence((s, k)) instead of the seeded stream: two evaluations of the same weights
     differ (with VizDoom's default 20,000 one evaluation in 20,000 / --eval_episodes;
     with a small --env_recycle_episodes nearly every one)."""
-    from types import SimpleNamespace
-
     from fastrl.experiment.evaluation import evaluate
     from fastrl.policy.model import ActorCritic
     from fastrl.sampling.env_setup import create_env
+    from tests.test_model import small_settings
 
     cfg = dataclasses.replace(Config(), env="CartPole-v1", env_recycle_episodes=2)
     env = create_env(cfg)
     try:
         assert isinstance(env, Recycle)
-        small = SimpleNamespace(use_rnn=False, rnn_size=8, encoder_fc_size=16,
-                                encoder_mlp_layers=[16], nonlinearity="elu",
-                                normalize_input=False)
+        small = small_settings(use_rnn=False, rnn_size=8, encoder_fc_size=16,
+                               encoder_mlp_layers=[16])
         model = ActorCritic(env.observation_space, env.action_space, small)
         first = evaluate(model, env, 3, deterministic=False, device="cpu", seed=5)
         second = evaluate(model, env, 3, deterministic=False, device="cpu", seed=5)

@@ -12,12 +12,13 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.algo.learner import Learner
+from fastrl.algo.learner import Learner, LearnerSettings
 from fastrl.algo.pbt.population import perturb
 from fastrl.algo.pbt.reward_weights import RewardWeights
 from fastrl.config.settings import Config
 from fastrl.errors import EnvOutputError, EnvSettingsError
 from fastrl.policy.model import ActorCritic
+from fastrl.policy.model_settings import ModelSettings
 from fastrl.sampling.agents import MultiAgentRolloutWorker
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.env_faults import write_reward_terms
@@ -161,9 +162,10 @@ def test_a_learner_trains_on_its_own_weighting_of_the_terms():
     cfg, space = _cfg(), spaces.Box(-1.0, 1.0, (5,))
     actions = spaces.Discrete(4)
     torch.manual_seed(1)
-    shaped = Learner(cfg, ActorCritic(space, actions, cfg), actions, torch.device("cpu"),
-                     reward_terms=TERMS)
-    plain = Learner(cfg, copy.deepcopy(shaped.model), actions, torch.device("cpu"))
+    model = ActorCritic(space, actions, ModelSettings.from_config(cfg))
+    settings, cpu = LearnerSettings.from_config(cfg), torch.device("cpu")
+    shaped = Learner(settings, model, actions, cpu, reward_terms=TERMS)
+    plain = Learner(settings, copy.deepcopy(shaped.model), actions, cpu)
     assert shaped.hyperparams == {**HP, "reward/bonus": 1.0, "reward/cost": 1.0} | {
         "learning_rate": cfg.learning_rate, "exploration_loss_coeff":
         cfg.exploration_loss_coeff, "gamma": cfg.gamma}

@@ -10,7 +10,7 @@ import torch
 
 from fastrl.policy.model import ActorCritic
 from tests.counting_env import CountingEnv
-from tests.test_model import OBS_SPACES, make_cfg, random_obs
+from tests.test_model import OBS_SPACES, random_obs, small_settings
 from tests.test_rollout import T, drive, make_worker
 
 
@@ -59,7 +59,7 @@ def test_final_value_is_the_next_step_value_before_the_reset(use_rnn):
     space = OBS_SPACES["dict"]
     from gymnasium import spaces
 
-    model = ActorCritic(space, spaces.Discrete(3), make_cfg(use_rnn=use_rnn))
+    model = ActorCritic(space, spaces.Discrete(3), small_settings(use_rnn=use_rnn))
     b, t = 3, 5
     obs = random_obs(space, (b, t), gen)
     final_obs = random_obs(space, (b,), gen)
@@ -88,7 +88,8 @@ def test_final_value_is_the_next_step_value_before_the_reset(use_rnn):
 def test_vector_observations_are_whitened_after_an_update():
     from gymnasium import spaces
 
-    model = ActorCritic(OBS_SPACES["vector"], spaces.Discrete(3), make_cfg(normalize_input=True))
+    settings = small_settings(normalize_input=True)
+    model = ActorCritic(OBS_SPACES["vector"], spaces.Discrete(3), settings)
     enc = model.encoders[0]
     x = torch.from_numpy(np.random.default_rng(0).normal(5.0, 3.0, (64, 7)).astype(np.float32))
     # Before any update: the identity (up to the clip to [-5, 5]).

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -34,6 +35,45 @@ from fastrl.sampling.env_setup import reward_scale
 PBT_HYPERPARAMS = ("learning_rate", "exploration_loss_coeff", "gamma")
 
 
+@dataclass(frozen=True)
+class LearnerSettings:
+    """What the APPO learner reads, each as the ``Config`` field of the same name (``--help``),
+    copied once by :meth:`from_config` (no defaults of its own); the learner never sees the
+    whole config. ``loss``: ``appo_loss``'s hyperparameters; ``reward_scale``: the resolved
+    ``--reward_scale`` (the env's recommended scale when unset), for the shaping terms."""
+
+    loss: LossParams
+    exploration_loss: str  # "entropy" or "symmetric_kl"
+    learning_rate: float  # the start of this policy's own, under --with_pbt
+    adam_beta1: float
+    adam_beta2: float
+    adam_eps: float
+    max_grad_norm: float  # 0: no clipping
+    lr_schedule: str  # "constant" or "linear_decay" (to 0 at train_for_env_steps)
+    train_for_env_steps: int
+    learner_compile: bool
+    precision: str  # "auto", "fp32" or "bf16" (fastrl.device.resolve_precision)
+    batch_size: int  # steps in a minibatch (every learner's share together)
+    rollout: int
+    trajectories_per_batch: int  # a whole batch, every learner's share
+    num_epochs: int
+    advantages: str  # "minibatch" or "batch"
+    max_policy_lag: int
+    normalize_input: bool  # update the model's input statistics from each batch
+    value_bootstrap: bool  # bootstrap a time-limited episode's last step
+    reward_scale: float
+    reward_clip: float
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> LearnerSettings:
+        """Each field read by name (a field missing from ``cfg`` raises AttributeError); every
+        one of ``LossParams``' too, so that none of its defaults stands in for the flag."""
+        loss = LossParams(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(LossParams)})
+        copied = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)
+                  if f.name not in ("loss", "reward_scale")}
+        return cls(loss=loss, reward_scale=reward_scale(cfg), **copied)
+
+
 class Learner:
     """Owns the trainable model and its optimizer; ``version`` counts SGD steps (plus one per
     PBT replacement: :meth:`take_weights`).
@@ -49,32 +89,27 @@ class Learner:
     has caught up.
     """
 
-    def __init__(self, cfg: Config, model: ActorCritic, action_space, device: torch.device,
-                 frameskip: int = 1, group: LearnerGroup | None = None,
+    def __init__(self, settings: LearnerSettings, model: ActorCritic, action_space,
+                 device: torch.device, frameskip: int = 1, group: LearnerGroup | None = None,
                  reward_terms: tuple[str, ...] = ()):
-        self.cfg = cfg
+        self.settings = settings
         self.model = model
         self.action_spec = ActionSpec(action_space)
-        problem = exploration_problem(cfg.exploration_loss, self.action_spec)
+        problem = exploration_problem(settings.exploration_loss, self.action_spec)
         if problem:
             raise ValueError(f"{problem} ({action_space})")
         self.device = device
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate,
-                                          betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps)
-        if cfg.learner_compile:
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=settings.learning_rate,
+                                          betas=(settings.adam_beta1, settings.adam_beta2),
+                                          eps=settings.adam_eps)
+        if settings.learner_compile:
             compile_encoders(model)  # fastrl/policy/compiled.py
-        self.params = LossParams(
-            gamma=cfg.gamma, ppo_clip_ratio=cfg.ppo_clip_ratio,
-            value_loss_coeff=cfg.value_loss_coeff,
-            exploration_loss_coeff=cfg.exploration_loss_coeff, vtrace_rho=cfg.vtrace_rho,
-            vtrace_c=cfg.vtrace_c, with_vtrace=cfg.with_vtrace, gae_lambda=cfg.gae_lambda,
-            ppo_clip_value=cfg.ppo_clip_value, ratio_clamp=cfg.ratio_clamp,
-        )
-        self.precision = resolve_precision(cfg.precision, device)
-        self.learning_rate = cfg.learning_rate  # this policy's own under --with_pbt
+        self.params = settings.loss  # PBT replaces gamma and the exploration coefficient
+        self.precision = resolve_precision(settings.precision, device)
+        self.learning_rate = settings.learning_rate  # this policy's own under --with_pbt
         # The env's shaping terms, weighed by this learner (fastrl/algo/pbt/reward_weights.py).
-        self.shaping = (RewardWeights(reward_terms, reward_scale(cfg), cfg.reward_clip, device)
-                        if reward_terms else None)
+        self.shaping = (RewardWeights(reward_terms, settings.reward_scale, settings.reward_clip,
+                                      device) if reward_terms else None)
         self.version = 0
         # Samples acted by a version below this are left out of the loss: after a PBT
         # replacement, the experience the old weights acted (see take_weights).
@@ -91,12 +126,12 @@ class Learner:
     @property
     def trajectories_per_minibatch(self) -> int:
         """This learner's share of a minibatch (trajectory minibatches)."""
-        return self.cfg.batch_size // self.cfg.rollout // self.world_size
+        return self.settings.batch_size // self.settings.rollout // self.world_size
 
     @property
     def trajectories_per_batch(self) -> int:
         """A whole batch (every learner's share)."""
-        return self.cfg.trajectories_per_batch
+        return self.settings.trajectories_per_batch
 
     def train(self, batch: dict, run_frames: int | None = None) -> dict[str, float]:
         """Run ``num_epochs`` x ``num_batches_per_epoch`` SGD steps on ``batch``.
@@ -113,20 +148,21 @@ class Learner:
         one transfer.
         """
         start = time.perf_counter()
-        cfg = self.cfg
+        settings = self.settings
         batch = dict(batch)
         host = batch.pop("host", None) or _host_part(batch)
         # Read at the end with the other statistics: on a GPU, reading a value here would
         # make the host wait for the batch's copy before it queues any training work.
         lag = policy_lag(batch["policy_versions"], self.version)
-        if cfg.normalize_input:
+        if settings.normalize_input:
             frames = _normalizer_frames(batch["obs"], batch["log_probs"].shape[1])
             self.model.update_normalizers(frames, self._reduce)
-        if cfg.lr_schedule == "linear_decay":  # to 0 where the run stops
+        if settings.lr_schedule == "linear_decay":  # to 0 where the run stops
             frames = self.samples_trained * self.frameskip if run_frames is None else run_frames
+            done = frames / settings.train_for_env_steps
             for group in self.optimizer.param_groups:
-                group["lr"] = self.learning_rate * max(0.0, 1.0 - frames / cfg.train_for_env_steps)
-        if cfg.advantages == "batch":
+                group["lr"] = self.learning_rate * max(0.0, 1.0 - done)
+        if settings.advantages == "batch":
             last = self._train_on_fixed_targets(batch, host)
         else:
             last = self._train_on_trajectories(batch, host)
@@ -161,7 +197,7 @@ class Learner:
         unit_len = prepared["log_probs"].shape[1]
         last: dict[str, torch.Tensor] = {}
         for mb, host_mb in self._minibatches(
-                prepared, host, max(1, self.cfg.batch_size // unit_len // self.world_size)):
+                prepared, host, max(1, self.settings.batch_size // unit_len // self.world_size)):
             last = self._sgd_step_fixed(mb, host_mb)
         return last
 
@@ -173,7 +209,7 @@ class Learner:
         The order is drawn on the CPU: the host selects its rows with it, and the device gets
         it by an asynchronous copy."""
         units = data["log_probs"].shape[0]
-        for _ in range(self.cfg.num_epochs):
+        for _ in range(self.settings.num_epochs):
             if units <= per_minibatch:
                 yield data, host
                 continue
@@ -197,7 +233,7 @@ class Learner:
         """The samples that take part in the loss: acted (not cut short by an env fault), at
         most ``--max_policy_lag`` versions old, and not older than the last PBT replacement."""
         return ((versions >= self.version_floor)
-                & ((self.version - versions) <= self.cfg.max_policy_lag))
+                & ((self.version - versions) <= self.settings.max_policy_lag))
 
     @torch.no_grad()
     def _fixed_targets(self, batch: dict, host: dict) -> dict:
@@ -274,7 +310,7 @@ class Learner:
 
     def _exploration(self, dist: ActionDistribution, b: int, t: int) -> torch.Tensor | None:
         """The per-sample exploration penalty ``[B, T]`` (None: the entropy bonus)."""
-        if self.cfg.exploration_loss == "symmetric_kl":
+        if self.settings.exploration_loss == "symmetric_kl":
             return dist.symmetric_kl_to_uniform().reshape(b, t)
         return None
 
@@ -283,7 +319,6 @@ class Learner:
         ``[B, T + 1, P]`` and values ``[B, T + 1]`` (with gradient), the rewards with the
         time-limit bootstrap added, and the return normaliser's ``(mean, std)`` (or None).
         ``host``: the batch's ``dones`` and ``final_step`` as host arrays."""
-        cfg = self.cfg
         dones = batch["dones"]
         b, t = dones.shape
         # The hidden state is zeroed before step t+1 when step t ended an episode.
@@ -294,7 +329,7 @@ class Learner:
         rewards = batch["rewards"]
         if self.shaping is not None:
             rewards = self.shaping.apply(rewards, batch["reward_terms"])
-        bootstrap = cfg.value_bootstrap and "final_step" in batch
+        bootstrap = self.settings.value_bootstrap and "final_step" in batch
         final_step = host["final_step"] if bootstrap else None
         cuts: Cuts | None = None
         if self.model.rnn is not None:
@@ -316,13 +351,13 @@ class Learner:
 
     def _apply(self, loss: torch.Tensor, stats: dict) -> dict[str, torch.Tensor]:
         """One optimizer step on ``loss``; ``stats`` plus the gradient norm and the loss."""
-        cfg = self.cfg
+        max_norm = self.settings.max_grad_norm
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.group is not None:
             self.group.sum_grads(list(self.model.parameters()))
-        if cfg.max_grad_norm > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        if max_norm > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         else:
             grad_norm = torch.sqrt(sum((p.grad.detach() ** 2).sum() for p in self.model.parameters()
                                        if p.grad is not None))

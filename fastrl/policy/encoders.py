@@ -5,22 +5,22 @@ Observations are ``dict[str, Tensor]``; a ``Box`` observation space is handled a
 
 * image: ``Box`` ``[C, H, W]`` (``fastrl.policy.spaces.is_image``): uint8, or float pixel
   values in ``[0, 255]``, or float values in ``[0, 1]`` (``pixel_scale``). The encoder computes
-  ``x / scale`` and then normalises it. With ``cfg.normalize_input`` each pixel (each channel at
-  each position) is whitened with a running mean and variance kept in buffers of the model:
-  ``(x / scale - mean) / sqrt(var + 1e-4)``, clipped to ``[-5, 5]``. The learner updates them
-  from each batch it trains on (:meth:`ActorCritic.update_normalizers`) and they travel with
-  the weights. Before the first update they give mean 0.5 and std 0.5, the fixed normalisation
-  used without the flag, which puts pixels in ``[-1, 1]``. A float tensor given for a uint8
-  space is read the same way, as pixel values in ``[0, 255]`` (a uint8 image cast to float
-  gives exactly the same output).
+  ``x / scale`` and then normalises it. With ``settings.normalize_input`` each pixel (each
+  channel at each position) is whitened with a running mean and variance kept in buffers of
+  the model: ``(x / scale - mean) / sqrt(var + 1e-4)``, clipped to ``[-5, 5]``. The learner
+  updates them from each batch it trains on (:meth:`ActorCritic.update_normalizers`) and they
+  travel with the weights. Before the first update they give mean 0.5 and std 0.5, the fixed
+  normalisation used without the flag, which puts pixels in ``[-1, 1]``. A float tensor given
+  for a uint8 space is read the same way, as pixel values in ``[0, 255]`` (a uint8 image cast
+  to float gives exactly the same output).
   The conv stack is sized to the image (:func:`conv_stack`): "convnet_simple" when H and W are
   at least 36: 8x8/4 (32 ch), 4x4/2 (64 ch), 3x3/2 (128 ch); "convnet_small" for smaller
   images and symbolic grids (MiniGrid's 7x7 cells of object, colour and state ids): a 3x3/1
   layer (32 ch), 3x3/2 layers (64 ch) while the map is larger than 6, a last 3x3/1 layer
   (64 ch), each kernel shrunk to the map where the map is smaller than 3. Then flatten, linear
-  to ``cfg.encoder_fc_size``; a nonlinearity after each layer.
+  to ``settings.encoder_fc_size``; a nonlinearity after each layer.
 * vector: ``Box`` of shape ``[N]`` (any numeric dtype, cast to float32): an MLP with hidden sizes
-  ``cfg.encoder_mlp_layers`` (an empty list passes the vector through unchanged).
+  ``settings.encoder_mlp_layers`` (an empty list passes the vector through unchanged).
 * discrete, multidiscrete: integers ``[B]`` (``Discrete``) or ``[B, K]`` (``MultiDiscrete``),
   one-hot (concatenated over the K dimensions), then the vector MLP (no whitening).
 * multibinary: ``[B, N]`` of 0 and 1, as floats into the vector MLP (no whitening).
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -38,6 +37,7 @@ from gymnasium import spaces
 from torch import Tensor, nn
 
 from fastrl.device import one_thread
+from fastrl.policy.model_settings import ModelSettings
 from fastrl.policy.normalize import merge_moments, merge_summed_moments
 from fastrl.policy.spaces import ENCODABLE, leaf_kind, pixel_scale
 
@@ -258,22 +258,22 @@ class OneHotEncoder(nn.Module):
         """One-hots are not whitened."""
 
 
-def make_encoder(key: str, space: spaces.Space, cfg: Any) -> nn.Module:
+def make_encoder(key: str, space: spaces.Space, settings: ModelSettings) -> nn.Module:
     """The encoder of observation key ``key`` (its space one of
     ``fastrl.policy.spaces.leaf_kind``'s); ``description`` says what it is."""
     kind = leaf_kind(space)
-    mlp = list(cfg.encoder_mlp_layers)
+    mlp = list(settings.encoder_mlp_layers)
+    act, whiten = settings.nonlinearity, settings.normalize_input
     if kind == "image":
-        return ImageEncoder(key, space, int(cfg.encoder_fc_size), cfg.nonlinearity,
-                            bool(cfg.normalize_input))
+        return ImageEncoder(key, space, int(settings.encoder_fc_size), act, whiten)
     if kind == "vector":
-        return VectorEncoder(space, mlp, cfg.nonlinearity, bool(cfg.normalize_input))
+        return VectorEncoder(space, mlp, act, whiten)
     if kind == "discrete":
-        return OneHotEncoder([space.n], [space.start], mlp, cfg.nonlinearity)
+        return OneHotEncoder([space.n], [space.start], mlp, act)
     if kind == "multidiscrete":
-        return OneHotEncoder(space.nvec, space.start, mlp, cfg.nonlinearity)
+        return OneHotEncoder(space.nvec, space.start, mlp, act)
     if kind == "multibinary":
-        return VectorEncoder(spaces.Box(0, 1, space.shape), mlp, cfg.nonlinearity)
+        return VectorEncoder(spaces.Box(0, 1, space.shape), mlp, act)
     raise ValueError(
         f"observation key {key!r}: unsupported space {space}; fastrl encodes a Box of shape "
         f"[C, H, W] (image) or [N] (vector), a Discrete, a MultiDiscrete or a MultiBinary "

@@ -3,8 +3,8 @@ heads (the action distribution over the actor's logits is ``fastrl.policy.distri
 
 Contract (see ``docs/internals.md``, section "The model")::
 
-    model = ActorCritic(obs_space, action_space, cfg)
-    model.rnn_state_size                                    # 0 when cfg.use_rnn is False
+    model = ActorCritic(obs_space, action_space, settings)  # a ModelSettings
+    model.rnn_state_size                                    # 0 when settings.use_rnn is False
     model.forward_step(obs, rnn_state)         -> logits [B, P], values [B], new_rnn_state [B, H]
     model.forward_sequence(obs, rnn_state0, resets) -> logits [B, T, P], values [B, T]
     dist = ActionDistribution(logits, model.action_spec)     # fastrl.policy.distributions
@@ -12,7 +12,7 @@ Contract (see ``docs/internals.md``, section "The model")::
 "logits" are the policy's action parameters, ``P = model.action_spec.num_params`` of them
 (``fastrl.policy.actions``): the logits of the categorical dimensions, then for continuous (``Box``)
 dimensions the Gaussian means and log-stds. The log-std is one learned parameter per
-dimension (``cfg.action_log_std == "state_independent"``, the default) or an output of the
+dimension (``settings.action_log_std == "state_independent"``, the default) or an output of the
 actor clamped to ``[LOG_STD_MIN, LOG_STD_MAX]`` (``"state_dependent"``).
 
 Observations are ``dict[str, Tensor]``, each key encoded by ``fastrl.policy.encoders``
@@ -23,16 +23,13 @@ core directly (the GRU, or the linear heads without an RNN, already mix them). T
 ``action_mask`` (``fastrl.policy.obs.ACTION_MASK_KEY``) is not encoded: illegal actions get
 ``-inf``.
 
-``cfg`` is any object with the attributes ``use_rnn: bool``, ``rnn_size: int``,
-``encoder_fc_size: int``, ``encoder_mlp_layers: list[int]``, ``nonlinearity: str``
-(``"elu"``, ``"relu"`` or ``"tanh"``) and ``normalize_input: bool``; optionally
-``rnn_type``, ``normalize_returns``, ``action_bounds`` and ``action_log_std``.
+``settings`` is a ``fastrl.policy.model_settings.ModelSettings``, the model's fields of
+``Config`` (``ModelSettings.from_config(cfg)``); the model reads nothing else.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 from gymnasium import spaces
@@ -42,6 +39,7 @@ from fastrl.device import autocast_off
 from fastrl.policy.actions import ActionSpec
 from fastrl.policy.distributions import LOG_STD_MAX, LOG_STD_MIN, mask_logits
 from fastrl.policy.encoders import init_layer, make_encoder, make_nonlinearity
+from fastrl.policy.model_settings import ModelSettings
 from fastrl.policy.normalize import ReturnNormalizer
 from fastrl.policy.obs import ACTION_MASK_KEY, as_dict_space, has_action_mask, obs_to_dict
 from fastrl.policy.recurrent import Cuts, make_rnn, rnn_step, rnn_unroll, state_size
@@ -63,20 +61,21 @@ class ActorCritic(nn.Module):
         obs_space: a ``Dict`` of Boxes, or a ``Box`` (treated as ``Dict({"obs": box})``).
         action_space: any space ``fastrl.policy.actions.ActionSpec`` takes (Discrete,
             MultiDiscrete, float Box, Dict / Tuple of these).
-        cfg: see the module docstring.
+        settings: the model's settings (``ModelSettings.from_config(cfg)``).
 
     Initialisation: orthogonal weights, zero biases; gain sqrt(2) for encoder layers, 1 for the
     GRU's weights (its gates are sigmoid/tanh, not rectifiers), 0.01 for the actor output (an
     almost uniform initial policy) and 1 for the critic.
     """
 
-    def __init__(self, obs_space: spaces.Space, action_space: spaces.Space, cfg: Any) -> None:
+    def __init__(self, obs_space: spaces.Space, action_space: spaces.Space,
+                 settings: ModelSettings) -> None:
         super().__init__()
-        make_nonlinearity(cfg.nonlinearity)  # fail early, before building anything
+        make_nonlinearity(settings.nonlinearity)  # fail early, before building anything
         obs_space = as_dict_space(obs_space)
         self.obs_space = obs_space
         self.action_space = action_space
-        self.action_spec = ActionSpec(action_space, str(getattr(cfg, "action_bounds", "clip")))
+        self.action_spec = ActionSpec(action_space, settings.action_bounds)
         spec = self.action_spec
         self.has_action_mask = has_action_mask(obs_space, spec.num_logits)
         if self.has_action_mask and not spec.maskable:
@@ -89,29 +88,29 @@ class ActorCritic(nn.Module):
         if not self._obs_keys:
             raise ValueError(f"observation space {obs_space} has nothing to encode")
         self.encoders = nn.ModuleList(
-            make_encoder(key, obs_space.spaces[key], cfg) for key in self._obs_keys
+            make_encoder(key, obs_space.spaces[key], settings) for key in self._obs_keys
         )
         encoded_size = sum(enc.out_size for enc in self.encoders)
         # Without shared weights the critic reads the observations through encoders of its
         # own (same shapes, own weights; the input statistics are kept in both and updated
         # alike), the common choice for PPO on low-dimensional control tasks.
         self.critic_encoders: nn.ModuleList | None = None
-        if not bool(getattr(cfg, "actor_critic_share_weights", True)):
-            if cfg.use_rnn:
+        if not settings.actor_critic_share_weights:
+            if settings.use_rnn:
                 raise ValueError("separate actor and critic weights (actor_critic_share_weights "
                                  "False) need use_rnn False")
             self.critic_encoders = nn.ModuleList(
-                make_encoder(key, obs_space.spaces[key], cfg) for key in self._obs_keys
+                make_encoder(key, obs_space.spaces[key], settings) for key in self._obs_keys
             )
 
-        self.use_rnn = bool(cfg.use_rnn)
-        self.rnn_type = str(getattr(cfg, "rnn_type", "gru"))
+        self.use_rnn = bool(settings.use_rnn)
+        self.rnn_type = settings.rnn_type
         # The core is stored under its type's name ("gru" or "lstm"), so that checkpoints made
         # before LSTMs existed keep their parameter names.
         self.gru: nn.Module | None = None
         self.lstm: nn.Module | None = None
         if self.use_rnn:
-            rnn_size = int(cfg.rnn_size)
+            rnn_size = int(settings.rnn_size)
             if rnn_size <= 0:
                 raise ValueError(f"rnn_size must be positive when use_rnn is set, got {rnn_size}")
             setattr(self, self.rnn_type, make_rnn(self.rnn_type, encoded_size, rnn_size))
@@ -121,7 +120,7 @@ class ActorCritic(nn.Module):
             self.rnn_state_size = 0
             core_size = encoded_size
 
-        log_std_mode = str(getattr(cfg, "action_log_std", "state_independent"))
+        log_std_mode = settings.action_log_std
         if log_std_mode not in ("state_independent", "state_dependent"):
             raise ValueError(f"action_log_std {log_std_mode!r} unknown; choose "
                              "state_independent or state_dependent")
@@ -130,7 +129,7 @@ class ActorCritic(nn.Module):
         self.action_log_std: nn.Parameter | None = None
         num_outputs = spec.num_logits + spec.num_continuous
         if spec.num_continuous and log_std_mode == "state_independent":
-            init = float(getattr(cfg, "action_init_log_std", 0.0))
+            init = float(settings.action_init_log_std)
             self.action_log_std = nn.Parameter(torch.full((spec.num_continuous,), init))
         elif spec.num_continuous:
             num_outputs += spec.num_continuous
@@ -139,7 +138,7 @@ class ActorCritic(nn.Module):
         # The critic's output is in normalised units when this is present (see
         # ``ReturnNormalizer``); ``values`` returned by the forward methods are then normalised.
         self.returns_normalizer: ReturnNormalizer | None = (
-            ReturnNormalizer() if getattr(cfg, "normalize_returns", False) else None
+            ReturnNormalizer() if settings.normalize_returns else None
         )
 
     def describe_encoders(self) -> dict[str, str]:

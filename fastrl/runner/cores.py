@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import torch
 
-from fastrl.algo.learner import Learner
+from fastrl.algo.learner import Learner, LearnerSettings
 from fastrl.algo.learner_group import LearnerGroup
 from fastrl.algo.replay.apex import ApexLearner
 from fastrl.algo.replay.exploration import ape_x_epsilons
 from fastrl.algo.replay.r2d2 import R2D2Learner
+from fastrl.algo.replay.settings import ReplaySettings
 from fastrl.config.settings import REPLAY_ALGOS
 from fastrl.experiment.checkpoint import restore_learner
 from fastrl.log import log
@@ -54,12 +55,12 @@ def make_learner(cfg, info: EnvInfo, device: torch.device, group: LearnerGroup |
     (``Wiring.replay_columns``) that a group's replay learners bind to."""
     if cfg.algo in REPLAY_ALGOS:
         kind = R2D2Learner if cfg.algo == "r2d2" else ApexLearner
-        learner = kind(cfg, build_model(cfg, info, device), info.obs_space,
-                        info.action_space, device, frameskip=info.frameskip, group=group,
-                        columns=replay_columns)
+        learner = kind(ReplaySettings.from_config(cfg), build_model(cfg, info, device),
+                       info.obs_space, info.action_space, device, frameskip=info.frameskip,
+                       group=group, columns=replay_columns)
     else:
-        learner = Learner(cfg, build_model(cfg, info, device), info.action_space, device,
-                          frameskip=info.frameskip, group=group,
+        learner = Learner(LearnerSettings.from_config(cfg), build_model(cfg, info, device),
+                          info.action_space, device, frameskip=info.frameskip, group=group,
                           reward_terms=weighed_reward_terms(cfg, info))
     counters, path = restore_learner(learner, cfg, info, policy)
     if group is not None:

@@ -9,6 +9,7 @@ import os
 import torch
 
 from fastrl.algo.replay.apex import build_store, q_learning_problem
+from fastrl.algo.replay.settings import ReplaySettings
 from fastrl.config.settings import REPLAY_ALGOS, Config
 from fastrl.errors import EnvSettingsError
 from fastrl.experiment.evaluation import PeriodicEvaluator
@@ -16,6 +17,7 @@ from fastrl.experiment.video import has_display
 from fastrl.log import log
 from fastrl.policy.actions import ActionSpec, exploration_problem
 from fastrl.policy.model import ActorCritic
+from fastrl.policy.model_settings import ModelSettings
 from fastrl.policy.obs import as_dict_space
 from fastrl.policy.spaces import is_image
 from fastrl.runner.memory import check_fits
@@ -41,7 +43,8 @@ def check_env_settings(cfg: Config, info: EnvInfo) -> None:
         problem = q_learning_problem(info.action_space, info.obs_space, cfg.algo)
         if problem:
             raise EnvSettingsError(f"env {cfg.env!r}: {problem}")
-        nbytes = build_store(cfg, info.obs_space, info.action_space, nbytes_only=True)
+        nbytes = build_store(ReplaySettings.from_config(cfg), info.obs_space, info.action_space,
+                             nbytes_only=True)
         try:
             check_fits(nbytes, cfg.replay_capacity)
         except MemoryError as exc:
@@ -76,7 +79,7 @@ def announce_recipe(cfg: Config, info: EnvInfo) -> None:
 
 def build_model(cfg: Config, info: EnvInfo, device: torch.device) -> ActorCritic:
     try:
-        model = ActorCritic(info.obs_space, info.action_space, cfg)
+        model = ActorCritic(info.obs_space, info.action_space, ModelSettings.from_config(cfg))
     except ValueError as exc:  # spaces the model cannot take, or settings that do not fit
         raise EnvSettingsError(f"env {cfg.env!r}: {exc}") from None
     return model.to(device)

@@ -44,6 +44,7 @@ import torch
 
 from fastrl.algo.learner_group import free_port
 from fastrl.algo.replay.apex import build_store, shared_store_nbytes
+from fastrl.algo.replay.settings import ReplaySettings
 from fastrl.algo.run_frames import RunFrames
 from fastrl.config.settings import REPLAY_ALGOS, Config
 from fastrl.errors import ExperimentError
@@ -230,7 +231,8 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
         rnn_state.share_memory_()
     policy_weights: list[WeightsSource] = (
         [SharedWeights(m, ctx) for m in models] if parallel else [LocalWeights(m) for m in models])
-    replay_columns = (build_store(cfg, info.obs_space, info.action_space, shared=True).columns()
+    replay_columns = (build_store(ReplaySettings.from_config(cfg), info.obs_space,
+                                  info.action_space, shared=True).columns()
                       if with_store else None)
     run_frames = RunFrames(len(models), shared=parallel)
     if parallel:
@@ -291,7 +293,8 @@ def shared_memory_parts(cfg: Config, info: EnvInfo, layout: BufferLayout,
              "weights": sum(4 * t.numel() for m in models for t in m.state_dict().values()),
              "recurrent states": 4 * num_envs * layout.rnn_size}
     if with_store:
-        parts["replay store"] = shared_store_nbytes(cfg, info.obs_space, info.action_space)
+        parts["replay store"] = shared_store_nbytes(ReplaySettings.from_config(cfg),
+                                                    info.obs_space, info.action_space)
     return parts
 
 

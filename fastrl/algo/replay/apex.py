@@ -31,6 +31,7 @@ from fastrl.algo.learner import policy_lag
 from fastrl.algo.learner_group import LearnerGroup
 from fastrl.algo.replay.dueling import chosen_q, dueling_heads
 from fastrl.algo.replay.sequence_store import SequenceStore
+from fastrl.algo.replay.settings import ReplaySettings
 from fastrl.algo.replay.store import (
     PRIORITY_EPS,
     RateLimiter,
@@ -39,13 +40,11 @@ from fastrl.algo.replay.store import (
     columns_nbytes,
 )
 from fastrl.algo.replay.targets import actor_td_errors
-from fastrl.config.settings import Config
 from fastrl.device import autocast, resolve_precision
 from fastrl.log import log
 from fastrl.policy.actions import ActionSpec
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.obs import has_action_mask
-from fastrl.policy.recurrent import state_size
 from fastrl.policy.spaces import storage
 from fastrl.transport.messages import ReplayShare
 
@@ -71,38 +70,39 @@ def double_q_targets(online_next: list[torch.Tensor], target_next: list[torch.Te
     return returns.unsqueeze(1) + discounts.unsqueeze(1) * torch.stack(picked, 1)
 
 
-def build_store(cfg: Config, obs_space: spaces.Dict, action_space: spaces.Space,
+def build_store(settings: ReplaySettings, obs_space: spaces.Dict, action_space: spaces.Space,
                 nbytes_only: bool = False, shared: bool = False,
                 columns: dict[str, torch.Tensor] | None = None) -> ReplayStore | int:
     """The run's replay store (or only its size in bytes): transitions for ``--algo apex``,
     sequences for ``r2d2``; ``shared``, ``columns``: see ``ReplayStore``."""
-    args = _store_args(cfg, obs_space, action_space)
-    if cfg.algo == "r2d2":  # sequences, with the recurrent state stored at each
-        rnn = state_size(cfg.rnn_type, cfg.rnn_size)
+    args = _store_args(settings, obs_space, action_space)
+    if settings.algo == "r2d2":  # sequences, with the recurrent state stored at each
+        rnn = settings.rnn_state_size
         if nbytes_only:
             return SequenceStore.nbytes_for(*args, rnn_size=rnn)
-        return SequenceStore(*args, alpha=cfg.replay_alpha, rnn_size=rnn, seed=cfg.seed,
-                             shared=shared, columns=columns)
+        return SequenceStore(*args, alpha=settings.replay_alpha, rnn_size=rnn,
+                             seed=settings.seed, shared=shared, columns=columns)
     if nbytes_only:
         return ReplayStore.nbytes_for(*args)
-    return ReplayStore(*args, alpha=cfg.replay_alpha, seed=cfg.seed, shared=shared,
+    return ReplayStore(*args, alpha=settings.replay_alpha, seed=settings.seed, shared=shared,
                        columns=columns)
 
 
-def shared_store_nbytes(cfg: Config, obs_space: spaces.Dict, action_space: spaces.Space) -> int:
+def shared_store_nbytes(settings: ReplaySettings, obs_space: spaces.Dict,
+                        action_space: spaces.Space) -> int:
     """Bytes the store of ``--num_learners`` > 1 places in /dev/shm: its columns (the sum
     tree and the id tables stay in rank 0's memory)."""
     shapes, dtypes, rollout, action_dims, action_dtype, capacity = _store_args(
-        cfg, obs_space, action_space)
+        settings, obs_space, action_space)
     rows = capacity // rollout
     specs = ReplayStore.column_specs(shapes, dtypes, rows, rollout, action_dims, action_dtype)
-    if cfg.algo == "r2d2":
-        specs.update(SequenceStore.sequence_specs(rows, rollout,
-                                                  state_size(cfg.rnn_type, cfg.rnn_size)))
+    if settings.algo == "r2d2":
+        specs.update(SequenceStore.sequence_specs(rows, rollout, settings.rnn_state_size))
     return columns_nbytes(specs)
 
 
-def _store_args(cfg: Config, obs_space: spaces.Dict, action_space: spaces.Space) -> tuple:
+def _store_args(settings: ReplaySettings, obs_space: spaces.Dict,
+                action_space: spaces.Space) -> tuple:
     """``ReplayStore``'s size arguments for the run's spaces."""
     shapes, dtypes = {}, {}
     for key, sub in obs_space.spaces.items():
@@ -110,7 +110,8 @@ def _store_args(cfg: Config, obs_space: spaces.Dict, action_space: spaces.Space)
         shapes[key] = shape
         dtypes[key] = torch.from_numpy(np.zeros(1, dtype=np_dtype)).dtype
     spec = ActionSpec(action_space)
-    return shapes, dtypes, cfg.rollout, spec.action_dims, spec.dtype, cfg.replay_capacity
+    return (shapes, dtypes, settings.rollout, spec.action_dims, spec.dtype,
+            settings.replay_capacity)
 
 
 class ApexLearner:
@@ -129,30 +130,31 @@ class ApexLearner:
     version_floor = 0  # no population-based training with --algo apex (config/checks.py)
 
     @staticmethod
-    def samples_per_batch(cfg: Config) -> int:
+    def samples_per_batch(settings: ReplaySettings) -> int:
         """Transitions one learner step samples (what the rate limiter counts)."""
-        return cfg.batch_size
+        return settings.batch_size
 
-    def __init__(self, cfg: Config, model: ActorCritic, obs_space: spaces.Dict,
+    def __init__(self, settings: ReplaySettings, model: ActorCritic, obs_space: spaces.Dict,
                  action_space: spaces.Space, device: torch.device, frameskip: int = 1,
                  group: LearnerGroup | None = None,
                  columns: dict[str, torch.Tensor] | None = None):
-        problem = q_learning_problem(action_space, obs_space, cfg.algo)
+        problem = q_learning_problem(action_space, obs_space, settings.algo)
         if problem:
             raise ValueError(problem)
-        self.cfg = cfg
+        self.settings = settings
         self.model = model
         self.device = device
         self.frameskip = frameskip
         self.nvec = ActionSpec(action_space).nvec
         self.target = copy.deepcopy(model).requires_grad_(False)
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate,
-                                          betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps)
-        self.store = build_store(cfg, obs_space, action_space, columns=columns)
-        self.samples_per_step = self.samples_per_batch(cfg)
-        self.limiter = RateLimiter(cfg.replay_samples_per_insert, cfg.replay_min_size,
-                                   self.samples_per_step, cfg.rollout)
-        self.precision = resolve_precision(cfg.precision, device)
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=settings.learning_rate,
+                                          betas=(settings.adam_beta1, settings.adam_beta2),
+                                          eps=settings.adam_eps)
+        self.store = build_store(settings, obs_space, action_space, columns=columns)
+        self.samples_per_step = self.samples_per_batch(settings)
+        self.limiter = RateLimiter(settings.replay_samples_per_insert, settings.replay_min_size,
+                                   self.samples_per_step, settings.rollout)
+        self.precision = resolve_precision(settings.precision, device)
         self.group = group
         self.world_size = 1 if group is None else group.world_size
         self._lag: dict[str, float] = {}  # of the newest inserted steps, for the reports
@@ -164,7 +166,7 @@ class ApexLearner:
 
     def insertable(self, trajectories: int) -> int:
         """How many of ``trajectories`` waiting ones the rate limiter lets in now."""
-        return self.limiter.insertable(self.cfg.rollout, trajectories)
+        return self.limiter.insertable(self.settings.rollout, trajectories)
 
     def _note_lag(self, batch: dict) -> None:
         """The policy lag of the steps going in: how many learner steps old the weights that
@@ -176,18 +178,18 @@ class ApexLearner:
     def insert(self, batch: dict) -> int:
         """Store gathered trajectories (CPU, ``TrajectoryBuffers.gather``); returns the
         transitions they hold."""
-        if self.cfg.normalize_input:
+        if self.settings.normalize_input:
             t = batch["rewards"].shape[1]
             self.model.update_normalizers({k: v[:, :t].reshape(-1, *v.shape[2:])
                                            for k, v in batch["obs"].items()})
         self._note_lag(batch)
-        if not self.cfg.value_bootstrap:  # a time limit ends the episode like a death (APPO)
+        if not self.settings.value_bootstrap:  # a time limit ends the episode like a death (APPO)
             batch = {**batch, "final_step": torch.full_like(batch["final_step"], -1)}
-        actor = self.cfg.replay_initial_priority == "actor"
+        actor = self.settings.replay_initial_priority == "actor"
         n = self.store.insert(batch, self._actor_priorities(batch) if actor else None)
-        if self.cfg.replay_initial_priority == "td":
+        if self.settings.replay_initial_priority == "td":
             with torch.no_grad():
-                self._td_priorities(n // self.cfg.rollout)
+                self._td_priorities(n // self.settings.rollout)
         self.limiter.inserts += n
         self.samples_trained += n
         return n
@@ -197,7 +199,7 @@ class ApexLearner:
         acting policy's own Q-values (``targets.actor_td_errors``); a step whose bootstrap
         the actor never valued comes in at the highest priority so far (this batch's
         included)."""
-        td, known = actor_td_errors(batch, self.cfg.nstep, self.cfg.gamma)
+        td, known = actor_td_errors(batch, self.settings.nstep, self.settings.gamma)
         return self._fill_unknown(td, known)
 
     def _fill_unknown(self, priorities: torch.Tensor, known: torch.Tensor) -> np.ndarray:
@@ -214,7 +216,7 @@ class ApexLearner:
         idx = self.store.newest(rows)
         if idx.size:
             taken, y = self._q_and_targets(
-                self.store.transitions(idx, self.cfg.nstep, self.cfg.gamma))
+                self.store.transitions(idx, self.settings.nstep, self.settings.gamma))
             self.store.update_priorities(idx, (taken - y).abs().mean(1).cpu().numpy())
 
     def can_train(self) -> bool:
@@ -224,21 +226,21 @@ class ApexLearner:
 
     def _beta(self) -> float:
         """The importance-weight exponent now (annealed over the run)."""
-        done = self.samples_trained * self.frameskip / self.cfg.train_for_env_steps
-        return annealed_beta(self.cfg.replay_beta, done)
+        done = self.samples_trained * self.frameskip / self.settings.train_for_env_steps
+        return annealed_beta(self.settings.replay_beta, done)
 
     def _lr(self) -> float:
         """The learning rate of the next step (``--lr_schedule``)."""
-        cfg = self.cfg
-        if cfg.lr_schedule == "linear_decay":  # from --learning_rate to 0 at the run's end
-            done = self.samples_trained * self.frameskip / cfg.train_for_env_steps
-            return cfg.learning_rate * max(0.0, 1.0 - done)
+        settings = self.settings
+        if settings.lr_schedule == "linear_decay":  # from --learning_rate to 0 at the run's end
+            done = self.samples_trained * self.frameskip / settings.train_for_env_steps
+            return settings.learning_rate * max(0.0, 1.0 - done)
         return self.optimizer.param_groups[0]["lr"]
 
     def _draw(self, beta: float) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """A batch drawn by priority: the store's items, their importance weights, and (R2D2)
         each row's predecessor."""
-        idx, weights = self.store.draw(self.cfg.batch_size, beta)
+        idx, weights = self.store.draw(self.settings.batch_size, beta)
         return idx, weights, None
 
     def train(self, send: Callable[[int, ReplayShare], None] | None = None) -> dict[str, float]:
@@ -263,10 +265,10 @@ class ApexLearner:
     def train_share(self, share: ReplayShare) -> tuple[np.ndarray, dict[str, float]]:
         """One step on ``share`` (the whole batch without a group), in step with the group:
         the new priorities of the whole batch, in its order, and this share's statistics."""
-        if self.group is not None and self.cfg.normalize_input:
+        if self.group is not None and self.settings.normalize_input:
             self.group.broadcast_buffers(self.model)  # rank 0 updates them as data comes in
         loss_sum, priorities, stats = self._share_loss(share)
-        stats["grad_norm"] = self._step(loss_sum / self.cfg.batch_size, share.lr)
+        stats["grad_norm"] = self._step(loss_sum / self.settings.batch_size, share.lr)
         self._sync_target()
         # The statistics' tensors read in one host sync, after the step was queued.
         names = [k for k, v in stats.items() if isinstance(v, torch.Tensor)]
@@ -280,8 +282,7 @@ class ApexLearner:
         """The importance-weighted Huber loss summed over ``share``'s transitions, their
         |TD error| ``[K]`` (mean over the heads: the new priorities) and statistics (numbers,
         or 0-d tensors on the learner's device)."""
-        cfg = self.cfg
-        data = self.store.transitions(share.index, cfg.nstep, cfg.gamma)
+        data = self.store.transitions(share.index, self.settings.nstep, self.settings.gamma)
         taken, y = self._q_and_targets(data)
         w = torch.from_numpy(share.weights).to(self.device)
         loss_sum = (F.smooth_l1_loss(taken, y, reduction="none").mean(1) * w).sum()
@@ -292,8 +293,8 @@ class ApexLearner:
     def _step(self, loss: torch.Tensor, lr: float) -> torch.Tensor:
         """One optimizer step on ``loss`` at learning rate ``lr`` (gradients summed over the
         group, then clipped); returns the gradient norm."""
-        cfg = self.cfg
-        clip = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+        max_norm = self.settings.max_grad_norm
+        clip = max_norm if max_norm > 0 else float("inf")
         for param_group in self.optimizer.param_groups:
             param_group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
@@ -307,7 +308,7 @@ class ApexLearner:
 
     def _sync_target(self) -> None:
         """The target network copies the online one every ``--target_update_every`` steps."""
-        if self.version % self.cfg.target_update_every == 0:
+        if self.version % self.settings.target_update_every == 0:
             self.target.load_state_dict(self.model.state_dict())
 
     def _q_and_targets(self, data: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -337,7 +338,7 @@ class ApexLearner:
         return {"model": self.model.state_dict(), "target": self.target.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "version": self.version,
                 "samples_trained": self.samples_trained,
-                "replay": self.store.state_dict(self.cfg.replay_save_contents),
+                "replay": self.store.state_dict(self.settings.replay_save_contents),
                 "limiter": {"inserts": lim.inserts, "samples": lim.samples}}
 
     def load_state_dict(self, state: dict) -> None:

@@ -27,13 +27,13 @@ from gymnasium import spaces
 from fastrl.algo.replay.apex import ApexLearner
 from fastrl.algo.replay.dueling import chosen_q, dueling_heads
 from fastrl.algo.replay.sequence_store import sequence_priorities
+from fastrl.algo.replay.settings import ReplaySettings
 from fastrl.algo.replay.targets import (
     actor_td_errors,
     sequence_targets,
     value_rescale,
     value_rescale_inv,
 )
-from fastrl.config.settings import Config
 from fastrl.device import autocast
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.recurrent import find_cuts
@@ -48,41 +48,41 @@ class R2D2Learner(ApexLearner):
 
     algo = "r2d2"
 
-    def __init__(self, cfg: Config, model: ActorCritic, obs_space: spaces.Dict,
+    def __init__(self, settings: ReplaySettings, model: ActorCritic, obs_space: spaces.Dict,
                  action_space: spaces.Space, device: torch.device, frameskip: int = 1,
                  group=None, columns: dict[str, torch.Tensor] | None = None):
         if model.rnn is None:
             raise ValueError("--algo r2d2 needs the recurrent core (--use_rnn True)")
-        super().__init__(cfg, model, obs_space, action_space, device, frameskip, group,
+        super().__init__(settings, model, obs_space, action_space, device, frameskip, group,
                          columns)
 
     @staticmethod
-    def samples_per_batch(cfg: Config) -> int:
+    def samples_per_batch(settings: ReplaySettings) -> int:
         """The trained steps of ``--batch_size`` sequences."""
-        return cfg.batch_size * cfg.rollout
+        return settings.batch_size * settings.rollout
 
     def _actor_priorities(self, batch: dict) -> np.ndarray:
         """``--replay_initial_priority actor``: each sequence's mix of its steps' |TD
         errors| from the acting policy's Q-values (in the rescaled space with value
         rescaling), over the acted steps whose bootstrap the actor valued; a sequence without
         one comes in at the highest priority so far."""
-        cfg = self.cfg
-        td, known = actor_td_errors(batch, cfg.nstep, cfg.gamma, cfg.r2d2_value_rescaling)
+        st = self.settings
+        td, known = actor_td_errors(batch, st.nstep, st.gamma, st.r2d2_value_rescaling)
         mask = known & (batch["policy_versions"] >= 0)
-        return self._fill_unknown(sequence_priorities(td, mask, cfg.r2d2_eta), mask.any(1))
+        return self._fill_unknown(sequence_priorities(td, mask, st.r2d2_eta), mask.any(1))
 
     def _td_priorities(self, rows: int) -> None:
         """The ``rows`` newest sequences with an acted step take their mixed |TD error|."""
         idx = self.store.newest_rows(rows)
         if idx.size:
             taken, y, mask = self._q_and_targets(self.store.sequences(idx,
-                                                                      self.cfg.r2d2_burn_in))
+                                                                      self.settings.r2d2_burn_in))
             self.store.update_priorities(idx, self._priorities(taken, y, mask).cpu().numpy())
 
     def _draw(self, beta: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``--batch_size`` rows by priority, their importance weights and predecessors."""
-        rows, weights = self.store.draw(self.cfg.batch_size, beta)
-        prev = self.store.links(rows) if self.cfg.r2d2_burn_in else np.full(len(rows), -1)
+        rows, weights = self.store.draw(self.settings.batch_size, beta)
+        prev = self.store.links(rows) if self.settings.r2d2_burn_in else np.full(len(rows), -1)
         return rows, weights, prev
 
     def _share_loss(self, share: ReplayShare) -> tuple[torch.Tensor, torch.Tensor, dict]:
@@ -104,7 +104,7 @@ class R2D2Learner(ApexLearner):
     def _priorities(self, taken: torch.Tensor, y: torch.Tensor,
                     mask: torch.Tensor) -> torch.Tensor:
         td_abs = (taken - y).detach().abs().mean(2)
-        return sequence_priorities(td_abs, mask, self.cfg.r2d2_eta).float()
+        return sequence_priorities(td_abs, mask, self.settings.r2d2_eta).float()
 
     def _start_states(self, net: ActorCritic, data: dict, on_dev: dict) -> torch.Tensor:
         """The state each sequence starts from: after the burn-in over its predecessor where
@@ -123,7 +123,7 @@ class R2D2Learner(ApexLearner):
         """``Q(s_t, a_t)`` of the online network (with gradient) and the targets, both
         ``[B, T, D]`` (in the rescaled space with value rescaling), and the steps trained
         ``[B, T]`` bool, for sequences as ``SequenceStore.sequences`` gives them."""
-        cfg, dev = self.cfg, self.device
+        st, dev = self.settings, self.device
         dones = data["dones"]
         b, t = dones.shape
         resets = torch.cat([torch.zeros((b, 1), dtype=torch.bool), dones], 1)  # [B, T + 1]
@@ -154,17 +154,17 @@ class R2D2Learner(ApexLearner):
             q_target = [h.view(b, t + 1, -1) for h in dueling_heads(
                 t_logits.reshape(b * (t + 1), -1), t_values.reshape(-1), self.nvec)]
             returns, discounts, next_t, from_final = (x.to(dev) for x in sequence_targets(
-                data["rewards"], dones, data["final_step"], cfg.nstep, cfg.gamma))
+                data["rewards"], dones, data["final_step"], st.nstep, st.gamma))
             picked = []
             for online_j, target_j in zip(q, q_target, strict=True):
                 index = next_t.unsqueeze(2).expand(-1, -1, online_j.shape[2])
                 best = online_j.detach().gather(1, index).argmax(2, keepdim=True)
                 picked.append(target_j.gather(1, index).gather(2, best).squeeze(2))
             boot = torch.stack(picked, 2)  # [B, T, D]
-            if cfg.r2d2_value_rescaling:
+            if st.r2d2_value_rescaling:
                 boot = value_rescale_inv(boot)
             y = returns.unsqueeze(2) + discounts.unsqueeze(2) * boot
-            if cfg.r2d2_value_rescaling:
+            if st.r2d2_value_rescaling:
                 y = value_rescale(y)
         actions = data["actions"].to(dev)
         taken = chosen_q([h[:, :t].reshape(b * t, -1) for h in q],
