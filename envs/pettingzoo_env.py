@@ -45,10 +45,10 @@ INSTALL_HINT = "pip install 'fastrl[pettingzoo]' (or the package that provides t
 # the pixels one the image calls for; relu, as tanh convs took immediate wins half as often;
 # an entropy bonus, as without one self-play settled into a few fixed lines (the critic told
 # the winner from the first move) and met a random player's moves unprepared: 80-92% wins.
-# Naming the recipe spares the launcher a probe of the env, so it cannot count the players:
-# a sync round of the recipe's 2 x 8 envs x 64 steps x 2 players is 8 batches of 256.
+# A sync round (the recipe's 2 x 8 envs x 64 steps x 2 players) is cut into batches of 256
+# by fastrl.config.recipes.fit_round, from the players the launcher's probe counts: 8.
 CLASSIC_GAMES: dict[str, Any] = {"recipe": "classic", "nonlinearity": "relu",
-                                 "exploration_loss_coeff": 0.03, "num_batches_per_epoch": 8}
+                                 "exploration_loss_coeff": 0.03}
 # Games of a few dozen turns at most: a discount of 0.9 a turn (0.81 a move of one's own)
 # makes a win now worth more than the same win later, so the policy takes it and blocks the
 # other's; with 0.99 it let wins wait, and blocked no more often than by chance (90-95% wins

@@ -114,6 +114,10 @@ def test_the_bare_command_cuts_a_sync_round_of_two_players_into_whole_batches(tm
                         str(tmp_path), "--experiment", "c4"])
     assert cfg.recipe == "classic" and not cfg.async_rl
     assert cfg.trajectories_per_batch % (cfg.num_envs * 2) == 0
+    # a round is one pass: the probe counted the two players (no override in the registry)
+    for flags in ([], ["--num_envs_per_worker", "4"], ["--num_workers", "3"]):
+        cfg = parse_config(["--env", "pettingzoo:classic.connect_four_v3", *flags])
+        assert cfg.batch_size * cfg.num_batches_per_epoch == cfg.rollout * cfg.num_envs * 2
 
 
 def test_the_rollout_worker_keeps_every_turn_and_both_rewards_at_the_last_one():
