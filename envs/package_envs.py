@@ -91,8 +91,14 @@ FAMILIES: tuple[Family, ...] = (
     # steps with one, issue 41). So the family asks for the GRU; the recipe follows the spaces.
     Family("POPGym", ("popgym-",), "popgym", _extra("popgym"), recommended={"use_rnn": True},
            notes="needs memory: --use_rnn True by default"),
+    # shimmy gives dm_control's state as a Dict of vectors (cartpole: position, velocity),
+    # which the continuous recipe's MLPs encoded apart: cartpole-swingup stayed at 200-225
+    # (the pole never swung up) to 514K steps. As one vector (perf/log/RESULTS.md, "DeepMind
+    # Control").
     Family("DeepMind Control (shimmy)", ("dm_control/",), "shimmy", _extra("dm_control"),
-           notes="state observations; mujoco 3.17 (constraints.txt)"),
+           recommended={"env_concat_vectors": True},
+           notes="state observations as one vector (--env_concat_vectors); mujoco 3.17 "
+                 "(constraints.txt)"),
     Family("Gymnasium-Robotics", ("Fetch", "AntMaze", "PointMaze", "Adroit", "FrankaKitchen"),
            "gymnasium_robotics", _extra("robotics")),
     # flappy-bird-gymnasium requires pygame, which shares its import name with the pygame-ce

@@ -70,6 +70,70 @@ class FrameStack(gym.Wrapper, gym.utils.RecordConstructorArgs):
         return self._stacked(obs), reward, terminated, truncated, info
 
 
+class ConcatVectors(gym.ObservationWrapper, gym.utils.RecordConstructorArgs):
+    """A ``Dict`` (or ``Tuple``, nested) observation whose leaves are all numeric ``Box``es of
+    rank 0 or 1, as one float32 vector ``[N]``: the leaves concatenated in the space's order.
+    A feed-forward model encodes each key of a ``Dict`` with an MLP of its own and mixes them
+    only in its linear heads, so its action and value are sums of one function of each key;
+    one vector lets the MLP combine them (dm_control's ``position`` and ``velocity``: swinging
+    a pole up needs the product of its angle and its angular velocity). A leaf of any other
+    kind (an image, a ``Discrete``) is a ``ValueError`` naming it.
+    """
+
+    def __init__(self, env: gym.Env):
+        gym.utils.RecordConstructorArgs.__init__(self)
+        gym.ObservationWrapper.__init__(self, env)
+        leaves = list(_box_leaves(env.observation_space, "obs"))
+        bad = [f"{name} ({space})" for name, space in leaves
+               if not isinstance(space, spaces.Box) or len(space.shape) > 1
+               or not np.issubdtype(space.dtype, np.number)]
+        if bad or not leaves:
+            raise ValueError(f"only observations made of vectors can be concatenated into "
+                             f"one; this one has {', '.join(bad) or 'no leaf'}")
+        low = np.concatenate([np.broadcast_to(s.low, s.shape).reshape(-1) for _, s in leaves])
+        high = np.concatenate([np.broadcast_to(s.high, s.shape).reshape(-1) for _, s in leaves])
+        self.observation_space = spaces.Box(low.astype(np.float32), high.astype(np.float32),
+                                            dtype=np.float32)
+
+    def observation(self, observation):
+        from fastrl.errors import EnvOutputError
+
+        try:
+            flat = np.concatenate([np.asarray(leaf, np.float32).reshape(-1) for leaf in
+                                   _obs_leaves(observation, self.env.observation_space)])
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise EnvOutputError(f"the env returned an observation that does not fit its "
+                                 f"space {self.env.observation_space} ({exc!r})",
+                                 "obs_missing") from None
+        if flat.shape != self.observation_space.shape:
+            raise EnvOutputError(f"the env returned an observation of {flat.size} numbers, "
+                                 f"expected {self.observation_space.shape[0]} (its space "
+                                 f"{self.env.observation_space})", "obs_shape")
+        return flat
+
+
+def _box_leaves(space: spaces.Space, name: str):
+    if isinstance(space, spaces.Dict):
+        for key, sub in space.spaces.items():
+            yield from _box_leaves(sub, f"{name}.{key}" if name != "obs" else str(key))
+    elif isinstance(space, spaces.Tuple):
+        for i, sub in enumerate(space.spaces):
+            yield from _box_leaves(sub, f"{name}.{i}")
+    else:
+        yield name, space
+
+
+def _obs_leaves(obs, space: spaces.Space):
+    if isinstance(space, spaces.Dict):
+        for key, sub in space.spaces.items():
+            yield from _obs_leaves(obs[key], sub)
+    elif isinstance(space, spaces.Tuple):
+        for item, sub in zip(obs, space.spaces, strict=True):
+            yield from _obs_leaves(item, sub)
+    else:
+        yield obs
+
+
 def engine_rss(env: gym.Env) -> int:
     """Bytes of resident memory held by the processes ``env`` runs (the ``engine_pids()`` of
     the env underneath its wrappers: a VizDoom engine); 0 for processes already gone."""

@@ -56,10 +56,12 @@ EnvFactory = Callable[..., gym.Env]
 # names are not listed by ``registered_envs``; matched before gymnasium's registry).
 BUILTIN_FAMILIES = ("envs.doom_scenarios", "envs.atari_games", "envs.pettingzoo_env",
                     "envs.memory_tasks", "envs.package_envs")
-# Any gymnasium id, through the adapter; the frame-stacking wrapper for --env_framestack, and
-# the one that makes an env anew for --env_recycle_episodes and --env_recycle_mb.
+# Any gymnasium id, through the adapter; the frame-stacking wrapper for --env_framestack, the
+# one that joins vectors for --env_concat_vectors, and the one that makes an env anew for
+# --env_recycle_episodes and --env_recycle_mb.
 GYM_FACTORY = "envs.gym_env:make_gym_env"
 FRAMESTACK = "envs.wrappers:FrameStack"
+CONCAT = "envs.wrappers:ConcatVectors"
 RECYCLE = "envs.wrappers:Recycle"
 
 
@@ -341,6 +343,12 @@ def _gym_factory(env_id: str) -> EnvFactory:
 def stack_frames(env: gym.Env, num_frames: int) -> gym.Env:
     """``env`` with its image observations stacked over the last ``num_frames`` steps."""
     return _LazyFactory(FRAMESTACK, (env, num_frames)).resolve()()
+
+
+def concat_vectors(env: gym.Env) -> gym.Env:
+    """``env`` with its observation made of vectors as one vector (a ``ValueError`` naming
+    what is not a vector)."""
+    return _LazyFactory(CONCAT, (env,)).resolve()()
 
 
 def recycles(env: gym.Env) -> int:

@@ -181,6 +181,10 @@ class Config:
     obs_keys: str = _f("", "Comma-separated observation keys the model sees (nested Dict and "
                        "Tuple keys flattened as a.b, a.0; see the first lines of a run); empty: "
                        "every key fastrl can encode", "environment")
+    env_concat_vectors: bool = _f(
+        False, "Concatenate a Dict observation made of vectors into one vector: a "
+        "feed-forward model mixes separate keys only in its linear heads (the DeepMind Control "
+        "family turns it on: its position and velocity keys)", "environment")
     env_packages: str = _f("", "Comma-separated Python packages to import before making the env "
                            "(packages that register gymnasium ids when imported)", "environment")
 
@@ -396,7 +400,8 @@ def _hints() -> dict[str, Any]:
 MODEL_DEFINING = ("env", "algo", "encoder_fc_size", "encoder_mlp_layers", "use_rnn", "rnn_size",
                   "rnn_type", "nonlinearity", "env_measurements", "normalize_input",
                   "normalize_returns", "env_framestack", "action_log_std", "action_bounds",
-                  "actor_critic_share_weights", "env_atari_rgb", "env_obs_layout", "obs_keys")
+                  "actor_critic_share_weights", "env_atari_rgb", "env_obs_layout", "obs_keys",
+                  "env_concat_vectors")
 
 
 def changed_model_settings(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
@@ -417,4 +422,5 @@ ADDED_LATER = {"normalize_input": False, "normalize_returns": False, "exploratio
                "action_bounds": "clip", "actor_critic_share_weights": True,
                "env_atari_rgb": False, "lr_schedule": "constant",
                "advantages": "minibatch", "recipe": "pixels", "env_obs_layout": "auto",
-               "obs_keys": "", "env_packages": "", "algo": "appo"}
+               "obs_keys": "", "env_packages": "", "algo": "appo",
+               "env_concat_vectors": False}

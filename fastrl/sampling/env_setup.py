@@ -13,6 +13,7 @@ from gymnasium import spaces
 from fastrl.config.settings import Config
 from fastrl.env_registry import (
     FINAL_OBS,
+    concat_vectors,
     import_env_packages,
     is_multi_agent,
     make_env,
@@ -155,6 +156,8 @@ def create_env(cfg: Config, **extra) -> gym.Env:
     import_env_packages(cfg.env_packages, render=renders_frames(extra))
     make = functools.partial(_make, cfg, extra)
     env = recycled(cfg, make(), make)
+    if cfg.env_concat_vectors:
+        env = joined_vectors(cfg, env)
     plan = obs_plan(cfg, env.observation_space)
     if not plan.identity:  # an env the model takes as it is keeps exactly its own path
         env = (AgentsObsAdapter if is_multi_agent(env) else ObsAdapter)(env, plan)
@@ -166,6 +169,21 @@ def create_env(cfg: Config, **extra) -> gym.Env:
                                    "agent's frames only; use --env_framestack 1")
         env = stack_frames(env, cfg.env_framestack)
     return env
+
+
+def joined_vectors(cfg: Config, env: gym.Env) -> gym.Env:
+    """``env`` with its observation of vectors as one vector (``--env_concat_vectors``,
+    ``envs.wrappers.ConcatVectors``); one it cannot take is an ``EnvSettingsError`` naming
+    the flag (``env`` closed)."""
+    try:
+        if is_multi_agent(env):
+            raise ValueError(f"it takes a single agent's observation; env {cfg.env!r} has "
+                             f"{env.num_agents} agents")
+        return concat_vectors(env)
+    except ValueError as exc:
+        env.close()
+        raise EnvSettingsError(f"--env_concat_vectors: {exc}; use --env_concat_vectors "
+                               "False") from None
 
 
 @dataclass(frozen=True)
