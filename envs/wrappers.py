@@ -71,25 +71,37 @@ class FrameStack(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
 
 class ConcatVectors(gym.ObservationWrapper, gym.utils.RecordConstructorArgs):
-    """A ``Dict`` (or ``Tuple``, nested) observation whose leaves are all numeric ``Box``es of
-    rank 0 or 1, as one float32 vector ``[N]``: the leaves concatenated in the space's order.
-    A feed-forward model encodes each key of a ``Dict`` with an MLP of its own and mixes them
-    only in its linear heads, so its action and value are sums of one function of each key;
-    one vector lets the MLP combine them (dm_control's ``position`` and ``velocity``: swinging
-    a pole up needs the product of its angle and its angular velocity). A leaf of any other
-    kind (an image, a ``Discrete``) is a ``ValueError`` naming it.
+    """A ``Dict`` (or ``Tuple``, nested) observation whose leaves are all numeric ``Box``es
+    (scalars, vectors, matrices: each flattened), as one float32 vector ``[N]``: the leaves
+    concatenated in the space's order. A feed-forward model encodes each key of a ``Dict``
+    with an MLP of its own and mixes them only in its linear heads, so its action and value
+    are sums of one function of each key; one vector lets the MLP combine them (dm_control's
+    ``position`` and ``velocity``: swinging a pole up needs the product of its angle and its
+    angular velocity). ``keys`` (``--obs_keys``: leaf names, ``a.b`` for a nested one) joins
+    only those. A leaf of any other kind (an image, a ``Discrete``) is a ``ValueError``
+    naming it.
     """
 
-    def __init__(self, env: gym.Env):
-        gym.utils.RecordConstructorArgs.__init__(self)
+    def __init__(self, env: gym.Env, keys: list[str] | tuple[str, ...] = ()):
+        gym.utils.RecordConstructorArgs.__init__(self, keys=tuple(keys))
         gym.ObservationWrapper.__init__(self, env)
         leaves = list(_box_leaves(env.observation_space, "obs"))
+        names = [name for name, _ in leaves]
+        unknown = [k for k in keys if k not in names]
+        if unknown:
+            raise ValueError(f"obs_keys {','.join(unknown)}: no such observation key; the env "
+                             f"has {', '.join(names)}")
+        self._chosen = [not keys or name in keys for name in names]
+        leaves = [leaf for leaf, chosen in zip(leaves, self._chosen) if chosen]
+        from fastrl.policy.spaces import is_image
+
         bad = [f"{name} ({space})" for name, space in leaves
-               if not isinstance(space, spaces.Box) or len(space.shape) > 1
-               or not np.issubdtype(space.dtype, np.number)]
+               if not isinstance(space, spaces.Box) or not np.issubdtype(space.dtype, np.number)
+               or is_image(space)]
         if bad or not leaves:
             raise ValueError(f"only observations made of vectors can be concatenated into "
                              f"one; this one has {', '.join(bad) or 'no leaf'}")
+        self._leaves = leaves
         low = np.concatenate([np.broadcast_to(s.low, s.shape).reshape(-1) for _, s in leaves])
         high = np.concatenate([np.broadcast_to(s.high, s.shape).reshape(-1) for _, s in leaves])
         self.observation_space = spaces.Box(low.astype(np.float32), high.astype(np.float32),
@@ -99,17 +111,22 @@ class ConcatVectors(gym.ObservationWrapper, gym.utils.RecordConstructorArgs):
         from fastrl.errors import EnvOutputError
 
         try:
-            flat = np.concatenate([np.asarray(leaf, np.float32).reshape(-1) for leaf in
-                                   _obs_leaves(observation, self.env.observation_space)])
+            values = [leaf for leaf, chosen in
+                      zip(_obs_leaves(observation, self.env.observation_space), self._chosen,
+                          strict=True) if chosen]
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise EnvOutputError(f"the env returned an observation that does not fit its "
                                  f"space {self.env.observation_space} ({exc!r})",
                                  "obs_missing") from None
-        if flat.shape != self.observation_space.shape:
-            raise EnvOutputError(f"the env returned an observation of {flat.size} numbers, "
-                                 f"expected {self.observation_space.shape[0]} (its space "
-                                 f"{self.env.observation_space})", "obs_shape")
-        return flat
+        parts = []
+        for (name, space), value in zip(self._leaves, values, strict=True):
+            part = np.asarray(value, np.float32).reshape(-1)
+            if part.size != int(np.prod(space.shape)):  # (each key: a total that fits is not)
+                raise EnvOutputError(f"the env returned the observation {name!r} with "
+                                     f"{part.size} numbers, expected shape {space.shape}",
+                                     "obs_shape")
+            parts.append(part)
+        return np.concatenate(parts)
 
 
 def _box_leaves(space: spaces.Space, name: str):

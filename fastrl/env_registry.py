@@ -345,10 +345,10 @@ def stack_frames(env: gym.Env, num_frames: int) -> gym.Env:
     return _LazyFactory(FRAMESTACK, (env, num_frames)).resolve()()
 
 
-def concat_vectors(env: gym.Env) -> gym.Env:
-    """``env`` with its observation made of vectors as one vector (a ``ValueError`` naming
-    what is not a vector)."""
-    return _LazyFactory(CONCAT, (env,)).resolve()()
+def concat_vectors(env: gym.Env, keys: list[str] | tuple[str, ...] = ()) -> gym.Env:
+    """``env`` with its observation made of vectors (only ``keys``, when given) as one vector
+    (a ``ValueError`` naming what is not a vector, or a key it does not have)."""
+    return _LazyFactory(CONCAT, (env,)).resolve()(keys=tuple(keys))
 
 
 def recycles(env: gym.Env) -> int:

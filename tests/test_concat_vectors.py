@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -12,11 +10,12 @@ import torch
 from gymnasium import spaces
 
 from envs.wrappers import ConcatVectors
-from fastrl.config.load import parse_config
 from fastrl.env_registry import recommended_settings
 from fastrl.errors import EnvOutputError, EnvSettingsError
 from fastrl.policy.model import ActorCritic
+from fastrl.run_config import parse_config
 from fastrl.sampling.env_setup import create_env, env_info
+from tests.test_model import small_settings
 
 
 class StateEnv(gym.Env):
@@ -64,7 +63,8 @@ def test_the_leaves_are_one_float32_vector_in_the_spaces_order():
 def test_an_observation_that_does_not_fit_is_an_env_fault():
     env = ConcatVectors(StateEnv())
     env.reset(seed=0)
-    with pytest.raises(EnvOutputError, match="expected 6") as bad:
+    with pytest.raises(EnvOutputError,
+                       match=r"'position' with 4 numbers, expected shape \(3,\)") as bad:
         env.observation({"position": np.zeros(4), "velocity": np.zeros(2),
                          "body": {"height": 1.0}})
     assert bad.value.kind == "obs_shape"
@@ -103,9 +103,9 @@ def test_dm_control_ids_get_one_vector_by_default_and_a_flag_wins(tmp_path):
 def test_a_feed_forward_model_sums_its_keys_and_one_vector_mixes_them():
     """Why: without a recurrent core, a Dict's keys meet only in the linear heads, so the
     action mean is f(position) + g(velocity); over one vector it is not a sum."""
-    cfg = SimpleNamespace(use_rnn=False, rnn_size=8, encoder_fc_size=16,
-                          encoder_mlp_layers=[16, 16], nonlinearity="tanh",
-                          normalize_input=False, actor_critic_share_weights=False)
+    cfg = small_settings(use_rnn=False, rnn_size=8, encoder_fc_size=16,
+                         encoder_mlp_layers=[16, 16], nonlinearity="tanh",
+                         normalize_input=False, actor_critic_share_weights=False)
     action = spaces.Box(-1.0, 1.0, (1,), np.float32)
     split = spaces.Dict({"a": spaces.Box(-5, 5, (2,)), "b": spaces.Box(-5, 5, (2,))})
     torch.manual_seed(0)

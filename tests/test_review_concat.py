@@ -13,8 +13,8 @@ import pytest
 from gymnasium import spaces
 
 from envs.wrappers import ConcatVectors
-from fastrl.config.load import parse_config
 from fastrl.errors import EnvOutputError, EnvSettingsError
+from fastrl.run_config import parse_config
 from fastrl.sampling.env_setup import create_env, env_info
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,9 +68,6 @@ def _cfg(*argv: str):
 MANIPULATOR = {"arm_pos": (8, 2), "arm_vel": (8,), "hand_pos": (4,), "touch": (5,)}
 
 
-@pytest.mark.xfail(strict=True, raises=EnvSettingsError,
-                   reason="review47 defect: ConcatVectors refuses a rank-2 Box "
-                   "(dm_control manipulator's arm_pos (8, 2)), which ObsPlan flattens anyway")
 def test_a_matrix_key_is_flattened_into_the_vector(monkeypatch):
     monkeypatch.setattr("fastrl.sampling.env_setup.make_env",
                         lambda name, **kw: DictEnv(MANIPULATOR))
@@ -79,10 +76,6 @@ def test_a_matrix_key_is_flattened_into_the_vector(monkeypatch):
 
 
 @pytest.mark.slow  # (importing dm_control starts a process: its OpenGL library probe)
-@pytest.mark.xfail(strict=True, raises=EnvSettingsError,
-                   reason="review47 defect: the dm_control family turns "
-                   "--env_concat_vectors on, so the bare command on manipulator, stacker and "
-                   "the *_features tasks (rank-2 keys) fails where it ran before the change")
 @pytest.mark.parametrize("env_id", ["dm_control/manipulator-bring_ball-v0",
                                     "dm_control/stacker-stack_2-v0",
                                     "dm_control/lift_brick_features-v0"])
@@ -99,10 +92,6 @@ def test_dm_control_tasks_with_matrices_start_with_the_bare_command(env_id, tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="review47 defect: `train.py --env "
-                   "dm_control/manipulator-bring_ball-v0` exits 2 (--env_concat_vectors: only "
-                   "observations made of vectors...), the family's own default")
 def test_the_bare_train_command_on_manipulator_trains(tmp_path):
     _needs_dm_control()
     proc = subprocess.run(
@@ -115,10 +104,6 @@ def test_the_bare_train_command_on_manipulator_trains(tmp_path):
 
 # --- --obs_keys names the keys the env has, and the family's default hides them -----------
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="review47 defect: with --env_concat_vectors, "
-                   "--obs_keys position is 'no such observation key; the env has obs', "
-                   "naming neither the env's keys nor the flag")
 def test_obs_keys_with_concat_choose_keys_or_name_the_flag(monkeypatch):
     monkeypatch.setattr("fastrl.sampling.env_setup.make_env",
                         lambda name, **kw: DictEnv({"position": (3,), "velocity": (2,)}))
@@ -126,10 +111,6 @@ def test_obs_keys_with_concat_choose_keys_or_name_the_flag(monkeypatch):
 
 
 @pytest.mark.slow  # (importing dm_control starts a process: its OpenGL library probe)
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="review47 defect: `--env dm_control/cartpole-swingup-v0 "
-                   "--obs_keys position` worked before the change; now 'no such observation "
-                   "key; the env has obs'")
 def test_obs_keys_on_a_dm_control_id_with_the_bare_command(tmp_path):
     _needs_dm_control()
     cfg = parse_config(["--env", "dm_control/cartpole-swingup-v0", "--obs_keys", "position",
@@ -139,10 +120,6 @@ def test_obs_keys_on_a_dm_control_id_with_the_bare_command(tmp_path):
 
 # --- each key's shape --------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
-                   reason="review47 defect: ConcatVectors checks only the total "
-                   "size, so keys of the wrong shapes whose sizes add up are joined silently "
-                   "(ObsPlan.convert checks each leaf's shape before it reshapes)")
 def test_a_key_of_the_wrong_shape_is_an_env_fault_even_when_the_total_fits():
     env = ConcatVectors(DictEnv({"position": (3,), "velocity": (2,)}))
     with pytest.raises(EnvOutputError) as bad:

@@ -110,10 +110,16 @@ class AgentsObsAdapter(ObsAdapter):
         return {**info, FINAL_OBS: self.plan.convert(info[FINAL_OBS], "step (final_obs)", agent)}
 
 
-def obs_plan(cfg: Config, space: spaces.Space) -> ObsPlan:
-    """How ``space`` becomes the model's observation (``--env_obs_layout``, ``--obs_keys``);
-    a space that cannot be encoded is an ``EnvSettingsError`` naming it."""
-    keys = [k.strip() for k in cfg.obs_keys.split(",") if k.strip()]
+def obs_keys(cfg: Config) -> list[str]:
+    """``--obs_keys`` as a list (empty: every key)."""
+    return [k.strip() for k in cfg.obs_keys.split(",") if k.strip()]
+
+
+def obs_plan(cfg: Config, space: spaces.Space, keys: list[str] | None = None) -> ObsPlan:
+    """How ``space`` becomes the model's observation (``--env_obs_layout``, ``keys``: by
+    default ``--obs_keys``); a space that cannot be encoded is an ``EnvSettingsError``
+    naming it."""
+    keys = obs_keys(cfg) if keys is None else keys
     try:
         return ObsPlan(space, cfg.env_obs_layout, keys)
     except ValueError as exc:
@@ -156,9 +162,10 @@ def create_env(cfg: Config, **extra) -> gym.Env:
     import_env_packages(cfg.env_packages, render=renders_frames(extra))
     make = functools.partial(_make, cfg, extra)
     env = recycled(cfg, make(), make)
-    if cfg.env_concat_vectors:
-        env = joined_vectors(cfg, env)
-    plan = obs_plan(cfg, env.observation_space)
+    keys = obs_keys(cfg)
+    if cfg.env_concat_vectors:  # (it takes --obs_keys: the model then sees the one vector)
+        env, keys = joined_vectors(cfg, env, keys), []
+    plan = obs_plan(cfg, env.observation_space, keys)
     if not plan.identity:  # an env the model takes as it is keeps exactly its own path
         env = (AgentsObsAdapter if is_multi_agent(env) else ObsAdapter)(env, plan)
     if cfg.env_framestack > 1:
@@ -171,7 +178,7 @@ def create_env(cfg: Config, **extra) -> gym.Env:
     return env
 
 
-def joined_vectors(cfg: Config, env: gym.Env) -> gym.Env:
+def joined_vectors(cfg: Config, env: gym.Env, keys: list[str] | None = None) -> gym.Env:
     """``env`` with its observation of vectors as one vector (``--env_concat_vectors``,
     ``envs.wrappers.ConcatVectors``); one it cannot take is an ``EnvSettingsError`` naming
     the flag (``env`` closed)."""
@@ -179,7 +186,7 @@ def joined_vectors(cfg: Config, env: gym.Env) -> gym.Env:
         if is_multi_agent(env):
             raise ValueError(f"it takes a single agent's observation; env {cfg.env!r} has "
                              f"{env.num_agents} agents")
-        return concat_vectors(env)
+        return concat_vectors(env, keys or ())
     except ValueError as exc:
         env.close()
         raise EnvSettingsError(f"--env_concat_vectors: {exc}; use --env_concat_vectors "
