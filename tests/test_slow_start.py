@@ -6,6 +6,8 @@ tier)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -187,6 +189,8 @@ def test_a_worker_busy_in_an_env_step_stops_in_time(tmp_path):
     interrupted and close their envs instead of being killed."""
     out = _train_to_the_end(tmp_path, "tests.slow_env:BusyCountingEnv-v0", "--env_timeout", "0",
                             "--worker_timeout", "600", "--train_for_seconds", "8")
-    assert "fastrl-rollout-0 was still busy 3 s after the stop, in step (tests/slow_env.py" \
-        in out, out
+    # (which worker is in its minute-long step at the stop depends on the run's timing: one of
+    # them is; make test once saw only fastrl-rollout-1 there)
+    assert re.search(r"fastrl-rollout-\d was still busy 3 s after the stop, in step "
+                     r"\(tests/slow_env\.py", out), out
     assert "did not stop" not in out, out
