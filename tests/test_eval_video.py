@@ -21,6 +21,18 @@ from tests.test_parallel import run_train_here
 from tests.test_wandb import CARTPOLE, offline_runs, wandb_env  # noqa: F401 - the fixture
 
 
+def evaluate_once(env, tmp_path, num_episodes: int = 1):
+    """One evaluation at 100 frames of a small fresh model on ``env``, its video (its first
+    episode) to ``tmp_path/videos``; the evaluator closed."""
+    model = ActorCritic(env.observation_space, env.action_space, tiny_settings(use_rnn=False))
+    evaluator = PeriodicEvaluator(env, model, every_env_frames=100, num_episodes=num_episodes,
+                                  seed=0, video_dir=str(tmp_path / "videos"))
+    try:
+        return evaluator.maybe_evaluate(100, model)
+    finally:
+        evaluator.close()
+
+
 def test_eval_video_without_evaluations_is_refused_in_one_line():
     with pytest.raises(ConfigError) as err:
         parse_config(["--env", "CartPole-v1", "--eval_video", "True"])
@@ -57,13 +69,7 @@ class BrokenRecorder:
 def test_a_failing_recording_is_one_line_and_the_evaluation_goes_on(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(evaluation, "VideoRecorder", BrokenRecorder)
     env = make_env("CartPole-v1", max_episode_steps=5)
-    model = ActorCritic(env.observation_space, env.action_space, tiny_settings(use_rnn=False))
-    evaluator = PeriodicEvaluator(env, model, every_env_frames=100, num_episodes=2, seed=0,
-                                  video_dir=str(tmp_path / "videos"))
-    try:
-        result = evaluator.maybe_evaluate(100, model)
-    finally:
-        evaluator.close()
+    result = evaluate_once(env, tmp_path, 2)
     assert result is not None and result.lengths == [5, 5] and result.video is None
     out = capsys.readouterr().out
     assert out.count("recording failed (OSError: no ffmpeg here)") == 1, out

@@ -26,6 +26,7 @@ from fastrl.policy.spaces import is_image
 from fastrl.sampling.env_faults import CallTimer
 from fastrl.sampling.rollout import RolloutWorker
 from tests.test_enjoy import tiny_settings
+from tests.test_eval_video import evaluate_once
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -114,13 +115,7 @@ def test_a_float_image_env_gets_a_video_or_a_line_saying_why(monkeypatch, tmp_pa
     monkeypatch.setattr(video, "_Mp4Writer", _CountingWriter)
     env = FloatImageEnv()
     assert is_image(env.observation_space)
-    model = ActorCritic(env.observation_space, env.action_space, tiny_settings(use_rnn=False))
-    evaluator = PeriodicEvaluator(env, model, every_env_frames=100, num_episodes=1, seed=0,
-                                  video_dir=str(tmp_path / "videos"))
-    try:
-        result = evaluator.maybe_evaluate(100, model)
-    finally:
-        evaluator.close()
+    result = evaluate_once(env, tmp_path)
     out = capsys.readouterr().out
     assert result.video is not None or "video" in out, "--eval_video recorded nothing, silently"
 
@@ -159,13 +154,7 @@ def test_a_recording_that_failed_mid_episode_is_not_given_as_the_episode(monkeyp
     sent to W&B as eval/video)."""
     monkeypatch.setattr(video, "_Mp4Writer", _CountingWriter)
     env = ScreenFailsEnv()
-    model = ActorCritic(env.observation_space, env.action_space, tiny_settings(use_rnn=False))
-    evaluator = PeriodicEvaluator(env, model, every_env_frames=100, num_episodes=1, seed=0,
-                                  video_dir=str(tmp_path / "videos"))
-    try:
-        result = evaluator.maybe_evaluate(100, model)
-    finally:
-        evaluator.close()
+    result = evaluate_once(env, tmp_path)
     assert "recording failed (RuntimeError: GL context lost)" in capsys.readouterr().out
     assert result.lengths == [10]
     assert result.video is None
@@ -255,13 +244,7 @@ def test_a_first_episode_longer_than_the_cap_gives_its_first_1000_frames(monkeyp
 
     monkeypatch.setattr(video, "_Mp4Writer", Kept)
     env = LongEnv()
-    model = ActorCritic(env.observation_space, env.action_space, tiny_settings(use_rnn=False))
-    evaluator = PeriodicEvaluator(env, model, every_env_frames=100, num_episodes=1, seed=0,
-                                  video_dir=str(tmp_path / "videos"))
-    try:
-        result = evaluator.maybe_evaluate(100, model)
-    finally:
-        evaluator.close()
+    result = evaluate_once(env, tmp_path)
     assert result.lengths == [1500] and result.video.endswith("eval_100.mp4")
     assert [w.frames for w in writers] == [1000, 0]  # the screen; no _full file
 
