@@ -118,7 +118,8 @@ def test_an_offline_w_and_b_run_gets_the_evaluation_videos(wandb_env, tmp_path, 
     assert sorted(f"eval_{row[STEP_KEY]}.mp4" for row in rows) == [v.name for v in videos]
     assert all(row["eval/video/_type"] == "video-file" for row in rows)
     assert [row["eval/video/size"] for row in rows] == [v.stat().st_size for v in videos]
-    media = sorted(Path(wb).glob("wandb/offline-run-*/files/media/videos/eval/*.mp4"))
+    media = sorted(Path(wb).glob("wandb/offline-run-*/files/media/videos/eval/*.mp4"),
+                   key=lambda m: int(m.name.split("_")[1]))  # video_<W&B step>_<hash>.mp4
     assert len(media) == len(videos)
     assert [len(read_frames(str(m))) for m in media] == [len(read_frames(str(v)))
                                                           for v in videos]
