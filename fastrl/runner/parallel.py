@@ -138,7 +138,7 @@ class ParallelRunner:
         check_queue_layout(wiring.learner_queue.q)  # the lock repair must know the layout
         self.supervisor = Supervisor(wiring, self.ctx, self._pump)
         # Evaluation plays in a thread of this process, on the CPU, with its own env.
-        self.evaluator = start_evaluator(cfg, model, "cpu", self.exp_dir)
+        self.evaluator = start_evaluator(cfg, info, model, "cpu", self.exp_dir)
         return wiring
 
     def start_sampling(self) -> None:

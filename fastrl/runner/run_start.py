@@ -96,28 +96,27 @@ def announce_inputs(info: EnvInfo, model: ActorCritic) -> None:
         log(line)
 
 
-def start_evaluator(cfg: Config, model: ActorCritic, device: torch.device | str, exp_dir: str,
-                    start_frames: int = 0) -> PeriodicEvaluator | None:
+def start_evaluator(cfg: Config, info: EnvInfo, model: ActorCritic, device: torch.device | str,
+                    exp_dir: str, start_frames: int = 0) -> PeriodicEvaluator | None:
     """``--eval_every_env_frames``: the evaluator, with an env of its own (None when off).
     With ``--eval_video`` its videos go to ``<exp_dir>/videos``; an env whose observation
     holds no image is made to render its screen, which the video shows instead."""
     if not cfg.eval_every_env_frames:
         return None
-    env = create_env(cfg)
     video_dir = os.path.join(exp_dir, "videos") if cfg.eval_video else None
-    shown = as_dict_space(env.observation_space).spaces.values()
-    if video_dir is not None and not any(is_image(space) for space in shown):
+    shown = as_dict_space(info.obs_space).spaces.values()  # (the run's env, as the model sees it)
+    if video_dir is None or any(is_image(space) for space in shown):
+        env = create_env(cfg)
+    else:
         if not has_display():  # pygame renders without a window and says nothing of it
             os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
         try:
-            screen_env = create_env(cfg, render_mode="rgb_array")
+            env = create_env(cfg, render_mode="rgb_array")
         except Exception as exc:  # noqa: BLE001 - the env cannot render to arrays
             log(f"--eval_video: env {cfg.env!r} has no image observation and cannot render its "
                 f"screen to arrays ({type(exc).__name__}: {exc}); evaluations record no video")
             video_dir = None
-        else:
-            env.close()
-            env = screen_env
+            env = create_env(cfg)
     return PeriodicEvaluator(env, model, cfg.eval_every_env_frames, cfg.eval_episodes,
                              cfg.eval_deterministic, device, seed=cfg.seed,
                              start_frames=start_frames, video_dir=video_dir)

@@ -92,7 +92,7 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
         for station in rollouts:
             station.start(first if station.worker_id == 0 else None)
         reporter = Reporter(cfg, exp_dir, stats, wandb_run)
-        evaluator = start_evaluator(cfg, learner.model, device, exp_dir, stats.env_frames)
+        evaluator = start_evaluator(cfg, info, learner.model, device, exp_dir, stats.env_frames)
         n_params = sum(p.numel() for p in learner.model.parameters())
         log(f"serial mode: {cfg.env}, {cfg.num_workers} workers x {cfg.num_envs_per_worker} envs "
             f"in {cfg.worker_num_splits} splits, "
