@@ -107,11 +107,11 @@ def test_the_wiring_bounds_async_appo_only(tmp_path):
             "--num_workers", "2", "--num_envs_per_worker", "4", "--rollout", "8",
             "--batch_size", "32", "--device", "cpu", "--recipe", "pixels", "--use_rnn", "False"]
     from fastrl.runner.run_start import build_model
-    from fastrl.sampling.env_setup import create_env, env_info
+    from fastrl.sampling.env_setup import EnvSettings, create_env, env_info
 
     def limit(*extra):
         cfg = parse_config(args + list(extra))
-        env = create_env(cfg)
+        env = create_env(EnvSettings.from_config(cfg))
         info = env_info(env, cfg.env_obs_layout)
         env.close()
         model = build_model(cfg, info, torch.device("cpu"))
@@ -308,13 +308,13 @@ def test_real_workers_keep_the_lag_of_a_slow_learner_bounded(tmp_path):
 def _small_wiring(tmp_path):
     """2 rollout workers of 4 envs (splits of 2), batches of 4 trajectories: limit 8."""
     from fastrl.runner.run_start import build_model
-    from fastrl.sampling.env_setup import create_env, env_info
+    from fastrl.sampling.env_setup import EnvSettings, create_env, env_info
 
     cfg = parse_config(["--env", "tests.counting_env:CountingEnv-v0", "--train_dir",
                         str(tmp_path), "--num_workers", "2", "--num_envs_per_worker", "4",
                         "--rollout", "8", "--batch_size", "32", "--device", "cpu",
                         "--recipe", "pixels", "--use_rnn", "False"])
-    env = create_env(cfg)
+    env = create_env(EnvSettings.from_config(cfg))
     info = env_info(env, cfg.env_obs_layout)
     env.close()
     return build_wiring(cfg, info, build_model(cfg, info, torch.device("cpu")),

@@ -357,7 +357,7 @@ def _policy_learners(tmp_path):
     from fastrl.runner.cores import make_learner
     from fastrl.runner.stations import LearnerStation
     from fastrl.runner.wiring import build_wiring
-    from fastrl.sampling.env_setup import create_env, env_info
+    from fastrl.sampling.env_setup import EnvSettings, create_env, env_info
 
     cfg = parse_config(["--env", "tests.counting_env:CountingEnv-v0", "--train_dir",
                         str(tmp_path), "--experiment", "x", "--device", "cpu", "--use_rnn",
@@ -365,7 +365,7 @@ def _policy_learners(tmp_path):
                         "--batch_size", str(BATCH), "--num_envs_per_worker", "2", "--recipe",
                         "pixels", "--num_policies", "2", "--lr_schedule", "linear_decay",
                         "--learning_rate", str(LR), "--train_for_env_steps", str(BUDGET)])
-    env = create_env(cfg)
+    env = create_env(EnvSettings.from_config(cfg))
     info = env_info(env)
     env.close()
     learners = [make_learner(cfg, info, torch.device("cpu"), policy=k)[0] for k in range(2)]

@@ -19,10 +19,11 @@ from fastrl.config.settings import Config
 from fastrl.errors import EnvOutputError, EnvSettingsError
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.model_settings import ModelSettings
+from fastrl.runner.wiring import weighed_reward_terms
 from fastrl.sampling.agents import MultiAgentRolloutWorker
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.env_faults import write_reward_terms
-from fastrl.sampling.env_setup import env_info, reward_term_names, weighed_reward_terms
+from fastrl.sampling.env_setup import env_info, reward_term_names
 from fastrl.sampling.rollout import RolloutWorker
 from tests.agents_env import AgentsEnv
 from tests.counting_env import CountingEnv
