@@ -20,7 +20,7 @@ from fastrl.sampling.buffers import INVALID_VERSION, BufferLayout, TrajectoryBuf
 from fastrl.sampling.env_setup import EnvSettings, env_info, probe_env
 from tests.agents_env import AgentsEnv
 from tests.test_rollout import drive as rollout_drive
-from tests.test_rollout import fake_policy
+from tests.test_rollout import fake_policy, worker_flags
 
 T = 5
 AGENTS = "tests.agents_env:AgentsEnv-v0"
@@ -38,7 +38,8 @@ def make_worker(num_envs=4, splits=2, per_env=3, agents=2, worker_id=0, rnn=0, e
     buffers = TrajectoryBuffers(layout)
     rnn_state = torch.zeros((slots * (worker_id + 1), rnn))
     worker = MultiAgentRolloutWorker(worker_id, envs, buffers, rnn_state,
-                                     list(range(layout.num_buffers)), splits, **kwargs)
+                                     list(range(layout.num_buffers)), splits,
+                                     **worker_flags(**kwargs))
     return worker, envs, buffers, rnn_state
 
 

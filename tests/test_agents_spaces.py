@@ -21,6 +21,7 @@ from fastrl.sampling.env_setup import AgentsObsAdapter, EnvSettings, create_env,
 from tests.agents_spaces_env import SPACES, final_obs_of, raw_obs
 from tests.test_agents import drive
 from tests.test_model import small_settings
+from tests.test_rollout import worker_flags
 
 T = 5
 KAZ = "pettingzoo:butterfly.knights_archers_zombies_v11"
@@ -78,7 +79,8 @@ def test_each_agents_observation_lands_adapted_in_its_own_slots(kind):
     layout = BufferLayout.from_spaces(info.obs_space, info.action_space, slots * 3, T, 0)
     buffers = TrajectoryBuffers(layout)
     worker = MultiAgentRolloutWorker(0, envs, buffers, torch.zeros(slots, 0),
-                                     list(range(layout.num_buffers)), 1, reward_clip=1e9)
+                                     list(range(layout.num_buffers)), 1,
+                                     **worker_flags(reward_clip=1e9))
     completed, episodes = drive(worker, buffers, steps=30)
     rows = finals = 0
     agents_seen = set()

@@ -19,6 +19,7 @@ from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.rollout import RolloutWorker
 from fastrl.sampling.rollout_records import Split
 from tests.counting_env import CountingEnv
+from tests.test_rollout import worker_flags
 
 
 def split() -> Split:
@@ -176,7 +177,7 @@ def run_pipeline(num_workers: int, envs_per_worker: int, bound: bool = True,
     workers = [RolloutWorker(w, [CountingEnv(env_tag=w * envs_per_worker + i)
                                  for i in range(envs_per_worker)], buffers, rnn,
                              list(range(w * per_worker, (w + 1) * per_worker)), 2,
-                             backlog=Backlog(cells, w, limit))
+                             backlog=Backlog(cells, w, limit), **worker_flags())
                for w in range(num_workers)]
     requests = [r for w in workers for r in w.start().requests]
     queue: list[int] = []  # trajectory slots waiting for the learner, oldest first

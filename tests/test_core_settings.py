@@ -6,6 +6,7 @@ its loss's), ``ReplaySettings`` (the replay learners' and their store's) and ``E
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,6 +20,8 @@ from fastrl.config.settings import MODEL_DEFINING, Config
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.model_settings import ModelSettings
 from fastrl.sampling.env_setup import EnvSettings, create_env, env_options, reward_scale
+from fastrl.sampling.inference import PolicyWorker
+from fastrl.sampling.rollout import RolloutWorker
 
 NAMES = [f.name for f in dataclasses.fields(ModelSettings)]
 # Settings that only set initial values: a checkpoint's model does not depend on them.
@@ -131,3 +134,19 @@ def test_making_the_env_reads_every_env_setting():
     create_env(spy).close()
     assert reward_scale(spy) == 0.1  # CartPole's recommended scale
     assert spy.read == {f.name for f in dataclasses.fields(EnvSettings)}
+
+
+def _defaults(cls) -> dict:
+    return {name: p.default for name, p in inspect.signature(cls).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
+def test_the_workers_take_the_flags_values_without_defaults_of_their_own():
+    rollout, policy = _defaults(RolloutWorker), _defaults(PolicyWorker)
+    assert not {"reward_scale", "reward_clip", "action_bounds", "env_check"} & set(rollout)
+    assert not {"precision", "cuda_graphs"} & set(policy)
+    # What keeps a default is the feature off (unseeded, no time limit, one policy, ...),
+    # never a flag's value of its own: a new one named like a flag has to be added here.
+    assert {k: v for k, v in rollout.items() if hasattr(Config, k)} == {
+        "seed": None, "env_timeout": 0.0, "num_policies": 1}
+    assert not {k for k in policy if hasattr(Config, k)}

@@ -19,7 +19,7 @@ from fastrl.sampling.env_setup import EnvSettings, ObsAdapter, create_env, env_i
 from fastrl.sampling.rollout import RolloutWorker
 from tests.spaces_env import EverySpace, every_space, hwc_frame
 from tests.test_model import small_settings
-from tests.test_rollout import drive
+from tests.test_rollout import drive, worker_flags
 
 SETTINGS = small_settings(rnn_size=8, encoder_fc_size=16, encoder_mlp_layers=[8],
                           normalize_input=True)
@@ -225,7 +225,8 @@ def test_channels_last_frames_land_transposed_in_the_buffers():
     assert info.obs_space["obs"].shape == (3, 40, 44)
     layout = BufferLayout.from_spaces(info.obs_space, info.action_space, 6, 5, 0)
     buffers = TrajectoryBuffers(layout)
-    worker = RolloutWorker(0, envs, buffers, torch.zeros(2, 0), list(range(6)), 2)
+    worker = RolloutWorker(0, envs, buffers, torch.zeros(2, 0), list(range(6)), 2,
+                           **worker_flags())
     completed, _ = drive(worker, buffers, steps=30)
     assert completed
     for group in completed:

@@ -24,6 +24,7 @@ from fastrl.sampling.policy_assignment import PolicyAssignment, by_policy
 from fastrl.sampling.weights import LocalWeights
 from fastrl.transport.messages import InferenceRequest
 from tests.test_agents import make_worker as make_agents_worker
+from tests.test_inference import ACTING
 from tests.test_rollout import make_worker as make_single_worker
 
 T = 5
@@ -213,7 +214,7 @@ def test_the_policy_worker_acts_each_row_with_its_own_policy():
     sources[0].publish(models[0], 5)
     sources[1].publish(models[1], 9)
     worker = PolicyWorker(models[0], action_space, buffers, torch.zeros(6, 0), torch.device("cpu"),
-                          weights=sources[0], others=[(models[1], sources[1])])
+                          weights=sources[0], others=[(models[1], sources[1])], **ACTING)
     assert worker.has_weights is False
     worker.maybe_update_weights()
     assert worker.has_weights and worker.versions == [5, 9]

@@ -90,12 +90,12 @@ class RolloutStation:
         self.worker = worker_type(
             self.worker_id, self.envs, w.buffers, w.rnn_state,
             list(range(first, first + w.per_worker_buffers)), cfg.worker_num_splits,
-            reward_scale(env_settings), cfg.reward_clip, trajectories_per_round=per_round,
-            seed=seed, env_factory=functools.partial(create_env, env_settings),
-            env_timeout=cfg.env_timeout,
+            reward_scale=reward_scale(env_settings), reward_clip=cfg.reward_clip,
+            action_bounds=cfg.action_bounds, env_check=cfg.env_check,
+            trajectories_per_round=per_round, seed=seed,
+            env_factory=functools.partial(create_env, env_settings), env_timeout=cfg.env_timeout,
             decorrelate=cfg.decorrelate_envs_on_one_worker, generation=self.generation,
-            epoch=int(w.policy_epoch.value), action_bounds=cfg.action_bounds,
-            env_check=cfg.env_check, num_policies=w.num_policies,
+            epoch=int(w.policy_epoch.value), num_policies=w.num_policies,
             policy_seed=w.assign_seed, activity=self.activity,
             backlog=Backlog(backlog_cells(w.backlog, w.num_workers), self.worker_id,
                             w.backlog_limit))
