@@ -84,7 +84,7 @@ def match_env(name: str) -> tuple[str, tuple, dict[str, Any]] | None:
     return FACTORY, (name,), dict(RECOMMENDED)
 
 
-def spaces_for_budget(name: str, cfg: Any = None) -> tuple[Any, Any, int] | None:
+def spaces_for_budget(name: str, settings: Any = None) -> tuple[Any, Any, int] | None:
     """(observation space, action space, agents) of an Atari id as ``envs.atari`` makes it, for
     the memory budget (``fastrl.sampling.env_probe.env_spaces``), without loading ale-py;
     None for another name. The action space is the full set's (a game's own is smaller: one
@@ -93,7 +93,7 @@ def spaces_for_budget(name: str, cfg: Any = None) -> tuple[Any, Any, int] | None
 
     if not is_atari_id(name):
         return None
-    channels = 3 if getattr(cfg, "env_atari_rgb", False) else 1
+    channels = 3 if settings is not None and settings.env_atari_rgb else 1
     return (spaces.Box(0, 255, (channels, OBS_SIZE, OBS_SIZE), "uint8"),
             spaces.Discrete(FULL_ACTION_SET), 1)
 

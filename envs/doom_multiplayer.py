@@ -31,8 +31,9 @@ first match with a second networked player on.
 
 from __future__ import annotations
 
+import inspect
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import vizdoom as vzd
@@ -65,32 +66,39 @@ def placing(own_frags: float, other_frags: Sequence[float]) -> int:
     return 1 + sum(f > own_frags for f in other_frags)
 
 
+def _with_bots(init: Callable) -> inspect.Signature:
+    """The signature of DoomEnv's ``init`` with the keyword ``bots`` after ``scenario``: what
+    DoomBotsEnv takes (``bots``, and DoomEnv's keywords, which it forwards), as ``help()`` and
+    ``fastrl.make_env`` (which checks a run's options against it) read it."""
+    signature = inspect.signature(init)
+    params = list(signature.parameters.values())  # self, scenario, DoomEnv's keywords
+    bots = inspect.Parameter("bots", inspect.Parameter.KEYWORD_ONLY, default=None,
+                             annotation="int | None")
+    return signature.replace(parameters=[*params[:2], bots, *params[2:]])
+
+
 class DoomBotsEnv(DoomEnv):
     """A multiplayer scenario (`doom_duel_bots`, `doom_deathmatch_bots`) as a gymnasium env.
 
-    Takes DoomEnv's options, and `bots`: how many bots join each match (default: the
-    scenario's; 1 to 15). Spaces, seeding, time limits and `close()` are DoomEnv's; see the
-    module docstring for hosting, respawns, the reward and the episode metrics. `port` is
-    the port the engine was started with.
+    Takes DoomEnv's keyword options (forwarded to it), and `bots`: how many bots join each
+    match (default: the scenario's; 1 to 15). Spaces, seeding, time limits and `close()` are
+    DoomEnv's; see the module docstring for hosting, respawns, the reward and the episode
+    metrics. `port` is the port the engine was started with.
     """
 
     _multiplayer = True
     _min_bots = 1  # a match of one player needs bots (envs.doom_selfplay's players: 0)
     _selfplay = False  # envs.doom_selfplay's players are DoomBotsEnvs of a self-play match
 
-    def __init__(
-        self,
-        scenario: str | DoomScenario,
-        *,
-        bots: int | None = None,
-        frameskip: int | None = None,
-        max_episode_steps: int | None = None,
-        render_mode: str | None = None,
-        measurements: bool = False,
-        reward_shaping: bool = False,
-        interpolation: str = "nearest",
-    ) -> None:
+    def __init__(self, scenario: str | DoomScenario, *, bots: int | None = None,
+                 **options: Any) -> None:
         self._game = None
+        try:  # every one of DoomEnv's keywords, for the spec; any other is refused by name
+            forwarded = inspect.signature(DoomEnv).bind(scenario, **options)
+        except TypeError as exc:
+            raise TypeError(f"{type(self).__name__}(): {exc}") from None
+        forwarded.apply_defaults()
+        options = {k: v for k, v in forwarded.arguments.items() if k != "scenario"}
         scenario = scenario_named(scenario)
         if scenario.bots is None:
             raise ValueError(f"{scenario.name} is a single-player scenario: use envs.doom.DoomEnv")
@@ -106,14 +114,13 @@ class DoomBotsEnv(DoomEnv):
         self._frags = 0.0
         self._suicides = 0
         self._counters_at_start = dict.fromkeys(_COUNTERS, 0.0)
-        options = {"frameskip": frameskip, "max_episode_steps": max_episode_steps,
-                   "render_mode": render_mode, "measurements": measurements,
-                   "reward_shaping": reward_shaping, "interpolation": interpolation}
         super().__init__(scenario, **options)
         # A hosted match is not reproducible from a seed (bots or not): say so to gymnasium.
         self.spec = EnvSpec(scenario.name, entry_point=f"{__name__}:DoomBotsEnv",
                             nondeterministic=True,
                             kwargs={"scenario": scenario.name, "bots": bots, **options})
+
+    __init__.__signature__ = _with_bots(DoomEnv.__init__)
 
     def _host_args(self) -> str:
         self.port = free_udp_port()

@@ -277,7 +277,7 @@ def builtin_envs() -> dict[str, tuple[str, tuple, dict]]:
             for name, s in SCENARIOS.items()}
 
 
-def spaces_for_budget(name: str, cfg: Any = None) -> tuple[Any, Any, int] | None:
+def spaces_for_budget(name: str, settings: Any = None) -> tuple[Any, Any, int] | None:
     """(observation space, action space, agents) of scenario ``name`` as made, for the memory
     budget (``fastrl.sampling.env_probe.env_spaces``), without starting an engine; None for
     another name. With ``--env_measurements`` the observation also holds a few floats of

@@ -243,14 +243,15 @@ def check_checkpoint_matches(state: dict, cfg: Config, path: str, env_explicit: 
 
 
 def _create_env(cfg: Config, want_screen: bool) -> gym.Env:
-    from fastrl.sampling.env_setup import create_env
+    from fastrl.sampling.env_setup import EnvSettings, create_env
 
+    settings = EnvSettings.from_config(cfg)
     if want_screen:
         try:
-            return create_env(cfg, render_mode="rgb_array")
+            return create_env(settings, render_mode="rgb_array")
         except ValueError:
             pass  # an env that cannot render to arrays: the agent's view is all there is
-    return create_env(cfg)
+    return create_env(settings)
 
 
 def _one_line(exc: BaseException, limit: int = 300) -> str:

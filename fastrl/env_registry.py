@@ -160,15 +160,18 @@ def recommended_settings(name: str) -> dict[str, Any]:
     return dict(_GYM_RECOMMENDED.get(name, {}))
 
 
-def declared_spaces(name: str, cfg: Any = None) -> tuple[gym.Space, gym.Space, int] | None:
+def declared_spaces(name: str, settings: Any = None
+                    ) -> tuple[gym.Space, gym.Space, int] | None:
     """(observation space, action space, agents) of a built-in family's env ``name`` whose
-    module declares them (``spaces_for_budget(name, cfg)``: VizDoom, Atari), known without
-    making it; None for any other name (a name given to :func:`register_env` included)."""
+    module declares them (``spaces_for_budget(name, settings)``: VizDoom, Atari; ``settings``:
+    the run's ``fastrl.sampling.env_setup.EnvSettings``, None for the env's default options),
+    known without making it; None for any other name (a name given to :func:`register_env`
+    included)."""
     if name in _REGISTRY:
         return None
     for family in _families():
         declared = getattr(family, "spaces_for_budget", None)
-        row = declared(name, cfg) if declared is not None else None
+        row = declared(name, settings) if declared is not None else None
         if row is not None:
             return row
     return None

@@ -25,6 +25,7 @@ from fastrl.env_registry import recommended_settings
 from fastrl.log import log
 from fastrl.runner.memory import fit_memory
 from fastrl.sampling.env_probe import env_facts, env_spaces
+from fastrl.sampling.env_setup import EnvSettings
 
 
 def apply_env_defaults(cfg: Config, keep: set[str]) -> list[str]:
@@ -34,7 +35,7 @@ def apply_env_defaults(cfg: Config, keep: set[str]) -> list[str]:
     unknown settings."""
     # The env's spaces size the buffers, whatever else is decided already: VizDoom and Atari
     # declare them, any other env is made once (env_probe.probe_spaces).
-    probe = env_spaces(cfg)
+    probe = env_spaces(EnvSettings.from_config(cfg))
     # The entry after the probe: --env_packages, imported by it, may register the env.
     entry = recommended_settings(cfg.env)
     errors = apply_recipe(cfg, keep, env_facts(entry, probe))

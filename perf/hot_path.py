@@ -77,7 +77,7 @@ def main() -> None:
     from fastrl.run_config import parse_config
     from fastrl.runner.run_start import build_model
     from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
-    from fastrl.sampling.env_setup import probe_env
+    from fastrl.sampling.env_setup import EnvSettings, probe_env
     from fastrl.sampling.inference import PolicyWorker
     from fastrl.sampling.staging import Staging
     from fastrl.sampling.weights import SharedWeights
@@ -86,7 +86,7 @@ def main() -> None:
     cfg = parse_config(["--env", args.env, "--device", args.device, "--experiment", "perf",
                         *extra])
     device = torch.device(args.device)
-    info = probe_env(cfg)
+    info = probe_env(EnvSettings.from_config(cfg))
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     model = build_model(cfg, info, device)

@@ -92,8 +92,8 @@ def _filled_batch(cfg, info, model, trajectories: int, device: torch.device) -> 
     """A learner batch of ``trajectories`` x ``cfg.rollout`` steps, as the learner station
     gathers it: zeros (valid observations, actions and states), acted by version 0, no
     episode end."""
+    from fastrl.runner.wiring import weighed_reward_terms
     from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
-    from fastrl.sampling.env_setup import weighed_reward_terms
     from fastrl.sampling.staging import Staging
 
     layout = BufferLayout.from_spaces(info.obs_space, info.action_space, trajectories,
@@ -115,7 +115,7 @@ def train_flops_per_sample(cfg, info, model, device: torch.device,
     the rows, so a few trajectories give the batch's figure), plus the optimizer's FLOPs per
     SGD step over the samples of a minibatch (``batch_size``)."""
     from fastrl.algo.learner import Learner, LearnerSettings
-    from fastrl.sampling.env_setup import weighed_reward_terms
+    from fastrl.runner.wiring import weighed_reward_terms
 
     if cfg.sampling_only:
         return {}
@@ -242,7 +242,7 @@ def measure(cfg, env_seconds: float = 2.0) -> dict[str, Any]:
     docstring)."""
     from fastrl.device import learner_device, resolve_device, resolve_precision
     from fastrl.runner.run_start import build_model, check_env_settings
-    from fastrl.sampling.env_setup import probe_env
+    from fastrl.sampling.env_setup import EnvSettings, probe_env
 
     if cfg.algo != "appo":
         raise ValueError(f"--algo={cfg.algo}: limit.py counts the APPO learner only "
@@ -250,7 +250,7 @@ def measure(cfg, env_seconds: float = 2.0) -> dict[str, Any]:
     device = learner_device(resolve_device(cfg.device), 0)
     precision = resolve_precision(cfg.precision, device)
     cores = len(os.sched_getaffinity(0))
-    info = probe_env(cfg)
+    info = probe_env(EnvSettings.from_config(cfg))
     check_env_settings(cfg, info)
     threads = torch.get_num_threads()
     torch.set_num_threads(cores)  # only for the counting runs' speed

@@ -26,6 +26,7 @@ from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.inference import PolicyWorker
 from fastrl.sampling.weights import SharedWeights
 from fastrl.transport.messages import InferenceRequest
+from tests.test_inference import ACTING
 from tests.test_r2d2 import _rows
 from tests.test_replay import _trajectories
 
@@ -93,7 +94,8 @@ def test_the_epsilon_greedy_policy_worker_reports_its_q_values():
     shared = SharedWeights(model, multiprocessing.get_context("spawn"))
     shared.publish(model, 0)
     worker = PolicyWorker(ActorCritic(obs, act, settings), act, buffers, torch.zeros(2, 0),
-                          torch.device("cpu"), weights=shared, epsilons=torch.tensor([1.0, 0.0]))
+                          torch.device("cpu"), weights=shared, epsilons=torch.tensor([1.0, 0.0]),
+                          **ACTING)
     worker.infer([InferenceRequest(0, 0, 0, (0, 1), (0, 1), 0, 0)])
     with torch.no_grad():
         logits, values, _ = model.forward_step({"obs": buffers.obs["obs"][:, 0]},

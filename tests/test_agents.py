@@ -17,10 +17,10 @@ from fastrl.runner.run_start import check_env_settings
 from fastrl.runner.serial import run_serial
 from fastrl.sampling.agents import MultiAgentRolloutWorker, is_multi_agent, num_agents
 from fastrl.sampling.buffers import INVALID_VERSION, BufferLayout, TrajectoryBuffers
-from fastrl.sampling.env_setup import env_info, probe_env
+from fastrl.sampling.env_setup import EnvSettings, env_info, probe_env
 from tests.agents_env import AgentsEnv
 from tests.test_rollout import drive as rollout_drive
-from tests.test_rollout import fake_policy
+from tests.test_rollout import fake_policy, worker_flags
 
 T = 5
 AGENTS = "tests.agents_env:AgentsEnv-v0"
@@ -38,7 +38,8 @@ def make_worker(num_envs=4, splits=2, per_env=3, agents=2, worker_id=0, rnn=0, e
     buffers = TrajectoryBuffers(layout)
     rnn_state = torch.zeros((slots * (worker_id + 1), rnn))
     worker = MultiAgentRolloutWorker(worker_id, envs, buffers, rnn_state,
-                                     list(range(layout.num_buffers)), splits, **kwargs)
+                                     list(range(layout.num_buffers)), splits,
+                                     **worker_flags(**kwargs))
     return worker, envs, buffers, rnn_state
 
 
@@ -197,15 +198,15 @@ def test_what_multi_agent_envs_cannot_do_is_a_one_line_error(tmp_path):
             "--recipe", "pixels"]
     cfg = parse_config([*base, "--env_framestack", "2"])
     with pytest.raises(EnvSettingsError, match=r"2 agents.*--env_framestack=2"):
-        probe_env(cfg)
+        probe_env(EnvSettings.from_config(cfg))
     cfg = parse_config([*base, "--eval_every_env_frames", "100"])
     with pytest.raises(EnvSettingsError, match="--eval_every_env_frames=100"):
-        check_env_settings(cfg, probe_env(cfg))
+        check_env_settings(cfg, probe_env(EnvSettings.from_config(cfg)))
     # sync mode: a batch must be whole rounds of every agent's trajectory (3 envs x 2 agents)
     cfg = parse_config([*base, "--async_rl", "False", "--batch_size", "24",
                         "--num_batches_per_epoch", "1"])
     with pytest.raises(EnvSettingsError, match=r"multiple of .* x agents = 48"):
-        check_env_settings(cfg, probe_env(cfg))
+        check_env_settings(cfg, probe_env(EnvSettings.from_config(cfg)))
 
 
 SERIAL = ["--env", AGENTS, "--serial_mode", "--device", "cpu", "--seed", "1",

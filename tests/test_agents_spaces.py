@@ -17,10 +17,11 @@ from fastrl.policy.model import ActorCritic
 from fastrl.run_config import parse_config
 from fastrl.sampling.agents import MultiAgentRolloutWorker
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
-from fastrl.sampling.env_setup import AgentsObsAdapter, create_env, env_info
+from fastrl.sampling.env_setup import AgentsObsAdapter, EnvSettings, create_env, env_info
 from tests.agents_spaces_env import SPACES, final_obs_of, raw_obs
 from tests.test_agents import drive
 from tests.test_model import small_settings
+from tests.test_rollout import worker_flags
 
 T = 5
 KAZ = "pettingzoo:butterfly.knights_archers_zombies_v11"
@@ -44,13 +45,14 @@ REFERENCE = {  # kind -> one agent's raw observation -> {key: what the buffers m
 }
 
 
-def _cfg(env: str, *extra: str):
-    return parse_config(["--env", env, "--train_dir", "/nonexistent", *extra])
+def _settings(env: str, *extra: str) -> EnvSettings:
+    return EnvSettings.from_config(
+        parse_config(["--env", env, "--train_dir", "/nonexistent", *extra]))
 
 
 def _envs(kind: str, n: int = 2):
-    cfg = _cfg(f"tests.agents_spaces_env:Agents{kind}-v0")
-    return [create_env(cfg) for _ in range(n)]
+    settings = _settings(f"tests.agents_spaces_env:Agents{kind}-v0")
+    return [create_env(settings) for _ in range(n)]
 
 
 def _assert_holds(stored: dict, expected: dict, what: str) -> None:
@@ -77,7 +79,8 @@ def test_each_agents_observation_lands_adapted_in_its_own_slots(kind):
     layout = BufferLayout.from_spaces(info.obs_space, info.action_space, slots * 3, T, 0)
     buffers = TrajectoryBuffers(layout)
     worker = MultiAgentRolloutWorker(0, envs, buffers, torch.zeros(slots, 0),
-                                     list(range(layout.num_buffers)), 1, reward_clip=1e9)
+                                     list(range(layout.num_buffers)), 1,
+                                     **worker_flags(reward_clip=1e9))
     completed, episodes = drive(worker, buffers, steps=30)
     rows = finals = 0
     agents_seen = set()
@@ -116,7 +119,7 @@ def test_the_adapter_keeps_the_multi_agent_contract():
         env.no_such_attribute  # noqa: B018
     # a multi-agent env takes no frame stacking, adapted or not
     with pytest.raises(EnvSettingsError, match=r"2 agents.*--env_framestack=2"):
-        create_env(_cfg("tests.agents_spaces_env:AgentsBoxGrid-v0", "--env_framestack", "2"))
+        create_env(_settings("tests.agents_spaces_env:AgentsBoxGrid-v0", "--env_framestack", "2"))
 
 
 SETTINGS = small_settings(rnn_size=8, encoder_fc_size=16, encoder_mlp_layers=[8],
@@ -151,7 +154,7 @@ def test_knights_archers_zombies_is_adapted_agent_by_agent():
     """KAZ's agents observe Box(-1, 1, (27, 5)) each: four (135,) vectors, not one (540,)."""
     pytest.importorskip("pettingzoo")
     pytest.importorskip("pymunk")
-    env, raw = create_env(_cfg(KAZ)), make_env(KAZ)
+    env, raw = create_env(_settings(KAZ)), make_env(KAZ)
     try:
         info = env_info(env)
         assert info.multi_agent and info.num_agents == 4 and env.agent_ids == raw.agent_ids
@@ -174,7 +177,7 @@ def test_pistonball_keeps_the_image_path_per_agent():
     (made channels first by envs/pettingzoo_env.py: no adapter)."""
     pytest.importorskip("pettingzoo")
     pytest.importorskip("pymunk")
-    env = create_env(_cfg("pettingzoo:butterfly.pistonball_v6"))
+    env = create_env(_settings("pettingzoo:butterfly.pistonball_v6"))
     try:
         info = env_info(env)
         assert info.multi_agent and info.num_agents == 20

@@ -21,7 +21,7 @@ from envs.doom_image import ImageResizer  # noqa: E402
 from fastrl.env_registry import make_env, recommended_settings  # noqa: E402
 from fastrl.errors import UnknownEnvError  # noqa: E402
 from fastrl.run_config import parse_config  # noqa: E402
-from fastrl.sampling.env_setup import env_options  # noqa: E402
+from fastrl.sampling.env_setup import EnvSettings, env_options  # noqa: E402
 from tests.test_parallel import run_train_here  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -302,10 +302,10 @@ def test_bad_names_and_options_are_clear_errors(monkeypatch):
 def test_recommended_settings_and_the_rgb_flag(tmp_path):
     cfg = parse_config(["--env", "ALE/Pong-v5", "--train_dir", str(tmp_path)])
     assert (cfg.env_framestack, cfg.use_rnn, cfg.reward_clip, cfg.rollout) == (4, False, 1.0, 128)
-    assert "rgb" not in env_options(cfg)
+    assert "rgb" not in env_options(EnvSettings.from_config(cfg))
     cfg = parse_config(["--env", "ALE/Pong-v5", "--train_dir", str(tmp_path), "--rollout", "32",
                         "--env_atari_rgb", "True"])
-    assert cfg.rollout == 32 and env_options(cfg)["rgb"] is True
+    assert cfg.rollout == 32 and env_options(EnvSettings.from_config(cfg))["rgb"] is True
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.rollout import RolloutWorker
 from fastrl.sampling.rollout_records import Split
 from tests.counting_env import CountingEnv
+from tests.test_rollout import worker_flags
 
 
 def split() -> Split:
@@ -107,11 +108,11 @@ def test_the_wiring_bounds_async_appo_only(tmp_path):
             "--num_workers", "2", "--num_envs_per_worker", "4", "--rollout", "8",
             "--batch_size", "32", "--device", "cpu", "--recipe", "pixels", "--use_rnn", "False"]
     from fastrl.runner.run_start import build_model
-    from fastrl.sampling.env_setup import create_env, env_info
+    from fastrl.sampling.env_setup import EnvSettings, create_env, env_info
 
     def limit(*extra):
         cfg = parse_config(args + list(extra))
-        env = create_env(cfg)
+        env = create_env(EnvSettings.from_config(cfg))
         info = env_info(env, cfg.env_obs_layout)
         env.close()
         model = build_model(cfg, info, torch.device("cpu"))
@@ -176,7 +177,7 @@ def run_pipeline(num_workers: int, envs_per_worker: int, bound: bool = True,
     workers = [RolloutWorker(w, [CountingEnv(env_tag=w * envs_per_worker + i)
                                  for i in range(envs_per_worker)], buffers, rnn,
                              list(range(w * per_worker, (w + 1) * per_worker)), 2,
-                             backlog=Backlog(cells, w, limit))
+                             backlog=Backlog(cells, w, limit), **worker_flags())
                for w in range(num_workers)]
     requests = [r for w in workers for r in w.start().requests]
     queue: list[int] = []  # trajectory slots waiting for the learner, oldest first
@@ -308,13 +309,13 @@ def test_real_workers_keep_the_lag_of_a_slow_learner_bounded(tmp_path):
 def _small_wiring(tmp_path):
     """2 rollout workers of 4 envs (splits of 2), batches of 4 trajectories: limit 8."""
     from fastrl.runner.run_start import build_model
-    from fastrl.sampling.env_setup import create_env, env_info
+    from fastrl.sampling.env_setup import EnvSettings, create_env, env_info
 
     cfg = parse_config(["--env", "tests.counting_env:CountingEnv-v0", "--train_dir",
                         str(tmp_path), "--num_workers", "2", "--num_envs_per_worker", "4",
                         "--rollout", "8", "--batch_size", "32", "--device", "cpu",
                         "--recipe", "pixels", "--use_rnn", "False"])
-    env = create_env(cfg)
+    env = create_env(EnvSettings.from_config(cfg))
     info = env_info(env, cfg.env_obs_layout)
     env.close()
     return build_wiring(cfg, info, build_model(cfg, info, torch.device("cpu")),

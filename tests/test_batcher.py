@@ -83,14 +83,14 @@ def _learner_station(tmp_path, *extra):
     from fastrl.runner.cores import make_learner
     from fastrl.runner.stations import LearnerStation
     from fastrl.runner.wiring import build_wiring
-    from fastrl.sampling.env_setup import create_env, env_info
+    from fastrl.sampling.env_setup import EnvSettings, create_env, env_info
 
     cfg = parse_config(["--env", "tests.counting_env:CountingEnv-v0", "--train_dir",
                         str(tmp_path), "--experiment", "x", "--device", "cpu", "--use_rnn",
                         "False", "--encoder_mlp_layers", "16", "--rollout", "8",
                         "--batch_size", "32", "--num_envs_per_worker", "2", "--recipe", "pixels",
                         *extra])
-    env = create_env(cfg)
+    env = create_env(EnvSettings.from_config(cfg))
     info = env_info(env)
     env.close()
     learner, _, _ = make_learner(cfg, info, torch.device("cpu"))

@@ -14,7 +14,7 @@ from fastrl.env_registry import recommended_settings
 from fastrl.errors import EnvOutputError, EnvSettingsError
 from fastrl.policy.model import ActorCritic
 from fastrl.run_config import parse_config
-from fastrl.sampling.env_setup import create_env, env_info
+from fastrl.sampling.env_setup import EnvSettings, create_env, env_info
 from tests.test_model import small_settings
 
 
@@ -78,10 +78,10 @@ def test_create_env_concatenates_and_names_what_it_cannot(monkeypatch):
     monkeypatch.setattr("fastrl.sampling.env_setup.make_env", lambda name, **kw: next(envs))
     cfg = parse_config(["--env", "x", "--train_dir", "/nonexistent",
                         "--env_concat_vectors", "True"])
-    info = env_info(create_env(cfg))
+    info = env_info(create_env(EnvSettings.from_config(cfg)))
     assert list(info.obs_space.spaces) == ["obs"] and info.obs_space["obs"].shape == (6,)
     with pytest.raises(EnvSettingsError, match=r"--env_concat_vectors: .*body\.frame") as bad:
-        create_env(cfg)
+        create_env(EnvSettings.from_config(cfg))
     assert "\n" not in str(bad.value)
 
 

@@ -1,10 +1,12 @@
 """Each core's settings, built from ``Config`` with no defaults of their own: ``ModelSettings``
 (all that ``ActorCritic`` and its encoders read), ``LearnerSettings`` (the APPO learner's and
-its loss's) and ``ReplaySettings`` (the replay learners' and their store's)."""
+its loss's), ``ReplaySettings`` (the replay learners' and their store's) and ``EnvSettings``
+(what making the run's env reads)."""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,6 +19,9 @@ from fastrl.algo.replay.settings import ReplaySettings
 from fastrl.config.settings import MODEL_DEFINING, Config
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.model_settings import ModelSettings
+from fastrl.sampling.env_setup import EnvSettings, create_env, env_options, reward_scale
+from fastrl.sampling.inference import PolicyWorker
+from fastrl.sampling.rollout import RolloutWorker
 
 NAMES = [f.name for f in dataclasses.fields(ModelSettings)]
 # Settings that only set initial values: a checkpoint's model does not depend on them.
@@ -50,7 +55,7 @@ def test_a_config_without_one_of_the_fields_is_refused_by_name():
 
 
 class _Reads:
-    """A ModelSettings that records which of its fields are read."""
+    """Settings (a ModelSettings, an EnvSettings) that record which of their fields are read."""
 
     def __init__(self, settings: ModelSettings) -> None:
         self._settings, self.read = settings, set()
@@ -110,3 +115,38 @@ def test_the_replay_settings_are_config_s_values():
         if f.name != "rnn_state_size":
             assert getattr(settings, f.name) == getattr(cfg, f.name), f.name
     assert settings.rnn_state_size == 32  # an LSTM's hidden and cell state
+
+
+def test_the_env_settings_are_config_s_values():
+    cfg = Config(env="CartPole-v1", env_frameskip=2, env_framestack=3, obs_keys="a, b",
+                 env_recycle_mb=7, reward_scale=0.5, env_atari_rgb=True)
+    settings = EnvSettings.from_config(cfg)
+    for f in dataclasses.fields(EnvSettings):
+        assert f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        assert getattr(settings, f.name) == getattr(cfg, f.name), f.name
+    assert env_options(settings) == {"frameskip": 2, "rgb": True}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.env = "x"
+
+
+def test_making_the_env_reads_every_env_setting():
+    spy = _Reads(EnvSettings.from_config(Config(env="CartPole-v1", reward_scale=None)))
+    create_env(spy).close()
+    assert reward_scale(spy) == 0.1  # CartPole's recommended scale
+    assert spy.read == {f.name for f in dataclasses.fields(EnvSettings)}
+
+
+def _defaults(cls) -> dict:
+    return {name: p.default for name, p in inspect.signature(cls).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
+def test_the_workers_take_the_flags_values_without_defaults_of_their_own():
+    rollout, policy = _defaults(RolloutWorker), _defaults(PolicyWorker)
+    assert not {"reward_scale", "reward_clip", "action_bounds", "env_check"} & set(rollout)
+    assert not {"precision", "cuda_graphs"} & set(policy)
+    # What keeps a default is the feature off (unseeded, no time limit, one policy, ...),
+    # never a flag's value of its own: a new one named like a flag has to be added here.
+    assert {k: v for k, v in rollout.items() if hasattr(Config, k)} == {
+        "seed": None, "env_timeout": 0.0, "num_policies": 1}
+    assert not {k for k in policy if hasattr(Config, k)}

@@ -4,6 +4,7 @@ an engine are marked `doom`; the others check the table and the helpers in-proce
 from __future__ import annotations
 
 import gc
+import inspect
 import json
 import multiprocessing as mp
 import os
@@ -90,6 +91,19 @@ def test_bots_scenarios_in_the_table_and_the_registry(tmp_path):
 def test_bad_input_is_one_clear_error_before_any_engine_starts(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_the_bots_env_takes_bots_and_every_one_of_doom_env_s_keywords():
+    """It forwards DoomEnv's keywords (one list of them): its signature, which make_env
+    checks a run's options against, still names each one; any other is refused by name."""
+    own = inspect.signature(DoomEnv).parameters
+    bots_env = inspect.signature(DoomBotsEnv).parameters
+    assert list(bots_env) == ["scenario", "bots", *list(own)[1:]]
+    assert all(bots_env[k].default == p.default for k, p in own.items())
+    with pytest.raises(TypeError, match="DoomBotsEnv.*'rgb'"):
+        DoomBotsEnv("doom_duel_bots", rgb=True)
+    with pytest.raises(ValueError, match="does not support option.*rgb; supported: bots"):
+        make_env("doom_duel_bots", rgb=True)
 
 
 # ------------------------------------------------------------------- with the engine

@@ -11,7 +11,7 @@ from gymnasium.envs.registration import registry as gym_registry
 
 from fastrl.env_registry import MissingExtraError, UnknownEnvError, make_env
 from fastrl.run_config import parse_config
-from fastrl.sampling.env_setup import create_env, env_info
+from fastrl.sampling.env_setup import EnvSettings, create_env, env_info
 
 PACKAGE = "tests.spaces_env"
 
@@ -76,7 +76,7 @@ def test_minigrid_names_its_extra_when_missing_or_works_when_installed():
             make_env("MiniGrid-Empty-5x5-v0")
         return
     cfg = parse_config(["--env", "MiniGrid-Empty-5x5-v0", "--train_dir", "/nonexistent"])
-    info = env_info(create_env(cfg))
+    info = env_info(create_env(EnvSettings.from_config(cfg)))
     assert info.obs_space["image"].shape == (3, 7, 7)
     assert "mission" not in info.obs_space.spaces and info.obs_left_out
 
@@ -84,7 +84,7 @@ def test_minigrid_names_its_extra_when_missing_or_works_when_installed():
 def test_env_packages_imports_first(unimported):
     cfg = parse_config(["--env", "PixelsHWC-v0", "--env_packages", PACKAGE,
                         "--train_dir", "/nonexistent"])
-    info = env_info(create_env(cfg))
+    info = env_info(create_env(EnvSettings.from_config(cfg)))
     assert info.obs_space["obs"].shape == (3, 40, 44)
 
 
@@ -93,7 +93,7 @@ def test_env_packages_that_cannot_be_imported_is_one_line():
                         "--train_dir", "/nonexistent"])
     with pytest.raises(UnknownEnvError, match="--env_packages fastrl_no_such_package: cannot "
                                               "import it"):
-        create_env(cfg)
+        create_env(EnvSettings.from_config(cfg))
 
 
 @pytest.mark.parametrize(("flag", "value", "message"), [

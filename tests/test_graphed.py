@@ -146,7 +146,7 @@ def test_graphs_warm_up_on_observations_of_the_space_not_on_zeros(device):
         acting = ActorCritic(space, ACTIONS, ModelSettings.from_config(cfg)).to(device)
         worker = PolicyWorker(acting, ACTIONS, buffers,
                               torch.zeros(12, model.rnn_state_size), torch.device(device),
-                              shared, deterministic=True, cuda_graphs=graphs)
+                              shared, deterministic=True, precision="fp32", cuda_graphs=graphs)
         if graphs and device == "cpu":
             worker._graphed = worker.graphed_actors(capture=_EagerCapture)
         workers.append((worker, buffers))

@@ -39,6 +39,7 @@ from fastrl.sampling.inference import PolicyWorker, one_transfer, to_host
 from fastrl.sampling.staging import Staging
 from fastrl.sampling.weights import SharedWeights
 from fastrl.transport.messages import InferenceRequest
+from tests.test_inference import ACTING
 from tests.test_ppo_batch import _batch
 
 VEC = spaces.Box(-1.0, 1.0, (5,))
@@ -406,7 +407,7 @@ def test_a_policy_worker_makes_one_transfer_per_batch(action_space, use_rnn, pat
     shared = SharedWeights(model, multiprocessing.get_context("spawn"))
     shared.publish(model, 2)
     worker = PolicyWorker(copy.deepcopy(model), action_space, buffers, rnn_state,
-                          torch.device("cpu"), weights=shared, deterministic=True)
+                          torch.device("cpu"), weights=shared, deterministic=True, **ACTING)
     worker.maybe_update_weights()
     requests = [InferenceRequest(0, 0, 1, (0, 1), (0, 1), 0, 0),  # rows in order: a batch
                 InferenceRequest(1, 0, 1, (2, 3), (2, 3), 0, 0)]  # in another order rounds apart

@@ -20,6 +20,8 @@ from fastrl.transport.messages import InferenceRequest
 OBS = spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACT = spaces.Discrete(3)
 CFG = Config(use_rnn=False, encoder_mlp_layers=[8], device="cpu", precision="fp32")
+# The policy worker's flags on a CPU: no autocast, no CUDA graphs.
+ACTING = {"precision": "fp32", "cuda_graphs": False}
 
 
 def _setup(weights):
@@ -29,7 +31,7 @@ def _setup(weights):
     torch.manual_seed(123)  # the acting model's own initialisation differs from the learner's
     model = ActorCritic(OBS, ACT, ModelSettings.from_config(CFG))
     worker = PolicyWorker(model, ACT, buffers, torch.zeros(2, 0), torch.device("cpu"),
-                          weights=weights)
+                          weights=weights, **ACTING)
     return worker, buffers
 
 

@@ -12,7 +12,7 @@ import pytest
 from fastrl.config.settings import Config
 from fastrl.experiment.reporter import Reporter
 from fastrl.experiment.stats import FIRST_EPISODES, TrainingStats
-from fastrl.sampling.env_setup import create_env, env_info, has_time_limit
+from fastrl.sampling.env_setup import EnvSettings, create_env, env_info, has_time_limit
 
 
 class Grid(gym.Env):
@@ -42,7 +42,7 @@ if GRID not in gym.registry:
 
 
 def _made(env: str, **flags) -> gym.Env:
-    return create_env(dataclasses.replace(Config(), env=env, **flags))
+    return create_env(EnvSettings.from_config(dataclasses.replace(Config(), env=env, **flags)))
 
 
 def test_which_envs_declare_a_time_limit():

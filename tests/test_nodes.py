@@ -332,11 +332,11 @@ def test_each_nodes_policy_worker_takes_its_share_of_the_ape_x_epsilons(tmp_path
     from fastrl.runner.cores import make_policy_worker
     from fastrl.runner.run_start import build_model
     from fastrl.runner.wiring import build_wiring
-    from fastrl.sampling.env_setup import probe_env
+    from fastrl.sampling.env_setup import EnvSettings, probe_env
 
     cfg = parse_config(base_args(tmp_path, COUNTING, *NODE_ARGS, "--num_sampler_nodes", "3",
                                  "--algo", "apex", "--replay_min_size", "128"))
-    info = probe_env(cfg)
+    info = probe_env(EnvSettings.from_config(cfg))
     model = build_model(cfg, info, torch.device("cpu"))
     shares = []
     for node in range(3):

@@ -15,11 +15,11 @@ from fastrl.policy.model import ActorCritic
 from fastrl.policy.spaces import ObsPlan, image_layout, storage
 from fastrl.run_config import parse_config
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
-from fastrl.sampling.env_setup import ObsAdapter, create_env, env_info
+from fastrl.sampling.env_setup import EnvSettings, ObsAdapter, create_env, env_info
 from fastrl.sampling.rollout import RolloutWorker
 from tests.spaces_env import EverySpace, every_space, hwc_frame
 from tests.test_model import small_settings
-from tests.test_rollout import drive
+from tests.test_rollout import drive, worker_flags
 
 SETTINGS = small_settings(rnn_size=8, encoder_fc_size=16, encoder_mlp_layers=[8],
                           normalize_input=True)
@@ -187,19 +187,20 @@ def test_leaf_and_flat_dict_spaces_need_no_adapter():
     assert not ObsPlan(spaces.Tuple((spaces.Discrete(2),))).identity
 
 
-def _cfg(env: str, *extra: str):
-    return parse_config(["--env", env, "--train_dir", "/nonexistent", *extra])
+def _settings(env: str, *extra: str) -> EnvSettings:
+    return EnvSettings.from_config(
+        parse_config(["--env", env, "--train_dir", "/nonexistent", *extra]))
 
 
 def test_create_env_adapts_only_what_needs_it():
-    cartpole = create_env(_cfg("CartPole-v1"))
+    cartpole = create_env(_settings("CartPole-v1"))
     assert not any(isinstance(w, ObsAdapter) for w in _wrappers(cartpole))
-    blackjack = create_env(_cfg("Blackjack-v1"))
+    blackjack = create_env(_settings("Blackjack-v1"))
     info = env_info(blackjack)
     assert sorted(info.obs_space.spaces) == ["obs.0", "obs.1", "obs.2"]
     obs, _ = blackjack.reset(seed=0)
     assert sorted(obs) == ["obs.0", "obs.1", "obs.2"]
-    frozen = create_env(_cfg("FrozenLake-v1"))
+    frozen = create_env(_settings("FrozenLake-v1"))
     assert isinstance(env_info(frozen).obs_space["obs"], spaces.Discrete)
 
 
@@ -214,17 +215,18 @@ def test_create_env_names_a_space_it_cannot_encode(monkeypatch):
     env.observation_space = spaces.Text(5)
     monkeypatch.setattr("fastrl.sampling.env_setup.make_env", lambda name, **kw: env)
     with pytest.raises(EnvSettingsError, match=r"env 'x': observation space Text\(.*cannot be"):
-        create_env(_cfg("x"))
+        create_env(_settings("x"))
 
 
 def test_channels_last_frames_land_transposed_in_the_buffers():
-    cfg = _cfg("tests.spaces_env:PixelsHWC-v0")
-    envs = [create_env(cfg) for _ in range(2)]
+    settings = _settings("tests.spaces_env:PixelsHWC-v0")
+    envs = [create_env(settings) for _ in range(2)]
     info = env_info(envs[0])
     assert info.obs_space["obs"].shape == (3, 40, 44)
     layout = BufferLayout.from_spaces(info.obs_space, info.action_space, 6, 5, 0)
     buffers = TrajectoryBuffers(layout)
-    worker = RolloutWorker(0, envs, buffers, torch.zeros(2, 0), list(range(6)), 2)
+    worker = RolloutWorker(0, envs, buffers, torch.zeros(2, 0), list(range(6)), 2,
+                           **worker_flags())
     completed, _ = drive(worker, buffers, steps=30)
     assert completed
     for group in completed:

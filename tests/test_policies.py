@@ -24,6 +24,7 @@ from fastrl.sampling.policy_assignment import PolicyAssignment, by_policy
 from fastrl.sampling.weights import LocalWeights
 from fastrl.transport.messages import InferenceRequest
 from tests.test_agents import make_worker as make_agents_worker
+from tests.test_inference import ACTING
 from tests.test_rollout import make_worker as make_single_worker
 
 T = 5
@@ -213,7 +214,7 @@ def test_the_policy_worker_acts_each_row_with_its_own_policy():
     sources[0].publish(models[0], 5)
     sources[1].publish(models[1], 9)
     worker = PolicyWorker(models[0], action_space, buffers, torch.zeros(6, 0), torch.device("cpu"),
-                          weights=sources[0], others=[(models[1], sources[1])])
+                          weights=sources[0], others=[(models[1], sources[1])], **ACTING)
     assert worker.has_weights is False
     worker.maybe_update_weights()
     assert worker.has_weights and worker.versions == [5, 9]
@@ -357,7 +358,7 @@ def _policy_learners(tmp_path):
     from fastrl.runner.cores import make_learner
     from fastrl.runner.stations import LearnerStation
     from fastrl.runner.wiring import build_wiring
-    from fastrl.sampling.env_setup import create_env, env_info
+    from fastrl.sampling.env_setup import EnvSettings, create_env, env_info
 
     cfg = parse_config(["--env", "tests.counting_env:CountingEnv-v0", "--train_dir",
                         str(tmp_path), "--experiment", "x", "--device", "cpu", "--use_rnn",
@@ -365,7 +366,7 @@ def _policy_learners(tmp_path):
                         "--batch_size", str(BATCH), "--num_envs_per_worker", "2", "--recipe",
                         "pixels", "--num_policies", "2", "--lr_schedule", "linear_decay",
                         "--learning_rate", str(LR), "--train_for_env_steps", str(BUDGET)])
-    env = create_env(cfg)
+    env = create_env(EnvSettings.from_config(cfg))
     info = env_info(env)
     env.close()
     learners = [make_learner(cfg, info, torch.device("cpu"), policy=k)[0] for k in range(2)]

@@ -8,7 +8,7 @@ import pytest
 
 from fastrl.env_registry import recommended_settings, register_env
 from fastrl.run_config import parse_config
-from fastrl.sampling.env_setup import env_options, reward_scale
+from fastrl.sampling.env_setup import EnvSettings, env_options, reward_scale
 from tests.counting_env import CountingEnv
 
 
@@ -31,9 +31,9 @@ def parse(tmp_path, *argv):
 )
 def test_scenarios_get_their_recommended_settings(tmp_path, env, scale, shaping):
     cfg = parse(tmp_path, "--env", env)
-    assert cfg.reward_scale == scale and reward_scale(cfg) == scale
+    assert cfg.reward_scale == scale and reward_scale(EnvSettings.from_config(cfg)) == scale
     assert cfg.env_reward_shaping is shaping
-    assert env_options(cfg).get("reward_shaping", False) is shaping
+    assert env_options(EnvSettings.from_config(cfg)).get("reward_shaping", False) is shaping
 
 
 def test_a_flag_overrides_the_recommendation(tmp_path):

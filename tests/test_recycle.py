@@ -19,7 +19,7 @@ from fastrl.config.settings import Config, ConfigError
 from fastrl.env_registry import register_env
 from fastrl.errors import EnvSettingsError
 from fastrl.run_config import parse_config
-from fastrl.sampling.env_setup import create_env
+from fastrl.sampling.env_setup import EnvSettings, create_env
 from tests.agents_env import AgentsEnv
 from tests.counting_env import CountingEnv
 from tests.test_rollout import T, drive, make_worker
@@ -153,8 +153,8 @@ def torch_all_valid(traj) -> bool:
     return bool((traj["policy_versions"] >= 0).all()) and bool((traj["rewards"] == 1.0).all())
 
 
-def _cfg(env: str, **flags) -> Config:
-    return dataclasses.replace(Config(), env=env, **flags)
+def _settings(env: str, **flags) -> EnvSettings:
+    return EnvSettings.from_config(dataclasses.replace(Config(), env=env, **flags))
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +179,7 @@ def _agents_opting_in() -> AgentsEnv:
     ("recycle_agents", {}, None),  # never a multi-agent env by itself
 ])
 def test_create_env_recycles_as_the_flags_and_the_env_ask(registered, env, flags, episodes):
-    made = create_env(_cfg(env, **flags))
+    made = create_env(_settings(env, **flags))
     assert (made.episodes if isinstance(made, Recycle) else None) == episodes
     made.close()
 
@@ -194,12 +194,12 @@ def test_create_env_recycles_as_the_flags_and_the_env_ask(registered, env, flags
 ])
 def test_what_an_env_cannot_do_is_one_line(registered, env, flags, needle):
     with pytest.raises(EnvSettingsError) as info:
-        create_env(_cfg(env, **flags))
+        create_env(_settings(env, **flags))
     assert str(info.value).startswith(needle) and "\n" not in str(info.value)
 
 
 def test_the_memory_bound_reads_the_engines_resident_memory(registered):
-    env = create_env(_cfg("recycle_opt_in", env_recycle_mb=1 << 16))  # 64 GB
+    env = create_env(_settings("recycle_opt_in", env_recycle_mb=1 << 16))  # 64 GB
     with open("/proc/self/statm") as fh:
         rss = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     assert env.max_rss == 2**36 and abs(env._rss(env) - rss) < 64 * 2**20
@@ -230,10 +230,10 @@ def test_a_doom_engine_is_made_anew_every_2_episodes_and_the_old_one_is_gone():
     from envs.doom import RECYCLE_EPISODES
     from fastrl.transport.procs import SHM_DIR
 
-    default = create_env(_cfg("doom_basic"))
+    default = create_env(_settings("doom_basic"))
     assert isinstance(default, Recycle) and default.episodes == RECYCLE_EPISODES
     default.close()
-    env = create_env(_cfg("doom_basic", env_recycle_episodes=2))
+    env = create_env(_settings("doom_basic", env_recycle_episodes=2))
     rng = np.random.default_rng(0)
     pids, ids, returns = [], [], []
     for k in range(7):
@@ -259,7 +259,7 @@ def test_a_doom_engine_is_made_anew_every_2_episodes_and_the_old_one_is_gone():
 @pytest.mark.doom
 def test_a_match_against_bots_is_hosted_anew_on_a_new_port():
     pytest.importorskip("vizdoom")
-    env = create_env(_cfg("doom_duel_bots", env_recycle_episodes=1, env_max_episode_steps=5))
+    env = create_env(_settings("doom_duel_bots", env_recycle_episodes=1, env_max_episode_steps=5))
     assert env.episodes == 1
     pids, ports = [], []
     for k in range(3):

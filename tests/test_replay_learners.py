@@ -145,12 +145,12 @@ def test_dev_shm_is_checked_for_the_sum_of_the_shared_store_and_the_buffers(tmp_
     from fastrl.algo.replay.apex import shared_store_nbytes
     from fastrl.errors import ExperimentError
     from fastrl.runner.parallel import ParallelRunner
-    from fastrl.sampling.env_setup import probe_env
+    from fastrl.sampling.env_setup import EnvSettings, probe_env
 
     cfg = parse_config([*FLAGS["apex"][:4], "--replay_capacity", str(1 << 20), "--device",
                         "cpu", "--num_learners", "2", "--train_dir", str(tmp_path),
                         "--experiment", "x"])
-    info = probe_env(cfg)
+    info = probe_env(EnvSettings.from_config(cfg))
     settings = ReplaySettings.from_config(cfg)
     store = shared_store_nbytes(settings, info.obs_space, info.action_space)  # its columns
     free = store + (4 << 10)  # the store alone fits, and so do the buffers (tens of KiB)

@@ -15,7 +15,7 @@ from gymnasium import spaces
 from envs.wrappers import ConcatVectors
 from fastrl.errors import EnvOutputError, EnvSettingsError
 from fastrl.run_config import parse_config
-from fastrl.sampling.env_setup import create_env, env_info
+from fastrl.sampling.env_setup import EnvSettings, create_env, env_info
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -49,7 +49,7 @@ def _keys_joined_or_flag_named(cfg, size: int) -> None:
     """``--obs_keys`` with ``--env_concat_vectors``: the chosen keys joined (``size``
     numbers), or a refusal that names the flag to drop."""
     try:
-        env = create_env(cfg)
+        env = create_env(EnvSettings.from_config(cfg))
     except EnvSettingsError as exc:
         assert "--env_concat_vectors" in str(exc)
     else:
@@ -71,7 +71,7 @@ MANIPULATOR = {"arm_pos": (8, 2), "arm_vel": (8,), "hand_pos": (4,), "touch": (5
 def test_a_matrix_key_is_flattened_into_the_vector(monkeypatch):
     monkeypatch.setattr("fastrl.sampling.env_setup.make_env",
                         lambda name, **kw: DictEnv(MANIPULATOR))
-    env = create_env(_cfg("--env_concat_vectors", "True"))
+    env = create_env(EnvSettings.from_config(_cfg("--env_concat_vectors", "True")))
     assert env_info(env).obs_space["obs"].shape == (16 + 8 + 4 + 5,)
 
 
@@ -83,7 +83,7 @@ def test_dm_control_tasks_with_matrices_start_with_the_bare_command(env_id, tmp_
     _needs_dm_control()
     cfg = parse_config(["--env", env_id, "--train_dir", str(tmp_path), "--experiment", "x"])
     assert cfg.env_concat_vectors  # (the family's default)
-    env = create_env(cfg)
+    env = create_env(EnvSettings.from_config(cfg))
     try:
         want = sum(int(np.prod(s.shape)) for s in env.unwrapped.observation_space.values())
         assert env_info(env).obs_space["obs"].shape == (want,)

@@ -85,11 +85,11 @@ def test_a_seeded_evaluation_repeats_when_the_env_is_recycled():
     with a small --env_recycle_episodes nearly every one)."""
     from fastrl.experiment.evaluation import evaluate
     from fastrl.policy.model import ActorCritic
-    from fastrl.sampling.env_setup import create_env
+    from fastrl.sampling.env_setup import EnvSettings, create_env
     from tests.test_model import small_settings
 
     cfg = dataclasses.replace(Config(), env="CartPole-v1", env_recycle_episodes=2)
-    env = create_env(cfg)
+    env = create_env(EnvSettings.from_config(cfg))
     try:
         assert isinstance(env, Recycle)
         small = small_settings(use_rnn=False, rnn_size=8, encoder_fc_size=16,

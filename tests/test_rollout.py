@@ -7,6 +7,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
+from fastrl.config.settings import Config
 from fastrl.sampling.buffers import (
     FILL_FLOAT,
     FILL_INT,
@@ -22,6 +23,14 @@ from tests.counting_env import CountingEnv
 T = 5
 
 
+def worker_flags(**overrides) -> dict:
+    """The keywords a rollout worker takes without a default, at ``Config``'s defaults (the
+    reward unscaled), with ``overrides``."""
+    cfg = Config()
+    return {"reward_scale": 1.0, "reward_clip": cfg.reward_clip,
+            "action_bounds": cfg.action_bounds, "env_check": cfg.env_check, **overrides}
+
+
 def make_worker(num_envs=4, splits=2, per_env=3, rnn=0, per_round=None, worker_id=0, envs=None,
                 **kwargs):
     if envs is None:
@@ -32,7 +41,7 @@ def make_worker(num_envs=4, splits=2, per_env=3, rnn=0, per_round=None, worker_i
     buffers = TrajectoryBuffers(layout)
     rnn_state = torch.zeros((num_envs * (worker_id + 1), rnn))
     worker = RolloutWorker(worker_id, envs, buffers, rnn_state, list(range(layout.num_buffers)),
-                           splits, trajectories_per_round=per_round, **kwargs)
+                           splits, trajectories_per_round=per_round, **worker_flags(**kwargs))
     return worker, envs, buffers, rnn_state
 
 

@@ -19,15 +19,16 @@ from fastrl.config.settings import Config
 from fastrl.errors import EnvOutputError, EnvSettingsError
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.model_settings import ModelSettings
+from fastrl.runner.wiring import weighed_reward_terms
 from fastrl.sampling.agents import MultiAgentRolloutWorker
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.env_faults import write_reward_terms
-from fastrl.sampling.env_setup import env_info, reward_term_names, weighed_reward_terms
+from fastrl.sampling.env_setup import env_info, reward_term_names
 from fastrl.sampling.rollout import RolloutWorker
 from tests.agents_env import AgentsEnv
 from tests.counting_env import CountingEnv
 from tests.test_ppo_batch import _batch
-from tests.test_rollout import drive, fake_policy
+from tests.test_rollout import drive, fake_policy, worker_flags
 
 T = 5
 TERMS = ("bonus", "cost")
@@ -101,7 +102,7 @@ def test_a_worker_keeps_each_steps_terms_apart_and_leaves_the_reward_to_the_lear
     envs = [ShapedCountingEnv(env_tag=i, episode_len=7) for i in range(4)]
     buffers = _buffers(envs[0], 12, 2)
     worker = RolloutWorker(0, envs, buffers, torch.zeros((4, 0)), list(range(12)), 2,
-                           reward_scale=2.0, reward_clip=1.0)
+                           **worker_flags(reward_scale=2.0, reward_clip=1.0))
     completed, _ = drive(worker, buffers, steps=60)
     assert completed
     for group in completed:
@@ -111,8 +112,8 @@ def test_a_worker_keeps_each_steps_terms_apart_and_leaves_the_reward_to_the_lear
     # Without the terms in the buffers the same env's reward is clipped, as before.
     plain = _buffers(envs[0], 12, 0)
     worker = RolloutWorker(0, [ShapedCountingEnv(env_tag=i) for i in range(4)], plain,
-                           torch.zeros((4, 0)), list(range(12)), 2, reward_scale=2.0,
-                           reward_clip=1.0)
+                           torch.zeros((4, 0)), list(range(12)), 2,
+                           **worker_flags(reward_scale=2.0, reward_clip=1.0))
     completed, _ = drive(worker, plain, steps=60)
     assert all("reward_terms" not in traj and torch.all(traj["rewards"] == 1.0)
                for group in completed for _, traj in group)
@@ -122,7 +123,7 @@ def test_bad_terms_are_an_env_fault_like_any_other():
     envs = [ShapedCountingEnv(env_tag=i, bad_at=3 if i == 0 else None) for i in range(2)]
     buffers = _buffers(envs[0], 6, 2)
     worker = RolloutWorker(0, envs, buffers, torch.zeros((2, 0)), list(range(6)), 1,
-                           env_factory=lambda: ShapedCountingEnv(env_tag=9))
+                           env_factory=lambda: ShapedCountingEnv(env_tag=9), **worker_flags())
     out = worker.start()
     faults = []
     for _ in range(6):
@@ -136,7 +137,8 @@ def test_bad_terms_are_an_env_fault_like_any_other():
 def test_each_agent_of_a_multi_agent_env_gets_its_own_terms():
     envs = [AgentsEnv(env_tag=i + 1, shaping=True) for i in range(2)]
     buffers = _buffers(envs[0], 4 * 3, 2)
-    worker = MultiAgentRolloutWorker(0, envs, buffers, torch.zeros((4, 0)), list(range(12)), 1)
+    worker = MultiAgentRolloutWorker(0, envs, buffers, torch.zeros((4, 0)), list(range(12)), 1,
+                                     **worker_flags())
     completed, _ = drive(worker, buffers, steps=40)
     assert completed
     for group in completed:

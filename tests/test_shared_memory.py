@@ -18,7 +18,7 @@ from fastrl.run_config import parse_config
 from fastrl.runner import wiring as wiring_module
 from fastrl.runner.run_start import build_model
 from fastrl.runner.wiring import build_wiring, check_shared_memory
-from fastrl.sampling.env_setup import probe_env
+from fastrl.sampling.env_setup import EnvSettings, probe_env
 
 MIB = 2**20
 
@@ -36,7 +36,7 @@ def dev_shm_free(monkeypatch, nbytes: int) -> None:
 def _parallel_wiring(tmp_path, *flags):
     cfg = parse_config(["--env", "CartPole-v1", "--device", "cpu", "--train_dir",
                         str(tmp_path), "--experiment", "x", *flags])
-    info = probe_env(cfg)
+    info = probe_env(EnvSettings.from_config(cfg))
     model = build_model(cfg, info, torch.device("cpu"))
     return build_wiring(cfg, info, model, cfg.num_workers, cfg.num_envs_per_worker,
                         ctx=multiprocessing.get_context("spawn"))

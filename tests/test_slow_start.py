@@ -16,7 +16,7 @@ from fastrl.runner.run_start import build_model
 from fastrl.runner.stations import RolloutStation
 from fastrl.runner.supervisor import hung_message
 from fastrl.runner.wiring import build_wiring
-from fastrl.sampling.env_setup import probe_env
+from fastrl.sampling.env_setup import EnvSettings, probe_env
 from fastrl.sampling.startup import (
     CREATING,
     DECORRELATING,
@@ -139,7 +139,7 @@ def test_a_rollout_station_stops_making_envs_when_the_run_stops(tmp_path):
                         "--num_envs_per_worker", "2", "--worker_num_splits", "1",
                         "--recipe", "pixels", "--use_rnn", "False", "--rollout", "8",
                         "--batch_size", "16"])
-    info = probe_env(cfg)
+    info = probe_env(EnvSettings.from_config(cfg))
     wiring = build_wiring(cfg, info, build_model(cfg, info, torch.device("cpu")), 1, 2)
     station = RolloutStation(wiring, 0, 1.0)
     wiring.stop.set()

@@ -28,6 +28,7 @@ from fastrl.sampling.rollout import RolloutWorker
 from tests.agents_env import AgentsEnv
 from tests.counting_env import CountingEnv, MisbehavingCountingEnv
 from tests.test_env_output import Run
+from tests.test_rollout import worker_flags
 
 NAN = float("nan")
 
@@ -91,7 +92,8 @@ def make_worker(envs, factory, worker_class=RolloutWorker, **kwargs):
                                       envs[0].action_space, 3 * slots, 5, 0)
     buffers = TrajectoryBuffers(layout)
     worker = worker_class(0, envs, buffers, torch.zeros((slots, 0)),
-                          list(range(layout.num_buffers)), 1, env_factory=factory, **kwargs)
+                          list(range(layout.num_buffers)), 1, env_factory=factory,
+                          **worker_flags(**kwargs))
     return worker, buffers
 
 

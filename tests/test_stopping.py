@@ -15,7 +15,7 @@ from fastrl.run_config import parse_config
 from fastrl.runner.run_start import build_model
 from fastrl.runner.stations import RolloutStation
 from fastrl.runner.wiring import build_wiring
-from fastrl.sampling.env_setup import probe_env
+from fastrl.sampling.env_setup import EnvSettings, probe_env
 from fastrl.transport.stopping import (
     StopFlag,
     StopInterrupt,
@@ -128,7 +128,7 @@ def test_a_rollout_worker_busy_in_its_start_up_steps_is_interrupted(tmp_path):
                         "--num_envs_per_worker", "2", "--worker_num_splits", "1",
                         "--recipe", "pixels", "--use_rnn", "False", "--rollout", "8",
                         "--batch_size", "16", "--decorrelate_envs_on_one_worker", "True"])
-    info = probe_env(cfg)
+    info = probe_env(EnvSettings.from_config(cfg))
     wiring = build_wiring(cfg, info, build_model(cfg, info, torch.device("cpu")), 1, 2)
     station = RolloutStation(wiring, 0, 1.0)
     envs = [SlowStartCountingEnv(busy_from=0, busy_seconds=10.0, env_tag=i) for i in range(2)]

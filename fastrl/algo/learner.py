@@ -28,7 +28,7 @@ from fastrl.policy.compiled import compile_encoders
 from fastrl.policy.distributions import ActionDistribution
 from fastrl.policy.model import NORMALIZER_FRAMES, ActorCritic
 from fastrl.policy.recurrent import Cuts, find_cuts
-from fastrl.sampling.env_setup import reward_scale
+from fastrl.sampling.env_setup import EnvSettings, reward_scale
 
 # What population-based training (fastrl/algo/pbt/population.py) perturbs, per policy's learner;
 # also the weights of the env's reward-shaping terms, if it names them (``reward/<term>``).
@@ -71,7 +71,7 @@ class LearnerSettings:
         loss = LossParams(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(LossParams)})
         copied = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)
                   if f.name not in ("loss", "reward_scale")}
-        return cls(loss=loss, reward_scale=reward_scale(cfg), **copied)
+        return cls(loss=loss, reward_scale=reward_scale(EnvSettings.from_config(cfg)), **copied)
 
 
 class Learner:

@@ -16,8 +16,8 @@ from fastrl.config.settings import REPLAY_ALGOS
 from fastrl.experiment.checkpoint import restore_learner
 from fastrl.log import log
 from fastrl.runner.run_start import build_model
-from fastrl.runner.wiring import Wiring
-from fastrl.sampling.env_setup import EnvInfo, weighed_reward_terms
+from fastrl.runner.wiring import Wiring, weighed_reward_terms
+from fastrl.sampling.env_setup import EnvInfo
 from fastrl.sampling.free_policy import FreePolicyWorker, free_policy_requested
 from fastrl.sampling.inference import PolicyWorker
 

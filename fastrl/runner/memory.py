@@ -28,8 +28,8 @@ from gymnasium import spaces
 from fastrl.config.settings import REPLAY_ALGOS, Config
 from fastrl.policy.obs import as_dict_space
 from fastrl.policy.recurrent import state_size
-from fastrl.policy.spaces import ObsPlan
 from fastrl.sampling.buffers import BufferLayout
+from fastrl.sampling.env_setup import EnvSettings, obs_plan
 
 
 def shm_free() -> int | None:
@@ -147,8 +147,8 @@ def fit_memory(cfg: Config, keep: set[str], obs_space: spaces.Space,
         return None
     budget = budget or memory_budget(shared=not cfg.serial_mode)
     try:
-        keys = [k.strip() for k in cfg.obs_keys.split(",") if k.strip()]
-        model_space = as_dict_space(ObsPlan(obs_space, cfg.env_obs_layout, keys).model_space())
+        model_space = as_dict_space(obs_plan(EnvSettings.from_config(cfg), obs_space)
+                                    .model_space())
         need, n = buffers_nbytes(cfg, model_space, action_space, agents, cfg.num_workers,
                                  cfg.num_envs_per_worker)
     except ValueError:  # a space the run refuses anyway, in its own words

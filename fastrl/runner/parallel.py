@@ -53,7 +53,7 @@ from fastrl.runner.run_start import (
 from fastrl.runner.sampler_node import local_node_main
 from fastrl.runner.supervisor import Child, ChildError, Supervisor
 from fastrl.runner.wiring import Wiring, build_wiring
-from fastrl.sampling.env_setup import probe_env
+from fastrl.sampling.env_setup import EnvSettings, probe_env
 from fastrl.transport.messages import ChildFailed, Fenced, LearnerReady
 from fastrl.transport.procs import check_queue_layout, kill_descendants
 from fastrl.transport.signals import LauncherSignals, quit_status
@@ -102,7 +102,7 @@ class ParallelRunner:
         cfg = self.cfg
         check_learner_devices(cfg.device, cfg.num_learners)  # fail early on a bad device
         seed_everything(cfg.seed)
-        info = probe_env(cfg)
+        info = probe_env(EnvSettings.from_config(cfg))
         check_env_settings(cfg, info)
         announce_recipe(cfg, info)
         model = build_model(cfg, info, torch.device("cpu"))

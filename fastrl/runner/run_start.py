@@ -22,7 +22,7 @@ from fastrl.policy.obs import as_dict_space
 from fastrl.policy.spaces import is_image
 from fastrl.runner.memory import check_fits
 from fastrl.sampling.env_probe import recipe_line
-from fastrl.sampling.env_setup import EnvInfo, create_env
+from fastrl.sampling.env_setup import EnvInfo, EnvSettings, create_env
 
 # A replay store this large makes every checkpoint that large: said once at start.
 BIG_CHECKPOINT = 1 << 30
@@ -105,18 +105,19 @@ def start_evaluator(cfg: Config, info: EnvInfo, model: ActorCritic, device: torc
         return None
     video_dir = os.path.join(exp_dir, "videos") if cfg.eval_video else None
     shown = as_dict_space(info.obs_space).spaces.values()  # (the run's env, as the model sees it)
+    settings = EnvSettings.from_config(cfg)
     if video_dir is None or any(is_image(space) for space in shown):
-        env = create_env(cfg)
+        env = create_env(settings)
     else:
         if not has_display():  # pygame renders without a window and says nothing of it
             os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
         try:
-            env = create_env(cfg, render_mode="rgb_array")
+            env = create_env(settings, render_mode="rgb_array")
         except Exception as exc:  # noqa: BLE001 - the env cannot render to arrays
             log(f"--eval_video: env {cfg.env!r} has no image observation and cannot render its "
                 f"screen to arrays ({type(exc).__name__}: {exc}); evaluations record no video")
             video_dir = None
-            env = create_env(cfg)
+            env = create_env(settings)
     return PeriodicEvaluator(env, model, cfg.eval_every_env_frames, cfg.eval_episodes,
                              cfg.eval_deterministic, device, seed=cfg.seed,
                              start_frames=start_frames, video_dir=video_dir)

@@ -46,7 +46,7 @@ from fastrl.runner.process_setup import seed_everything
 from fastrl.runner.run_start import build_model
 from fastrl.runner.supervisor import Supervisor
 from fastrl.runner.wiring import Wiring, build_wiring
-from fastrl.sampling.env_setup import probe_env
+from fastrl.sampling.env_setup import EnvSettings, probe_env
 from fastrl.transport.messages import (
     ChildFailed,
     EnvCheckFailed,
@@ -186,7 +186,7 @@ class NodeRunner:
 def node_wiring(cfg: Config, node: int, ctx) -> Wiring:
     """Sampler node ``node``'s buffers and queues, in shared memory: those of its rollout and
     policy workers, without the learner's (its replay store stays on the learner node)."""
-    info = probe_env(cfg)
+    info = probe_env(EnvSettings.from_config(cfg))
     model = build_model(cfg, info, torch.device("cpu"))
     # The gateway ships a trajectory as soon as it is complete and frees its slot once
     # packed, so an env needs only the slot it fills: the batches wait on the learner node.

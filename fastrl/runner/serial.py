@@ -32,7 +32,7 @@ from fastrl.runner.run_start import (
 )
 from fastrl.runner.stations import PolicyStation, RolloutStation
 from fastrl.runner.wiring import build_wiring
-from fastrl.sampling.env_setup import create_env, env_info
+from fastrl.sampling.env_setup import EnvSettings, create_env, env_info
 from fastrl.transport.messages import LearnerReady
 from fastrl.transport.signals import LauncherSignals
 
@@ -56,8 +56,9 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
     rollouts: list[RolloutStation] = []
     reporter = evaluator = wandb_run = None
     try:
-        envs.extend(create_env(cfg) for _ in range(cfg.num_envs_per_worker))
-        info = env_info(envs[0], cfg.env_obs_layout)
+        env_settings = EnvSettings.from_config(cfg)
+        envs.extend(create_env(env_settings) for _ in range(cfg.num_envs_per_worker))
+        info = env_info(envs[0], env_settings.env_obs_layout)
         check_env_settings(cfg, info)
         with undone_if_refused(cfg):  # only once the checks have passed
             exp_dir = prepare_experiment_dir(cfg)

@@ -9,6 +9,7 @@ mode polls the same three stations in turn in one process (``fastrl/runner/seria
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import NoReturn
 
@@ -20,7 +21,7 @@ from fastrl.runner.fault_log import FaultLog
 from fastrl.runner.wiring import Wiring
 from fastrl.sampling.agents import MultiAgentRolloutWorker
 from fastrl.sampling.backlog import Backlog, backlog_cells
-from fastrl.sampling.env_setup import create_env, reward_scale
+from fastrl.sampling.env_setup import EnvSettings, create_env, reward_scale
 from fastrl.sampling.inference import PolicyWorker
 from fastrl.sampling.rollout import RolloutWorker
 from fastrl.sampling.rollout_records import StepOutput
@@ -71,11 +72,12 @@ class RolloutStation:
     def start(self, envs: list | None = None) -> None:
         """Create the envs (unless given) and the worker; send the first requests."""
         w, cfg = self.wiring, self.wiring.cfg
+        env_settings = EnvSettings.from_config(cfg)
         if envs is None:  # (the heartbeat ends the start when the run stops meanwhile)
             for i in range(w.envs_per_worker // w.info.num_agents):
                 w.beat_or_stop(self.worker_id)
                 self.activity(CREATING, i)
-                self.envs.append(interruptible(create_env, cfg))
+                self.envs.append(interruptible(create_env, env_settings))
         else:
             self.envs = envs
         first = self.worker_id * w.per_worker_buffers
@@ -88,11 +90,12 @@ class RolloutStation:
         self.worker = worker_type(
             self.worker_id, self.envs, w.buffers, w.rnn_state,
             list(range(first, first + w.per_worker_buffers)), cfg.worker_num_splits,
-            reward_scale(cfg), cfg.reward_clip, trajectories_per_round=per_round, seed=seed,
-            env_factory=lambda: create_env(cfg), env_timeout=cfg.env_timeout,
+            reward_scale=reward_scale(env_settings), reward_clip=cfg.reward_clip,
+            action_bounds=cfg.action_bounds, env_check=cfg.env_check,
+            trajectories_per_round=per_round, seed=seed,
+            env_factory=functools.partial(create_env, env_settings), env_timeout=cfg.env_timeout,
             decorrelate=cfg.decorrelate_envs_on_one_worker, generation=self.generation,
-            epoch=int(w.policy_epoch.value), action_bounds=cfg.action_bounds,
-            env_check=cfg.env_check, num_policies=w.num_policies,
+            epoch=int(w.policy_epoch.value), num_policies=w.num_policies,
             policy_seed=w.assign_seed, activity=self.activity,
             backlog=Backlog(backlog_cells(w.backlog, w.num_workers), self.worker_id,
                             w.backlog_limit))

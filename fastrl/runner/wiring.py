@@ -51,7 +51,7 @@ from fastrl.errors import ExperimentError
 from fastrl.runner.memory import buffers_per_env, shm_free
 from fastrl.sampling.backlog import backlog_limit
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
-from fastrl.sampling.env_setup import EnvInfo, weighed_reward_terms
+from fastrl.sampling.env_setup import EnvInfo
 from fastrl.sampling.weights import LocalWeights, SharedWeights, WeightsSource
 from fastrl.transport.mailbox import Mailbox
 from fastrl.transport.procs import Lifeline
@@ -183,6 +183,12 @@ class Wiring:
     def close(self) -> None:
         for q in self.queues():
             q.close()
+
+
+def weighed_reward_terms(cfg: Config, info: EnvInfo) -> tuple[str, ...]:
+    """The env's shaping terms each policy's learner weighs itself: all it names under
+    ``--with_pbt`` with ``--pbt_reward_shaping`` (fastrl/algo/pbt/reward_weights.py), else none."""
+    return info.reward_terms if cfg.with_pbt and cfg.pbt_reward_shaping else ()
 
 
 class _Counter:

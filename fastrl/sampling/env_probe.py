@@ -27,6 +27,7 @@ from fastrl.env_registry import (
 )
 from fastrl.policy.obs import ACTION_MASK_KEY, flat_action_mask, mask_logits
 from fastrl.policy.spaces import is_image
+from fastrl.sampling.env_setup import EnvSettings
 
 
 class EnvProbe(NamedTuple):
@@ -60,15 +61,15 @@ def try_probe(env_name: str, packages: str = "") -> EnvProbe | None:
         return None
 
 
-def env_spaces(cfg) -> EnvProbe | None:
-    """What the run's env ``cfg.env`` is, for its recipe, its action mask and the memory
+def env_spaces(settings: EnvSettings) -> EnvProbe | None:
+    """What the run's env ``settings.env`` is, for its recipe, its action mask and the memory
     budget: the spaces its built-in family declares (VizDoom and Atari, whose registry entries
     name their recipe: no engine is started at parse time, four for a self-play match), else
     :func:`try_probe`."""
-    declared = declared_spaces(cfg.env, cfg)
+    declared = declared_spaces(settings.env, settings)
     if declared is not None:
         return EnvProbe(*declared, info_action_mask=False)
-    return try_probe(cfg.env, cfg.env_packages)
+    return try_probe(settings.env, settings.env_packages)
 
 
 def env_facts(entry: dict[str, Any], probe: EnvProbe | None) -> EnvFacts:

@@ -1,16 +1,17 @@
-"""Envs as the config asks for them: options, observations in the form the model takes
-(``ObsAdapter``; a multi-agent env's agent by agent: ``AgentsObsAdapter``), frame stacking,
-reward scale, and the spaces (``EnvInfo``) that size the model and the shared buffers."""
+"""Envs as the flags ask for them (``EnvSettings``, copied from ``Config`` once by whoever
+holds it): options, observations in the form the model takes (``ObsAdapter``; a multi-agent
+env's agent by agent: ``AgentsObsAdapter``), frame stacking, reward scale, and the spaces
+(``EnvInfo``) that size the model and the shared buffers."""
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import gymnasium as gym
 from gymnasium import spaces
 
-from fastrl.config.settings import Config
 from fastrl.env_registry import (
     FINAL_OBS,
     concat_vectors,
@@ -28,29 +29,63 @@ from fastrl.policy.obs import as_dict_space
 from fastrl.policy.spaces import ObsPlan
 from fastrl.transport.signals import held
 
+if TYPE_CHECKING:
+    from fastrl.config.settings import Config
 
-def reward_scale(cfg: Config) -> float:
+
+@dataclass(frozen=True)
+class EnvSettings:
+    """What making the run's env reads: each field as the ``Config`` field of the same name
+    (``--help``), copied by :meth:`from_config`; no defaults of its own."""
+
+    env: str
+    env_packages: str  # imported before the env is made
+    # make_env's options (env_options: only those the user changed)
+    env_frameskip: int | None
+    env_max_episode_steps: int | None
+    env_measurements: bool
+    env_reward_shaping: bool
+    env_action_mask_from_info: bool
+    env_atari_rgb: bool
+    # made anew at an episode boundary (recycled)
+    env_recycle_episodes: int | None
+    env_recycle_mb: int
+    # the observation the model takes (obs_plan), frame stacking
+    env_obs_layout: str
+    obs_keys: str
+    env_concat_vectors: bool
+    env_framestack: int
+    # the training reward's scale (reward_scale: None is the env's recommended one)
+    reward_scale: float | None
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> EnvSettings:
+        """Each field read by name (a field missing from ``cfg`` raises AttributeError)."""
+        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
+
+
+def reward_scale(settings: EnvSettings) -> float:
     """``--reward_scale``; when it is None (a Config not made by ``parse_config``), the env's
     recommended scale, else 1.0."""
-    if cfg.reward_scale is not None:
-        return cfg.reward_scale
-    return float(recommended_settings(cfg.env).get("reward_scale", 1.0))
+    if settings.reward_scale is not None:
+        return settings.reward_scale
+    return float(recommended_settings(settings.env).get("reward_scale", 1.0))
 
 
-def env_options(cfg: Config) -> dict:
-    """Options for ``make_env`` from the config (only those the user changed)."""
+def env_options(settings: EnvSettings) -> dict:
+    """Options for ``make_env`` from the flags (only those the user changed)."""
     options: dict = {}
-    if cfg.env_frameskip is not None:
-        options["frameskip"] = cfg.env_frameskip
-    if cfg.env_max_episode_steps is not None:
-        options["max_episode_steps"] = cfg.env_max_episode_steps
-    if cfg.env_measurements:
+    if settings.env_frameskip is not None:
+        options["frameskip"] = settings.env_frameskip
+    if settings.env_max_episode_steps is not None:
+        options["max_episode_steps"] = settings.env_max_episode_steps
+    if settings.env_measurements:
         options["measurements"] = True
-    if cfg.env_reward_shaping:
+    if settings.env_reward_shaping:
         options["reward_shaping"] = True
-    if cfg.env_action_mask_from_info:
+    if settings.env_action_mask_from_info:
         options["action_mask_from_info"] = True
-    if cfg.env_atari_rgb:
+    if settings.env_atari_rgb:
         options["rgb"] = True
     return options
 
@@ -110,36 +145,36 @@ class AgentsObsAdapter(ObsAdapter):
         return {**info, FINAL_OBS: self.plan.convert(info[FINAL_OBS], "step (final_obs)", agent)}
 
 
-def obs_keys(cfg: Config) -> list[str]:
+def obs_keys(settings: EnvSettings) -> list[str]:
     """``--obs_keys`` as a list (empty: every key)."""
-    return [k.strip() for k in cfg.obs_keys.split(",") if k.strip()]
+    return [k.strip() for k in settings.obs_keys.split(",") if k.strip()]
 
 
-def obs_plan(cfg: Config, space: spaces.Space, keys: list[str] | None = None) -> ObsPlan:
+def obs_plan(settings: EnvSettings, space: spaces.Space, keys: list[str] | None = None) -> ObsPlan:
     """How ``space`` becomes the model's observation (``--env_obs_layout``, ``keys``: by
     default ``--obs_keys``); a space that cannot be encoded is an ``EnvSettingsError``
     naming it."""
-    keys = obs_keys(cfg) if keys is None else keys
+    keys = obs_keys(settings) if keys is None else keys
     try:
-        return ObsPlan(space, cfg.env_obs_layout, keys)
+        return ObsPlan(space, settings.env_obs_layout, keys)
     except ValueError as exc:
-        raise EnvSettingsError(f"env {cfg.env!r}: {exc}") from None
+        raise EnvSettingsError(f"env {settings.env!r}: {exc}") from None
 
 
-def _make(cfg: Config, extra: dict) -> gym.Env:
+def _make(settings: EnvSettings, extra: dict) -> gym.Env:
     # The processes an env starts (VizDoom's engine) never see the launcher's signals: a
     # scheduler's SIGTERM to the whole job must not kill them mid-step; they are closed in
     # order (fastrl.transport.signals).
     with held():
-        return make_env(cfg.env, **env_options(cfg), **extra)
+        return make_env(settings.env, **env_options(settings), **extra)
 
 
-def recycled(cfg: Config, env: gym.Env, factory) -> gym.Env:
+def recycled(settings: EnvSettings, env: gym.Env, factory) -> gym.Env:
     """``env``, made anew by ``factory`` at an episode boundary as ``--env_recycle_episodes``
     (None: the env's own ``metadata["recycle_episodes"]``, none for a multi-agent env) and
     ``--env_recycle_mb`` ask (``envs.wrappers.Recycle``); ``env`` itself when neither does.
     What the env cannot do is an ``EnvSettingsError`` naming the flag (``env`` closed)."""
-    episodes, mb = cfg.env_recycle_episodes, cfg.env_recycle_mb
+    episodes, mb = settings.env_recycle_episodes, settings.env_recycle_mb
     if episodes is None:
         episodes = 0 if is_multi_agent(env) else int(env.metadata.get("recycle_episodes") or 0)
     if not episodes and not mb:
@@ -147,10 +182,10 @@ def recycled(cfg: Config, env: gym.Env, factory) -> gym.Env:
     flag = f"--env_recycle_mb={mb}" if mb else f"--env_recycle_episodes={episodes}"
     try:
         if is_multi_agent(env):
-            raise ValueError(f"env {cfg.env!r} ({env.num_agents} agents) restarts its episodes "
-                             "itself, where nothing can make it anew; use 0")
+            raise ValueError(f"env {settings.env!r} ({env.num_agents} agents) restarts its "
+                             "episodes itself, where nothing can make it anew; use 0")
         if mb and not callable(getattr(env.unwrapped, "engine_pids", None)):
-            raise ValueError(f"env {cfg.env!r} names no processes of its own (an "
+            raise ValueError(f"env {settings.env!r} names no processes of its own (an "
                              "engine_pids() method) whose memory could be bounded; use 0")
         return recycle_env(env, factory, episodes=episodes, max_rss=mb * 2**20)
     except ValueError as exc:
@@ -158,33 +193,33 @@ def recycled(cfg: Config, env: gym.Env, factory) -> gym.Env:
         raise EnvSettingsError(f"{flag}: {exc}") from None
 
 
-def create_env(cfg: Config, **extra) -> gym.Env:
-    import_env_packages(cfg.env_packages, render=renders_frames(extra))
-    make = functools.partial(_make, cfg, extra)
-    env = recycled(cfg, make(), make)
-    keys = obs_keys(cfg)
-    if cfg.env_concat_vectors:  # (it takes --obs_keys: the model then sees the one vector)
-        env, keys = joined_vectors(cfg, env, keys), []
-    plan = obs_plan(cfg, env.observation_space, keys)
+def create_env(settings: EnvSettings, **extra) -> gym.Env:
+    import_env_packages(settings.env_packages, render=renders_frames(extra))
+    make = functools.partial(_make, settings, extra)
+    env = recycled(settings, make(), make)
+    keys = obs_keys(settings)
+    if settings.env_concat_vectors:  # (it takes --obs_keys: the model then sees the one vector)
+        env, keys = joined_vectors(settings, env, keys), []
+    plan = obs_plan(settings, env.observation_space, keys)
     if not plan.identity:  # an env the model takes as it is keeps exactly its own path
         env = (AgentsObsAdapter if is_multi_agent(env) else ObsAdapter)(env, plan)
-    if cfg.env_framestack > 1:
+    if settings.env_framestack > 1:
         if is_multi_agent(env):
             env.close()
-            raise EnvSettingsError(f"env {cfg.env!r} ({env.num_agents} agents): "
-                                   f"--env_framestack={cfg.env_framestack} stacks a single "
+            raise EnvSettingsError(f"env {settings.env!r} ({env.num_agents} agents): "
+                                   f"--env_framestack={settings.env_framestack} stacks a single "
                                    "agent's frames only; use --env_framestack 1")
-        env = stack_frames(env, cfg.env_framestack)
+        env = stack_frames(env, settings.env_framestack)
     return env
 
 
-def joined_vectors(cfg: Config, env: gym.Env, keys: list[str] | None = None) -> gym.Env:
+def joined_vectors(settings: EnvSettings, env: gym.Env, keys: list[str] | None = None) -> gym.Env:
     """``env`` with its observation of vectors as one vector (``--env_concat_vectors``,
     ``envs.wrappers.ConcatVectors``); one it cannot take is an ``EnvSettingsError`` naming
     the flag (``env`` closed)."""
     try:
         if is_multi_agent(env):
-            raise ValueError(f"it takes a single agent's observation; env {cfg.env!r} has "
+            raise ValueError(f"it takes a single agent's observation; env {settings.env!r} has "
                              f"{env.num_agents} agents")
         return concat_vectors(env, keys or ())
     except ValueError as exc:
@@ -272,12 +307,6 @@ def has_time_limit(env) -> bool:
     return False
 
 
-def weighed_reward_terms(cfg: Config, info: EnvInfo) -> tuple[str, ...]:
-    """The env's shaping terms each policy's learner weighs itself: all it names under
-    ``--with_pbt`` with ``--pbt_reward_shaping`` (fastrl/algo/pbt/reward_weights.py), else none."""
-    return info.reward_terms if cfg.with_pbt and cfg.pbt_reward_shaping else ()
-
-
 def reward_term_names(metadata: dict) -> tuple[str, ...]:
     """The shaping terms an env names in its ``metadata`` (none: ``()``); each a non-empty
     string, no name twice."""
@@ -291,10 +320,10 @@ def reward_term_names(metadata: dict) -> tuple[str, ...]:
     return names
 
 
-def probe_env(cfg: Config) -> EnvInfo:
+def probe_env(settings: EnvSettings) -> EnvInfo:
     """Create one env to read its spaces, then close it."""
-    env = create_env(cfg)
+    env = create_env(settings)
     try:
-        return env_info(env, cfg.env_obs_layout)
+        return env_info(env, settings.env_obs_layout)
     finally:
         env.close()

@@ -37,6 +37,13 @@ class PolicyWorker:
         rnn_state: ``[num_envs_total, H]`` recurrent state per env (CPU, possibly shared).
         weights: where the learner's weights come from (in serial mode, the learner's
             model itself: see :class:`fastrl.sampling.weights.LocalWeights`).
+        precision: the resolved ``--precision`` ("fp32", "bf16" or "fp16"; the learner's,
+            ``fastrl.device.resolve_precision``): the encoders' autocast.
+        cuda_graphs: ``--policy_cuda_graphs``: on a CUDA device, replay each model's acting
+            step from CUDA graphs (:class:`fastrl.sampling.graphed.GraphedActor`); not with
+            ``epsilons``.
+        (These two come without defaults: the caller passes the run's. The keywords after
+        them default to their feature off: no Config flag sets them.)
         deterministic: take the most likely action instead of sampling.
         epsilons: ``--algo apex``: ``[num_env_slots]``, each env slot's exploration rate
             (indexed like ``rnn_state``): the greedy action (``mode``), replaced by a uniform
@@ -46,16 +53,13 @@ class PolicyWorker:
             batch's rows are grouped by ``InferenceRequest.policies`` and each group is acted
             by its policy's model, from one gather of the observations and with one transfer
             back.
-        cuda_graphs: on a CUDA device, replay each model's acting step from CUDA graphs
-            (:class:`fastrl.sampling.graphed.GraphedActor`); not with ``epsilons``.
     """
 
     def __init__(self, model: ActorCritic, action_space, buffers: TrajectoryBuffers,
                  rnn_state: torch.Tensor, device: torch.device,
-                 weights: WeightsSource, deterministic: bool = False, precision: str = "fp32",
-                 epsilons: torch.Tensor | None = None,
-                 others: list[tuple[ActorCritic, WeightsSource]] = (),
-                 cuda_graphs: bool = False):
+                 weights: WeightsSource, *, precision: str, cuda_graphs: bool,
+                 deterministic: bool = False, epsilons: torch.Tensor | None = None,
+                 others: list[tuple[ActorCritic, WeightsSource]] = ()):
         self.model = model
         self.buffers = buffers
         self.rnn_state = rnn_state

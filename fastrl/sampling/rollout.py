@@ -62,6 +62,11 @@ class RolloutWorker(EnvStartup):
             writes it after each step, this worker zeroes it when an episode ends.
         free_buffers: slot indices this worker may fill at the start.
         num_splits: groups to split the envs into.
+
+        The flags' values come without defaults (the caller passes the run's: ``Config``'s
+        defaults are the only ones); the keywords after them default to their feature off
+        (async, unseeded, no env replaced, no time limit, one policy, no backlog).
+
         reward_scale, reward_clip: applied to the training reward (episode returns stay
             native); with ``buffers.reward_terms`` the learner clips
             (fastrl/algo/pbt/reward_weights.py).
@@ -99,13 +104,12 @@ class RolloutWorker(EnvStartup):
     """
 
     def __init__(self, worker_id: int, envs: list[gym.Env], buffers: TrajectoryBuffers,
-                 rnn_state: torch.Tensor, free_buffers: list[int], num_splits: int,
-                 reward_scale: float = 1.0, reward_clip: float = 1000.0,
+                 rnn_state: torch.Tensor, free_buffers: list[int], num_splits: int, *,
+                 reward_scale: float, reward_clip: float, action_bounds: str, env_check: str,
                  trajectories_per_round: int | None = None, seed: int | None = None,
                  env_factory: Callable[[], gym.Env] | None = None, env_timeout: float = 0.0,
                  generation: int = 0, epoch: int = 0, decorrelate: bool = False,
-                 action_bounds: str = "clip", env_check: str = "warn", num_policies: int = 1,
-                 policy_seed=None, activity: Activity | None = None,
+                 num_policies: int = 1, policy_seed=None, activity: Activity | None = None,
                  backlog: Backlog | None = None):
         if len(envs) % num_splits:
             raise ValueError(f"{len(envs)} envs cannot be split into {num_splits} equal groups")
