@@ -21,12 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
-from fastrl.config.settings import REPLAY_ALGOS
-
-if TYPE_CHECKING:
-    from fastrl.config.settings import Config
+from fastrl.config.settings import REPLAY_ALGOS, CopiedFromConfig
 
 STAGES = ("env", "inference", "learner", "transfer")
 CPU = "cpu"  # the key of the CPU busy fraction beside the stages'
@@ -38,9 +35,9 @@ CPU_SATURATED = 0.9
 
 
 @dataclasses.dataclass(frozen=True)
-class BottleneckSettings:
+class BottleneckSettings(CopiedFromConfig):
     """The flags the diagnosis reads and names in its advice: each field as the ``Config``
-    field of the same name (``--help``); no defaults of its own."""
+    field of the same name (``--help``)."""
 
     serial_mode: bool
     async_rl: bool
@@ -55,11 +52,6 @@ class BottleneckSettings:
     num_epochs: int
     num_batches_per_epoch: int
     replay_samples_per_insert: float
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> BottleneckSettings:
-        """Each field read by name (a field missing from ``cfg`` raises AttributeError)."""
-        return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
 
 
 class Diagnosis(NamedTuple):

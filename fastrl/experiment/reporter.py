@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fastrl.config.settings import CopiedFromConfig
 from fastrl.experiment.bottleneck import (
     progress_text,
 )
@@ -16,25 +17,19 @@ from fastrl.experiment.stats import NodeStats, TrainingStats, _Trailing
 from fastrl.log import log
 
 if TYPE_CHECKING:
-    from fastrl.config.settings import Config
     from fastrl.experiment.wandb_run import WandbRun
 
 BUSY_WINDOW = 30.0  # seconds of busy time behind each progress line's fractions
 
 
 @dataclass(frozen=True)
-class ReportSettings:
+class ReportSettings(CopiedFromConfig):
     """The reports' cadences and whether the run is serial (its progress line names no
-    limiting stage): each field as the ``Config`` field of the same name; no defaults."""
+    limiting stage): each field as the ``Config`` field of the same name."""
 
     summaries_every_sec: float
     log_every_sec: float
     serial_mode: bool
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> ReportSettings:
-        """Each field read by name (a field missing from ``cfg`` raises AttributeError)."""
-        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
 
 
 class Reporter:

@@ -29,18 +29,15 @@ import os
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 
 from fastrl.algo.learner import PBT_HYPERPARAMS
+from fastrl.config.settings import CopiedFromConfig
 from fastrl.errors import EnvSettingsError
 from fastrl.log import log
 from fastrl.transport.messages import LearnerReady, PbtReplace, PbtReplaced
-
-if TYPE_CHECKING:
-    from fastrl.config.settings import Config
 
 HISTORY = "pbt.jsonl"
 SEED_STREAM = 24  # the exchanges' random draws: [--seed, SEED_STREAM, ranking number]
@@ -87,9 +84,9 @@ def choose(objectives: dict[int, float], fraction: float, min_gap: float,
 
 
 @dataclass(frozen=True)
-class PbtSettings:
+class PbtSettings(CopiedFromConfig):
     """What the population reads: each field as the ``Config`` field of the same name
-    (``--help``, group "pbt"); no defaults of its own."""
+    (``--help``, group "pbt")."""
 
     num_policies: int
     stats_avg: int  # the objective's window, in episodes
@@ -103,11 +100,6 @@ class PbtSettings:
     pbt_min_gap: float
     pbt_perturb_min: float
     pbt_perturb_max: float
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> PbtSettings:
-        """Each field read by name (a field missing from ``cfg`` raises AttributeError)."""
-        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
 
 
 class Population:
