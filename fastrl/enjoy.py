@@ -44,9 +44,9 @@ from fastrl.experiment.checkpoint import (
     load_latest_checkpoint,
     refuse_changed_model_settings,
 )
-from fastrl.experiment.evaluation import EvalResult, evaluate
+from fastrl.experiment.evaluation import EvalResult, evaluate, play_match
 from fastrl.experiment.folder import write_json_atomic
-from fastrl.experiment.match import play_match, seats_and_checkpoints
+from fastrl.experiment.match import seats_and_checkpoints
 from fastrl.experiment.versus import OPPONENT_HELP, SELF, check_opponent, play_versus
 from fastrl.experiment.video import (
     DEFAULT_VIDEO_FPS,

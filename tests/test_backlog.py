@@ -129,13 +129,14 @@ def test_the_summary_gives_the_lag_of_every_batch_and_how_often_splits_were_held
     p50 and p95 are over the batches' means."""
     from fastrl.config.settings import Config
     from fastrl.experiment.reporter import print_final_summary
-    from fastrl.experiment.stats import TrainingStats
+    from fastrl.experiment.stats import StatsSettings, TrainingStats
     from fastrl.runner.run_loop import RunLoop
     from fastrl.transport.messages import LearnerReport, RolloutReport
 
-    stats = TrainingStats(Config(device="cpu"), 1)
+    cfg = Config(device="cpu")
+    stats = TrainingStats(StatsSettings.from_config(cfg), 1)
     loop = RunLoop.__new__(RunLoop)
-    loop.stats, loop.cfg, loop.note, loop.pbt = stats, stats.cfg, None, None
+    loop.stats, loop.cfg, loop.note, loop.pbt = stats, cfg, None, None
     means = [float(m) for m in range(1, 21)]  # 20 batches: lags 1..20
     last = {"policy_lag_min": 0.0, "policy_lag_mean": 20.0, "policy_lag_max": 40.0}
     loop.handle(LearnerReport(last, 10, 100, 0.1, lags=tuple((0.0, m, 2 * m) for m in means)))

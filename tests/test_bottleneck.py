@@ -11,11 +11,21 @@ import torch
 
 from fastrl.config.settings import Config
 from fastrl.experiment import stats as stats_module
-from fastrl.experiment.bottleneck import busy_fractions, cpu_seconds, diagnose, progress_text
-from fastrl.experiment.stats import TrainingStats
+from fastrl.experiment.bottleneck import (
+    BottleneckSettings,
+    busy_fractions,
+    cpu_seconds,
+    diagnose,
+    progress_text,
+)
+from fastrl.experiment.stats import StatsSettings, TrainingStats
 from tests.test_parallel import base_args, run_train
 
 PROCS = {"env": 2, "inference": 1, "learner": 1}
+
+
+def _flags(**overrides) -> BottleneckSettings:
+    return BottleneckSettings.from_config(Config(**overrides))
 
 
 def test_busy_fractions_average_over_each_stage_processes():
@@ -27,13 +37,13 @@ def test_busy_fractions_average_over_each_stage_processes():
 
 
 def test_a_saturated_learner_is_named_with_what_to_change():
-    cfg = Config(device="cpu", num_epochs=4, num_batches_per_epoch=2)
+    cfg = _flags(device="cpu", num_epochs=4, num_batches_per_epoch=2)
     d = diagnose({"env": 0.3, "inference": 0.1, "learner": 0.95}, cfg, 2, "cpu")
     assert d.stage == "learner"
     assert "learner busy 95%" in d.advice and "--num_epochs 4" in d.advice
     assert "--device cuda" in d.advice
     assert "--num_learners (now 1) if cores are idle" in d.advice
-    d = diagnose({"learner": 0.9}, Config(device="cuda", batch_size=512), 16, "cuda")
+    d = diagnose({"learner": 0.9}, _flags(device="cuda", batch_size=512), 16, "cuda")
     assert "--batch_size (now 512)" in d.advice and "up to the number of GPUs" in d.advice
     assert "--device cuda" not in d.advice
 
@@ -43,7 +53,7 @@ def test_the_learner_advice_reads_the_device_auto_resolves_to(monkeypatch, cores
     """What a run reports (TrainingStats.diagnose): --device auto trains on the GPU when there
     is one, whatever the number of cores, and on the CPU otherwise."""
     monkeypatch.setattr(stats_module, "available_cores", lambda: cores)
-    stats = TrainingStats(Config(device="auto", batch_size=512), 1)
+    stats = TrainingStats(StatsSettings.from_config(Config(device="auto", batch_size=512)), 1)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     d = stats.diagnose({"learner": 9.5}, 10.0)
     assert d.stage == "learner"
@@ -56,7 +66,7 @@ def test_the_learner_advice_reads_the_device_auto_resolves_to(monkeypatch, cores
 
 
 def test_saturated_envs_ask_for_workers_or_cores():
-    cfg = Config(num_workers=2, num_policy_workers=1)
+    cfg = _flags(num_workers=2, num_policy_workers=1)
     d = diagnose({"env": 0.9, "inference": 0.2, "learner": 0.4}, cfg, 16, "cpu")
     assert d.stage == "env" and "--num_workers (now 2)" in d.advice
     d = diagnose({"env": 0.9, "inference": 0.2, "learner": 0.4}, cfg, 2, "cpu")
@@ -64,19 +74,19 @@ def test_saturated_envs_ask_for_workers_or_cores():
 
 
 def test_saturated_inference_asks_for_policy_workers():
-    d = diagnose({"env": 0.5, "inference": 0.85, "learner": 0.4}, Config(), 8, "cpu")
+    d = diagnose({"env": 0.5, "inference": 0.85, "learner": 0.4}, _flags(), 8, "cpu")
     assert d.stage == "inference" and "--num_policy_workers (now 1)" in d.advice
 
 
 def test_no_saturated_stage_names_none_and_sync_mode_says_why():
-    d = diagnose({"env": 0.5, "inference": 0.2, "learner": 0.6}, Config(async_rl=False), 2,
+    d = diagnose({"env": 0.5, "inference": 0.2, "learner": 0.6}, _flags(async_rl=False), 2,
                  "cpu")
     assert d.stage is None
     assert "no stage is saturated" in d.advice and "take turns" in d.advice
 
 
 def test_serial_mode_reports_shares_of_one_process():
-    d = diagnose({"env": 0.2, "inference": 0.1, "learner": 0.7}, Config(serial_mode=True), 2,
+    d = diagnose({"env": 0.2, "inference": 0.1, "learner": 0.7}, _flags(serial_mode=True), 2,
                  "cpu")
     assert d.stage == "learner" and "serial mode" in d.advice and "70%" in d.advice
     assert progress_text(d.fractions, None) == "busy env 20% inf 10% learn 70%"
@@ -127,7 +137,7 @@ def test_cpu_seconds_on_this_machine_counts_a_busy_loop():
 def test_busy_cores_name_the_cpu_instead_of_more_policy_workers():
     """Measured on a 16-core GPU machine: the policy workers 94% busy, and twice as many of
     them each served half as much: their busy time was time waiting for a core."""
-    cfg = Config(num_workers=14, num_policy_workers=2)
+    cfg = _flags(num_workers=14, num_policy_workers=2)
     d = diagnose({"env": 0.8, "inference": 0.94, "learner": 0.6, "cpu": 0.97}, cfg, 16, "cuda")
     assert d.stage == "cpu"
     assert "the 16 CPU cores are 97% busy" in d.advice and "more cores" in d.advice
@@ -146,7 +156,7 @@ def test_busy_cores_name_the_cpu_instead_of_more_policy_workers():
     d = diagnose({"learner": 0.95, "cpu": 0.99}, cfg, 2, "cpu")
     assert d.stage == "learner" and "--learner_threads" not in d.advice
     # Serial mode keeps its own report.
-    d = diagnose({"env": 0.2, "learner": 0.7, "cpu": 0.99}, Config(serial_mode=True), 2, "cpu")
+    d = diagnose({"env": 0.2, "learner": 0.7, "cpu": 0.99}, _flags(serial_mode=True), 2, "cpu")
     assert d.stage == "learner" and "serial mode" in d.advice
     assert progress_text({"env": 0.2, "learner": 0.7, "cpu": 0.99}, "cpu") == (
         "busy env 20% learn 70% cpu 99% (cpu)")
@@ -156,7 +166,7 @@ def test_the_busy_fractions_of_a_run_include_the_cores(monkeypatch):
     readings = iter([100.0, 100.0, 115.0, 130.0])  # busy core seconds at each reading
     monkeypatch.setattr(stats_module, "cpu_seconds", lambda: next(readings))
     monkeypatch.setattr(stats_module, "available_cores", lambda: 2)
-    stats = TrainingStats(Config(device="cpu"), 1)  # reading 1: the origin
+    stats = TrainingStats(StatsSettings.from_config(Config(device="cpu")), 1)  # reading 1: origin
     busy = stats.busy_now()  # reading 2
     assert busy == {"cpu": 0.0}
     busy = stats.busy_now()  # reading 3

@@ -1,7 +1,9 @@
 """Each core's settings, built from ``Config`` with no defaults of their own: ``ModelSettings``
 (all that ``ActorCritic`` and its encoders read), ``LearnerSettings`` (the APPO learner's and
-its loss's), ``ReplaySettings`` (the replay learners' and their store's) and ``EnvSettings``
-(what making the run's env reads)."""
+its loss's), ``ReplaySettings`` (the replay learners' and their store's), ``EnvSettings``
+(what making the run's env reads), and the run's records beside the runner: ``PbtSettings``
+(the population's), ``StatsSettings`` with its ``BottleneckSettings`` (the statistics' and the
+bottleneck report's) and ``ReportSettings`` (the reporter's)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,12 @@ from gymnasium import spaces
 
 from fastrl.algo.appo import LossParams
 from fastrl.algo.learner import LearnerSettings
+from fastrl.algo.pbt.population import PbtSettings
 from fastrl.algo.replay.settings import ReplaySettings
 from fastrl.config.settings import MODEL_DEFINING, Config
+from fastrl.experiment.bottleneck import BottleneckSettings
+from fastrl.experiment.reporter import ReportSettings
+from fastrl.experiment.stats import StatsSettings
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.model_settings import ModelSettings
 from fastrl.sampling.env_setup import EnvSettings, create_env, env_options, reward_scale
@@ -150,3 +156,42 @@ def test_the_workers_take_the_flags_values_without_defaults_of_their_own():
     assert {k: v for k, v in rollout.items() if hasattr(Config, k)} == {
         "seed": None, "env_timeout": 0.0, "num_policies": 1}
     assert not {k for k in policy if hasattr(Config, k)}
+
+
+# The records' settings: each field but these is the Config field of the same name.
+RECORDS = {PbtSettings: set(), StatsSettings: {"bottleneck"}, BottleneckSettings: set(),
+           ReportSettings: set()}
+
+
+def _changed(value):
+    """Another value of the same kind than ``value`` (a Config default)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 3
+    if isinstance(value, str):
+        return {"appo": "apex", "auto": "cpu"}.get(value, value + "_x")
+    return 17  # None: an optional count (env_max_episode_steps, seed)
+
+
+@pytest.mark.parametrize("settings_class", list(RECORDS), ids=lambda c: c.__name__)
+def test_the_records_settings_are_config_s_values_with_no_defaults_of_their_own(settings_class):
+    resolved = RECORDS[settings_class]
+    copied = [f.name for f in dataclasses.fields(settings_class) if f.name not in resolved]
+    assert all(f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+               for f in dataclasses.fields(settings_class))
+    # Every copied field given a value other than Config's default, so that a field read
+    # from the wrong place (or a default of its own) shows.
+    cfg = Config(**{name: _changed(getattr(Config(), name)) for name in copied})
+    settings = settings_class.from_config(cfg)
+    assert {name: getattr(settings, name) for name in copied} == {
+        name: getattr(cfg, name) for name in copied}
+    values = {name: getattr(cfg, name) for name in copied}
+    del values[copied[0]]
+    with pytest.raises(AttributeError, match=copied[0]):
+        settings_class.from_config(SimpleNamespace(**values))
+
+
+def test_the_statistics_hold_the_bottleneck_report_s_settings():
+    cfg = Config(num_workers=5, serial_mode=True, algo="apex")
+    assert StatsSettings.from_config(cfg).bottleneck == BottleneckSettings.from_config(cfg)

@@ -11,7 +11,7 @@ import torch
 
 from fastrl.device import resolve_device, resolve_precision
 from fastrl.errors import ExperimentError
-from fastrl.experiment.stats import TrainingStats
+from fastrl.experiment.stats import StatsSettings, TrainingStats
 from fastrl.run_config import parse_config
 from fastrl.runner import children
 from fastrl.runner.parallel import ParallelRunner
@@ -153,7 +153,8 @@ def test_the_launcher_creates_no_cuda_context(tmp_path, no_cuda_context, capsys)
     try:
         wiring = runner.setup()
         runner._log_start(wiring, LearnerReady(None, None, 0, "cuda", "bf16"))
-        TrainingStats(runner.cfg, wiring.info.frameskip).diagnose({"learner": 9.0}, 10.0)
+        stats = TrainingStats(StatsSettings.from_config(runner.cfg), wiring.info.frameskip)
+        stats.diagnose({"learner": 9.0}, 10.0)
     finally:
         runner.shutdown()
     assert "device cuda (bf16), " in capsys.readouterr().out

@@ -235,12 +235,12 @@ def test_the_runner_counts_faults_by_kind_and_stops_on_a_strict_failure(capsys):
 
     from fastrl.config.settings import Config
     from fastrl.experiment.reporter import print_final_summary
-    from fastrl.experiment.stats import TrainingStats
+    from fastrl.experiment.stats import StatsSettings, TrainingStats
     from fastrl.runner.run_loop import RunLoop
     from fastrl.transport.messages import EnvCheckFailed, RolloutReport
 
-    stats = TrainingStats(Config(), frameskip=1)
-    loop = SimpleNamespace(note=None, stats=stats, cfg=stats.cfg)
+    stats = TrainingStats(StatsSettings.from_config(Config()), frameskip=1)
+    loop = SimpleNamespace(note=None, stats=stats, cfg=Config())
     RunLoop.handle(loop, RolloutReport([], 3, 20, {"reward": 2, "obs_shape": 1}))
     RunLoop.handle(loop, RolloutReport([], 1, 4, {"reward": 1}))
     summary = stats.summary(fps=0.0)

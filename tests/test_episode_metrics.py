@@ -11,8 +11,8 @@ from types import SimpleNamespace
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fastrl.config.settings import Config
-from fastrl.experiment.reporter import Reporter, print_final_summary
-from fastrl.experiment.stats import TrainingStats
+from fastrl.experiment.reporter import Reporter, ReportSettings, print_final_summary
+from fastrl.experiment.stats import StatsSettings, TrainingStats
 from fastrl.runner.run_loop import RunLoop
 from fastrl.transport.messages import EpisodeStats, RolloutReport
 from tests.counting_env import CountingEnv
@@ -55,7 +55,7 @@ def test_episodes_without_metrics_stay_as_they_were():
 
 
 def _stats(**cfg) -> TrainingStats:
-    return TrainingStats(Config(**cfg), 4)
+    return TrainingStats(StatsSettings.from_config(Config(**cfg)), 4)
 
 
 def test_stats_keep_recent_means_by_name_and_leave_out_what_is_not_a_number():
@@ -76,7 +76,7 @@ def test_stats_keep_recent_means_by_name_and_leave_out_what_is_not_a_number():
 
 def test_the_run_loop_passes_a_reports_metrics_on():
     stats = _stats()
-    loop = RunLoop(SimpleNamespace(cfg=stats.cfg), stats, reporter=None, turn=lambda: None)
+    loop = RunLoop(SimpleNamespace(cfg=Config()), stats, reporter=None, turn=lambda: None)
     loop.handle(RolloutReport([EpisodeStats(3, 2.0, 50, True, {"frags": 2.0, "deaths": 1.0})],
                               0, 0, {}))
     assert stats.episodes == 1 and stats.mean_metrics() == {"deaths": 1.0, "frags": 2.0}
@@ -84,7 +84,7 @@ def test_the_run_loop_passes_a_reports_metrics_on():
 
 def test_metrics_reach_tensorboard_summary_json_and_the_final_summary(tmp_path, capsys):
     stats = _stats()
-    reporter = Reporter(stats.cfg, str(tmp_path), stats)
+    reporter = Reporter(ReportSettings.from_config(Config()), str(tmp_path), stats)
     stats.add_episode(2.0, 50, metrics={"frags": 2.0, "placing": 1.0})
     stats.add_episode(-1.0, 50, metrics={"frags": -1.0, "placing": 2.0})
     summary = reporter.close()

@@ -10,8 +10,8 @@ import gymnasium as gym
 import pytest
 
 from fastrl.config.settings import Config
-from fastrl.experiment.reporter import Reporter
-from fastrl.experiment.stats import FIRST_EPISODES, TrainingStats
+from fastrl.experiment.reporter import Reporter, ReportSettings
+from fastrl.experiment.stats import FIRST_EPISODES, StatsSettings, TrainingStats
 from fastrl.sampling.env_setup import EnvSettings, create_env, env_info, has_time_limit
 
 
@@ -73,7 +73,7 @@ def _stats(first: tuple[float, int], recent: tuple[float, int], n: int = 100,
            time_limit: bool = False, **cfg) -> TrainingStats:
     """A run's stats: FIRST_EPISODES episodes of ``(return, length)`` ``first``, then ``n`` of
     ``recent``."""
-    stats = TrainingStats(Config(env=GRID, **cfg), 1, time_limit)
+    stats = TrainingStats(StatsSettings.from_config(Config(env=GRID, **cfg)), 1, time_limit)
     for ret, length in [first] * FIRST_EPISODES + [recent] * n:
         stats.add_episode(ret, length)
     return stats
@@ -107,7 +107,7 @@ def test_no_warning_where_a_time_limit_is_known_or_too_few_episodes_ended():
     stats = _stats((-0.5, 100), (-2.0, 3_000))
     stats.add_episode(-2.0, 3_000, truncated=True)  # a limit the env did not declare
     assert stats.long_episodes() is None
-    stats = TrainingStats(Config(env=GRID), 1)
+    stats = TrainingStats(StatsSettings.from_config(Config(env=GRID)), 1)
     for _ in range(FIRST_EPISODES - 1):
         stats.add_episode(-2.0, 3_000)
     assert stats.long_episodes() is None  # the scale is not known yet
@@ -115,7 +115,7 @@ def test_no_warning_where_a_time_limit_is_known_or_too_few_episodes_ended():
 
 def test_the_reporter_warns_once(tmp_path, capsys):
     stats = _stats((-0.5, 100), (-0.5, 100), n=0)
-    reporter = Reporter(stats.cfg, str(tmp_path), stats)
+    reporter = Reporter(ReportSettings.from_config(Config()), str(tmp_path), stats)
     reporter.write_summaries()
     assert "warning" not in capsys.readouterr().out
     for _ in range(100):

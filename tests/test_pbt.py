@@ -16,13 +16,13 @@ import torch
 from gymnasium import spaces
 
 from fastrl.algo.learner import PBT_HYPERPARAMS, Learner, LearnerSettings
-from fastrl.algo.pbt.population import HISTORY, Population, choose, perturb
+from fastrl.algo.pbt.population import HISTORY, PbtSettings, Population, choose, perturb
 from fastrl.algo.run_frames import RunFrames
 from fastrl.config.settings import Config, ConfigError
 from fastrl.env_registry import recommended_settings
 from fastrl.errors import EnvSettingsError
 from fastrl.experiment.checkpoint import checkpoint_state, restore_learner, save_checkpoint
-from fastrl.experiment.stats import TrainingStats
+from fastrl.experiment.stats import StatsSettings, TrainingStats
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.model_settings import ModelSettings
 from fastrl.run_config import parse_config
@@ -66,7 +66,8 @@ def _population(tmp_path, cfg: Config, counters: dict | None = None, writer=None
     queues = [LocalQueue() for _ in range(cfg.num_policies)]
     readies = [LearnerReady(counters if k == 0 else None, None, 0, "cpu", "fp32", k, dict(HP))
                for k in range(cfg.num_policies)]
-    return Population(cfg, str(tmp_path), queues, readies, writer), queues
+    return Population(PbtSettings.from_config(cfg), str(tmp_path), queues, readies,
+                      writer), queues
 
 
 def _history(tmp_path) -> list[dict]:
@@ -186,9 +187,10 @@ def test_new_weights_are_ranked_only_on_episodes_they_acted_whole(tmp_path):
     until its learner confirms, none counts; then only those whose every step the new
     version (``PbtReplaced.version``) or a later one acted. The other policies go on as
     before."""
-    pop, queues = _population(tmp_path, _cfg())
-    stats = TrainingStats(pop.cfg, 1)
-    loop = RunLoop(SimpleNamespace(cfg=pop.cfg), stats, reporter=None, turn=lambda: None,
+    cfg = _cfg()
+    pop, queues = _population(tmp_path, cfg)
+    stats = TrainingStats(StatsSettings.from_config(cfg), 1)
+    loop = RunLoop(SimpleNamespace(cfg=cfg), stats, reporter=None, turn=lambda: None,
                    pbt=pop)
 
     def report(policy: int, ret: float, version: int, n: int = 3) -> None:
@@ -367,7 +369,7 @@ def test_resume_restores_each_policys_hyperparameters_and_the_exchange_counters(
     assert (pop.rankings, pop.exchanges, pop.next_at) == (4, 3, 9000)
     assert pop.replaced == [1, 0, 2, 0]
     assert _history(tmp_path)[-1]["event"] == "resume"
-    stats = TrainingStats(cfg, 1)
+    stats = TrainingStats(StatsSettings.from_config(cfg), 1)
     stats.pbt = pop
     assert stats.counters()["pbt"] == counters["pbt"]  # what the next checkpoint saves
 

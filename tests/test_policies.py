@@ -301,11 +301,12 @@ def test_one_policy_keeps_the_summary_and_folders_of_before(tmp_path):
 
 def _report(tmp_path, num_policies: int):
     from fastrl.config.settings import Config
-    from fastrl.experiment.reporter import Reporter
-    from fastrl.experiment.stats import TrainingStats
+    from fastrl.experiment.reporter import Reporter, ReportSettings
+    from fastrl.experiment.stats import StatsSettings, TrainingStats
 
-    stats = TrainingStats(Config(num_policies=num_policies), 1)
-    reporter = Reporter(stats.cfg, str(tmp_path), stats)
+    cfg = Config(num_policies=num_policies)
+    stats = TrainingStats(StatsSettings.from_config(cfg), 1)
+    reporter = Reporter(ReportSettings.from_config(cfg), str(tmp_path), stats)
     for k in range(num_policies):
         stats.add_episode(10.0 + k, 5, policy=k, metrics={"frags": 2.0 * k})
         stats.add_learner_frames(100 * (k + 1), policy=k)
@@ -427,9 +428,9 @@ def test_a_resumed_run_decays_on_every_policys_checkpointed_frames(tmp_path):
 def test_resume_adds_up_each_policys_counters():
     from fastrl.config.settings import Config
     from fastrl.experiment.checkpoint import restore_counters
-    from fastrl.experiment.stats import TrainingStats
+    from fastrl.experiment.stats import StatsSettings, TrainingStats
 
-    stats = TrainingStats(Config(num_policies=2), 1)
+    stats = TrainingStats(StatsSettings.from_config(Config(num_policies=2)), 1)
     restore_counters(stats, {"env_frames": 700, "episodes": 9, "wall_seconds": 5.0}, 20, 1)
     restore_counters(stats, {"env_frames": 500, "episodes": 12, "wall_seconds": 6.0}, 15, 0)
     assert stats.env_frames == 1200 and stats.learner_steps == 35

@@ -17,7 +17,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, get_type_hints
+from typing import Any, TypeVar, get_type_hints
 
 ALGOS = ("appo", "apex", "r2d2")
 REPLAY_ALGOS = ("apex", "r2d2")  # trained from a replay store (fastrl/algo/replay/apex.py, r2d2.py)
@@ -410,6 +410,21 @@ def changed_model_settings(saved: Mapping[str, Any], current: Mapping[str, Any])
     The one check behind resuming, loading a checkpoint and enjoy."""
     return [key for key in MODEL_DEFINING
             if key in saved and key in current and saved[key] != current[key]]
+
+
+_Copied = TypeVar("_Copied", bound="CopiedFromConfig")
+
+
+class CopiedFromConfig:
+    """Base of a core's settings, a frozen dataclass whose every field is the ``Config`` field
+    of the same name, with no default of its own (``Config``'s are the only ones): built once
+    by the runner or a station with :meth:`from_config`, so that the core never sees the
+    whole config (docs/internals.md, "What each core takes")."""
+
+    @classmethod
+    def from_config(cls: type[_Copied], cfg: Any) -> _Copied:
+        """Each field read from ``cfg`` by name (one ``cfg`` lacks raises AttributeError)."""
+        return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
 
 
 # Settings added after experiments were first saved, with the value that reproduces what an

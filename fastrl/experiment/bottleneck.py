@@ -13,14 +13,17 @@ A stage's busy time is wall time, so it includes time spent waiting for a core. 
 them) tells the two apart: when nearly every core is busy, the cores limit the run, and more
 rollout or policy workers would only share them (measured on a 16-core GPU machine, where
 doubling the policy workers halved each one's throughput: perf/log/RESULTS.md).
+
+The advice names the flags to change with their values, from :class:`BottleneckSettings`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from fastrl.config.settings import REPLAY_ALGOS
+from fastrl.config.settings import REPLAY_ALGOS, CopiedFromConfig
 
 STAGES = ("env", "inference", "learner", "transfer")
 CPU = "cpu"  # the key of the CPU busy fraction beside the stages'
@@ -29,6 +32,26 @@ LABELS = {"env": "env", "inference": "inf", "learner": "learn", "transfer": "xfe
 SATURATED = 0.8
 # The cores are the limit when at least this share of their time is busy.
 CPU_SATURATED = 0.9
+
+
+@dataclasses.dataclass(frozen=True)
+class BottleneckSettings(CopiedFromConfig):
+    """The flags the diagnosis reads and names in its advice: each field as the ``Config``
+    field of the same name (``--help``)."""
+
+    serial_mode: bool
+    async_rl: bool
+    algo: str
+    num_workers: int
+    worker_num_splits: int
+    num_policy_workers: int
+    policy_threads: int
+    num_learners: int
+    learner_threads: int
+    batch_size: int
+    num_epochs: int
+    num_batches_per_epoch: int
+    replay_samples_per_insert: float
 
 
 class Diagnosis(NamedTuple):
@@ -84,9 +107,10 @@ def busy_fractions(busy_seconds: dict[str, float], seconds: float,
     return out
 
 
-def diagnose(fractions: dict[str, float], cfg: Any, cores: int, device_type: str) -> Diagnosis:
+def diagnose(fractions: dict[str, float], flags: BottleneckSettings, cores: int,
+             device_type: str) -> Diagnosis:
     """Name the stage that limits the run and what to change, from the busy fractions;
-    ``device_type`` is what ``cfg.device`` resolved to ("cuda" or "cpu")."""
+    ``device_type`` is what ``--device`` resolved to ("cuda" or "cpu")."""
     stages = {s: f for s, f in fractions.items() if s != CPU}
     if not stages:
         return Diagnosis(None, fractions, "no stage has reported yet")
@@ -94,7 +118,7 @@ def diagnose(fractions: dict[str, float], cfg: Any, cores: int, device_type: str
     share = f"{stages[stage]:.0%}"
     cpu = fractions.get(CPU)
     cpu_bound = cpu is not None and cpu >= CPU_SATURATED
-    if cfg.serial_mode:
+    if flags.serial_mode:
         return Diagnosis(stage, fractions, (
             f"serial mode: the {_NAMES[stage]} take{'s' if stage == 'learner' else ''} {share} "
             f"of the one process's time; parallel mode (without --serial_mode) runs the stages "
@@ -111,8 +135,8 @@ def diagnose(fractions: dict[str, float], cfg: Any, cores: int, device_type: str
             f"no stage is saturated (the busiest, the {_NAMES[stage]}, works {share} of the "
             f"time): the stages wait on each other or share the {cores} CPU cores"
             + ("; in sync mode (--async_rl False) sampling and learning take turns"
-               if not cfg.async_rl else "")))
-    advice = f"{_NAMES[stage]} busy {share}: " + _advice(stage, cfg, cores, device_type,
+               if not flags.async_rl else "")))
+    advice = f"{_NAMES[stage]} busy {share}: " + _advice(stage, flags, cores, device_type,
                                                          cpu_bound)
     return Diagnosis(stage, fractions, advice)
 
@@ -121,37 +145,38 @@ _NAMES = {"env": "rollout workers", "inference": "policy workers", "learner": "l
           "transfer": "links to the sampler nodes"}
 
 
-def _advice(stage: str, cfg: Any, cores: int, device_type: str, cpu_bound: bool) -> str:
+def _advice(stage: str, flags: BottleneckSettings, cores: int, device_type: str,
+            cpu_bound: bool) -> str:
     if stage == "learner":
         tips = ["the learner limits the run"]
         if device_type == "cpu":
             tips.append("a GPU (--device cuda) trains far faster")
-        if getattr(cfg, "algo", "appo") in REPLAY_ALGOS:
+        if flags.algo in REPLAY_ALGOS:
             tips.append(f"a lower --replay_samples_per_insert (now "
-                        f"{cfg.replay_samples_per_insert}) takes fewer learner steps per env "
+                        f"{flags.replay_samples_per_insert}) takes fewer learner steps per env "
                         "step (the rate limiter holds the envs back to keep it)")
-        elif cfg.num_epochs * cfg.num_batches_per_epoch > 1:
-            tips.append(f"fewer SGD steps per batch (--num_epochs {cfg.num_epochs} x "
-                        f"--num_batches_per_epoch {cfg.num_batches_per_epoch})")
+        elif flags.num_epochs * flags.num_batches_per_epoch > 1:
+            tips.append(f"fewer SGD steps per batch (--num_epochs {flags.num_epochs} x "
+                        f"--num_batches_per_epoch {flags.num_batches_per_epoch})")
         if device_type == "cuda":
-            tips.append(f"a bigger --batch_size (now {cfg.batch_size}) uses the GPU better")
-            tips.append(f"--num_learners (now {cfg.num_learners}) up to the number of GPUs")
+            tips.append(f"a bigger --batch_size (now {flags.batch_size}) uses the GPU better")
+            tips.append(f"--num_learners (now {flags.num_learners}) up to the number of GPUs")
         elif not cpu_bound:
-            tips.append(f"more --learner_threads (now {cfg.learner_threads}) or "
-                        f"--num_learners (now {cfg.num_learners}) if cores are idle")
+            tips.append(f"more --learner_threads (now {flags.learner_threads}) or "
+                        f"--num_learners (now {flags.num_learners}) if cores are idle")
         return "; ".join(tips)
     if stage == "transfer":
         return ("receiving trajectories from the sampler nodes limits the run; a faster "
                 "network between the nodes, or fewer nodes with more envs each")
     if stage == "inference":
         return (f"inference limits the run; more --num_policy_workers (now "
-                f"{cfg.num_policy_workers}) or --policy_threads (now {cfg.policy_threads}), or "
+                f"{flags.num_policy_workers}) or --policy_threads (now {flags.policy_threads}), or "
                 f"more envs per worker for bigger inference batches")
-    processes = cfg.num_workers + cfg.num_policy_workers + 1
-    tip = (f"more --num_workers (now {cfg.num_workers})" if processes < cores and not cpu_bound
+    processes = flags.num_workers + flags.num_policy_workers + 1
+    tip = (f"more --num_workers (now {flags.num_workers})" if processes < cores and not cpu_bound
            else f"more cores: {processes} processes already share {cores}" if not cpu_bound
            else f"more cores: the {cores} cores are busy")
-    split = ("" if cfg.worker_num_splits >= 2
+    split = ("" if flags.worker_num_splits >= 2
              else "; --worker_num_splits 2 overlaps stepping with inference")
     return f"the envs limit the run; {tip}{split}"
 

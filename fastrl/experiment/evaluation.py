@@ -1,5 +1,8 @@
 """Play whole episodes with a policy and measure them: used by ``enjoy.py`` and by training
 (``--eval_every_env_frames``), so it works on any ``ActorCritic`` without touching its owner.
+One loop, :func:`play_match`, plays every seat of an env of several agents
+(:mod:`fastrl.experiment.match`); :func:`evaluate` is its case of one seat in a single-agent
+env.
 
 The acting loop mirrors the training one (``RolloutWorker`` + ``PolicyWorker``): one
 ``forward_step`` per agent step, the recurrent state carried from step to step and zeroed
@@ -25,6 +28,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from fastrl.env_registry import INACTIVE
 from fastrl.experiment.video import VideoRecorder, real_time_fps
 from fastrl.log import log
 from fastrl.policy.actions import ActionSpec
@@ -39,6 +43,7 @@ __all__ = [
     "PeriodicEvaluator",
     "evaluate",
     "obs_to_tensors",
+    "play_match",
     "to_env_action",
     "write_eval_summaries",
 ]
@@ -149,6 +154,28 @@ def _private_rng(seed: int | None, device: torch.device) -> Iterator[None]:
         yield
 
 
+class OneSeat:
+    """A single-agent env as an env of one agent under the multi-agent contract
+    (:mod:`fastrl.sampling.agents`), so that :func:`play_match` plays it: each item in a list
+    of one, and the env reset in ``step`` when an episode ends, unless that episode was the
+    last of the ``num_episodes`` to play (the env is left as the episode ended it)."""
+
+    def __init__(self, env: gym.Env, num_episodes: int):
+        self.env, self.episodes_left = env, num_episodes
+
+    def reset(self, seed: int | None = None) -> tuple[list, list]:
+        obs, info = self.env.reset(seed=seed)
+        return [obs], [info]
+
+    def step(self, actions: list) -> tuple[list, list, list, list, list]:
+        obs, reward, terminated, truncated, info = self.env.step(actions[0])
+        if terminated or truncated:
+            self.episodes_left -= 1
+            if self.episodes_left > 0:
+                obs, _ = self.env.reset()
+        return [obs], [reward], [terminated], [truncated], [info]
+
+
 def evaluate(
     model: ActorCritic,
     env: gym.Env,
@@ -159,7 +186,8 @@ def evaluate(
     seed: int | None = None,
     on_episode: Callable[[int, float, int, dict], None] | None = None,
 ) -> EvalResult:
-    """Play ``num_episodes`` complete episodes of ``env`` with ``model``; one env, batch 1.
+    """Play ``num_episodes`` complete episodes of ``env`` with ``model``; one env, batch 1:
+    :func:`play_match` with one seat, ``env`` played as a one-agent env (:class:`OneSeat`).
 
     Args:
         model: the actor-critic, already on ``device``. It is run under
@@ -181,46 +209,89 @@ def evaluate(
     Returns:
         :class:`EvalResult` with one entry per episode.
     """
+    sink = None if frame_sink is None else (lambda obs, _: frame_sink(obs, env))
+    counted = None if on_episode is None else (
+        lambda _agent, index, ret, length, metrics: on_episode(index, ret, length, metrics))
+    return play_match([model], [0], OneSeat(env, num_episodes), num_episodes, deterministic,
+                      device, frame_sink=sink, seed=seed, on_episode=counted)[0]
+
+
+def play_match(
+    models: list[ActorCritic],
+    seats: list[int],
+    env: gym.Env | OneSeat,
+    num_episodes: int,
+    deterministic: bool,
+    device: torch.device | str,
+    frame_sink: FrameSink | None = None,
+    seed: int | None = None,
+    on_episode: Callable[[int, int, float, int, dict], None] | None = None,
+    opponents: dict[int, Callable[[Any], Any]] | None = None,
+) -> list[EvalResult]:
+    """Play ``env`` (an env of several agents: :mod:`fastrl.experiment.match`) with
+    ``models[seats[a]]`` acting for agent ``a`` until every agent has finished
+    ``num_episodes`` episodes; return each agent's results. ``opponents[a]``, where given,
+    plays agent ``a`` instead: the agent's observation -> its action.
+
+    ``frame_sink`` gets agent 0's observations (the video shows what it saw). ``seed`` seeds
+    the env's reset and, in a private fork of torch's RNG, the action sampling.
+    ``on_episode(agent, index, native_return, length, metrics)`` is called after each
+    counted episode (results so far survive a ``KeyboardInterrupt``)."""
     if num_episodes < 1:
         raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
     device = torch.device(device)
-    result = EvalResult()
-    was_training = model.training
-    model.eval()
+    n = len(seats)
+    results = [EvalResult() for _ in range(n)]
+    modes = [m.training for m in models]
+    for m in models:
+        m.eval()
     try:
         with _private_rng(seed, device), torch.inference_mode():
             obs, _ = env.reset(seed=seed)
-            rnn_state = model.initial_rnn_state(1, device)
-            ep_return, ep_len = 0.0, 0
-            while result.episodes < num_episodes:
-                obs_dict = obs_to_dict(obs)
-                if frame_sink is not None:
-                    frame_sink(obs_dict, env)
-                tensors = obs_to_tensors(obs_dict, device)
-                logits, _, rnn_state = model.forward_step(tensors, rnn_state)
-                dist = ActionDistribution(logits, model.action_spec)
-                actions = dist.mode() if deterministic else dist.sample()
-                action = to_env_action(actions, model.action_spec)
-                obs, reward, terminated, truncated, info = env.step(action)
-                ep_return += float(reward)
-                ep_len += 1
-                if terminated or truncated:
-                    episode = info.get("episode")
-                    if episode is not None:
-                        ret, length = float(episode["r"]), int(episode["l"])
-                    else:
-                        ret, length = ep_return, ep_len
-                    result.add(ret, length, info.get("episode_metrics"))
-                    if on_episode is not None:
-                        on_episode(result.episodes - 1, ret, length, result.metrics[-1])
-                    ep_return, ep_len = 0.0, 0
-                    # As in training: the next episode starts from a zero hidden state.
-                    rnn_state = model.initial_rnn_state(1, device)
+            states = [models[seats[a]].initial_rnn_state(1, device) for a in range(n)]
+            ep_return, ep_len = [0.0] * n, [0] * n
+            while any(r.episodes < num_episodes for r in results):
+                actions = []
+                for a in range(n):
+                    model = models[seats[a]]
+                    obs_dict = obs_to_dict(obs[a])
+                    if a == 0 and frame_sink is not None:
+                        frame_sink(obs_dict, env)
+                    if opponents and a in opponents:
+                        actions.append(opponents[a](obs[a]))
+                        continue
+                    logits, _, states[a] = model.forward_step(obs_to_tensors(obs_dict, device),
+                                                              states[a])
+                    dist = ActionDistribution(logits, model.action_spec)
+                    actions.append(to_env_action(dist.mode() if deterministic else dist.sample(),
+                                                 model.action_spec))
+                obs, rewards, terminated, truncated, infos = env.step(actions)
+                for a in range(n):
+                    if infos[a].get(INACTIVE):
+                        # As in training (MultiAgentRolloutWorker._sit_out): a sat-out step
+                        # belongs to no episode, and the next step starts from zeros.
+                        ep_return[a], ep_len[a] = 0.0, 0
+                        states[a] = models[seats[a]].initial_rnn_state(1, device)
+                        continue
+                    ep_return[a] += float(rewards[a])
+                    ep_len[a] += 1
+                    if not (terminated[a] or truncated[a]):
+                        continue
+                    episode = infos[a].get("episode")
+                    ret, length = ((float(episode["r"]), int(episode["l"])) if episode is not None
+                                   else (ep_return[a], ep_len[a]))
+                    result = results[a]
                     if result.episodes < num_episodes:
-                        obs, _ = env.reset()
+                        result.add(ret, length, infos[a].get("episode_metrics"))
+                        if on_episode is not None:
+                            on_episode(a, result.episodes - 1, ret, length, result.metrics[-1])
+                    ep_return[a], ep_len[a] = 0.0, 0
+                    # As in training: each episode starts from a zero hidden state.
+                    states[a] = models[seats[a]].initial_rnn_state(1, device)
     finally:
-        model.train(was_training)
-    return result
+        for m, mode in zip(models, modes):
+            m.train(mode)
+    return results
 
 
 EVAL_VIDEO_FRAMES = 1000  # agent steps of an evaluation's video at most (its first episode)

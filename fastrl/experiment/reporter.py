@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fastrl.config.settings import Config
+from fastrl.config.settings import CopiedFromConfig
 from fastrl.experiment.bottleneck import (
     progress_text,
 )
@@ -21,15 +22,25 @@ if TYPE_CHECKING:
 BUSY_WINDOW = 30.0  # seconds of busy time behind each progress line's fractions
 
 
+@dataclass(frozen=True)
+class ReportSettings(CopiedFromConfig):
+    """The reports' cadences and whether the run is serial (its progress line names no
+    limiting stage): each field as the ``Config`` field of the same name."""
+
+    summaries_every_sec: float
+    log_every_sec: float
+    serial_mode: bool
+
+
 class Reporter:
     """Writes TensorBoard scalars (and W&B's: ``wandb_run``), ``summary.json`` and console
     progress at their cadences."""
 
-    def __init__(self, cfg: Config, experiment_dir: str, stats: TrainingStats,
+    def __init__(self, settings: ReportSettings, experiment_dir: str, stats: TrainingStats,
                  wandb_run: WandbRun | None = None):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.cfg = cfg
+        self.settings = settings
         self.dir = experiment_dir
         self.stats = stats
         # Every scalar of the run goes through this writer (evaluation's and PBT's too); with
@@ -45,10 +56,10 @@ class Reporter:
 
     def maybe_report(self, force: bool = False) -> None:
         now = time.time()
-        if force or now - self._last_summary >= self.cfg.summaries_every_sec:
+        if force or now - self._last_summary >= self.settings.summaries_every_sec:
             self._last_summary = now
             self.write_summaries()
-        if force or now - self._last_log >= self.cfg.log_every_sec:
+        if force or now - self._last_log >= self.settings.log_every_sec:
             self._last_log = now
             self.print_progress()
 
@@ -118,7 +129,7 @@ class Reporter:
         busy = s.busy_now()
         t0, busy0 = self._busy_history.push(now, busy, BUSY_WINDOW)
         d = s.diagnose({k: v - busy0.get(k, 0.0) for k, v in busy.items()}, now - t0)
-        busy_txt = progress_text(d.fractions, d.stage if not self.cfg.serial_mode else None)
+        busy_txt = progress_text(d.fractions, d.stage if not self.settings.serial_mode else None)
         log(f"frames {s.env_frames:,} | fps {s.fps():,.0f} | return {ret_txt} | "
             f"lag min/mean/max {lag_txt} | learner steps {s.learner_steps:,}"
             + (f" | {busy_txt}" if busy_txt else "") + node_text(s.nodes)

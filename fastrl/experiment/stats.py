@@ -1,4 +1,5 @@
-"""A run's counters and recent statistics, shared by the serial and parallel runners."""
+"""A run's counters and recent statistics, shared by the serial and parallel runners; what
+they read of the flags is :class:`StatsSettings`, copied from ``Config`` once by the runner."""
 
 from __future__ import annotations
 
@@ -7,14 +8,15 @@ import numbers
 import time
 from collections import Counter, deque
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fastrl.config.settings import Config
 from fastrl.device import resolved_device_type
 from fastrl.experiment.bottleneck import (
     CPU,
+    BottleneckSettings,
     Diagnosis,
     available_cores,
     busy_fractions,
@@ -22,6 +24,9 @@ from fastrl.experiment.bottleneck import (
     diagnose,
 )
 from fastrl.transport.messages import ENV_FAULT_KINDS
+
+if TYPE_CHECKING:
+    from fastrl.config.settings import Config
 
 # Episodes far longer than the env's own scale (issue 43: a gridworld with no time limit whose
 # policy wandered for thousands of steps, its return below random's): the scale is the median
@@ -112,11 +117,33 @@ class PolicyStats:
                 **({"episode_metrics": self.mean_metrics()} if self.metrics else {})}
 
 
+@dataclass(frozen=True)
+class StatsSettings:
+    """What the run's statistics read: each field as the ``Config`` field of the same name
+    (``--help``); no defaults of its own. ``bottleneck``: the flags the bottleneck report
+    reads (:class:`~fastrl.experiment.bottleneck.BottleneckSettings`)."""
+
+    env: str
+    experiment: str
+    stats_avg: int  # episodes in the recent means
+    num_policies: int
+    num_sampler_nodes: int
+    env_max_episode_steps: int | None
+    device: str  # as given ("auto" resolved when the bottleneck advice is written)
+    bottleneck: BottleneckSettings
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> StatsSettings:
+        """Each field read by name (a field missing from ``cfg`` raises AttributeError)."""
+        copied = {f.name: getattr(cfg, f.name) for f in fields(cls) if f.name != "bottleneck"}
+        return cls(bottleneck=BottleneckSettings.from_config(cfg), **copied)
+
+
 class TrainingStats:
     """Counters and recent statistics of a run, shared by the serial and parallel runners."""
 
-    def __init__(self, cfg: Config, frameskip: int, time_limit: bool = False):
-        self.cfg = cfg
+    def __init__(self, settings: StatsSettings, frameskip: int, time_limit: bool = False):
+        self.settings = settings
         self.frameskip = frameskip
         self.time_limit = time_limit  # the env declares one (EnvInfo.time_limit)
         self.first_episodes: list[tuple[float, int]] = []  # (return, length), this run's first
@@ -125,8 +152,8 @@ class TrainingStats:
         self.episodes_truncated = 0  # of ``episodes``, those ended by a time limit (this run)
         self.prior_seconds = 0.0  # wall seconds of earlier runs of this experiment
         self.start_time = time.time()
-        self.returns: deque[float] = deque(maxlen=cfg.stats_avg)
-        self.lengths: deque[int] = deque(maxlen=cfg.stats_avg)
+        self.returns: deque[float] = deque(maxlen=settings.stats_avg)
+        self.lengths: deque[int] = deque(maxlen=settings.stats_avg)
         self.learner: dict[str, float] = {}
         self.learner_steps = 0
         self.lag_min = math.inf
@@ -164,10 +191,10 @@ class TrainingStats:
         self._cpu_origin = cpu_seconds()
         self._cpu_at_span_start = 0.0
         # Sampler nodes (--num_sampler_nodes): what each link reports.
-        self.nodes = [NodeStats() for _ in range(cfg.num_sampler_nodes)]
+        self.nodes = [NodeStats() for _ in range(settings.num_sampler_nodes)]
         # --num_policies > 1: each policy's figures (none with one policy: the run's are its).
-        self.policies = ([PolicyStats(cfg.stats_avg) for _ in range(cfg.num_policies)]
-                         if cfg.num_policies > 1 else [])
+        self.policies = ([PolicyStats(settings.stats_avg) for _ in range(settings.num_policies)]
+                         if settings.num_policies > 1 else [])
         self.pbt = None  # --with_pbt: the population (algo/pbt/population.py), set by the run loop
 
     @property
@@ -230,16 +257,16 @@ class TrainingStats:
         return {**self.busy, **({CPU: cpu} if cpu is not None else {})}
 
     def stage_processes(self) -> dict[str, int]:
-        cfg = self.cfg
-        nodes = max(cfg.num_sampler_nodes, 1)  # every node runs the workers the flags say
-        return {"env": cfg.num_workers * nodes, "inference": cfg.num_policy_workers * nodes,
-                "learner": cfg.num_policies, "transfer": cfg.num_sampler_nodes,
+        s, flags = self.settings, self.settings.bottleneck
+        nodes = max(s.num_sampler_nodes, 1)  # every node runs the workers the flags say
+        return {"env": flags.num_workers * nodes, "inference": flags.num_policy_workers * nodes,
+                "learner": s.num_policies, "transfer": s.num_sampler_nodes,
                 CPU: available_cores()}
 
     def diagnose(self, busy: dict[str, float], seconds: float) -> Diagnosis:
         fractions = busy_fractions(busy, seconds, self.stage_processes())
-        return diagnose(fractions, self.cfg, available_cores(),
-                        resolved_device_type(self.cfg.device))
+        return diagnose(fractions, self.settings.bottleneck, available_cores(),
+                        resolved_device_type(self.settings.device))
 
     def add_episode(self, episode_return: float, length: int, truncated: bool = False,
                     metrics: dict[str, float] | None = None, policy: int = 0) -> None:
@@ -263,7 +290,7 @@ class TrainingStats:
             kept = {str(k): float(v) for k, v in metrics.items()
                     if isinstance(v, numbers.Real) and math.isfinite(v)}
             for name, value in kept.items():
-                self.metrics.setdefault(name, deque(maxlen=self.cfg.stats_avg)).append(value)
+                self.metrics.setdefault(name, deque(maxlen=self.settings.stats_avg)).append(value)
             self._metrics_since_summary.append(kept)
             if self.policies:
                 self.policies[policy].add_metrics(kept)
@@ -322,7 +349,7 @@ class TrainingStats:
         agent steps or more, and their mean return no better than those first episodes': an
         env where lasting longer is the goal (VizDoom's take_cover pays each tic survived)
         never warns."""
-        if (self.time_limit or self.cfg.env_max_episode_steps is not None
+        if (self.time_limit or self.settings.env_max_episode_steps is not None
                 or self.episodes_truncated or len(self.first_episodes) < FIRST_EPISODES
                 or not self.lengths):
             return None
@@ -335,8 +362,8 @@ class TrainingStats:
         return (f"warning: the last {len(self.lengths)} episodes lasted {length:,.0f} agent "
                 f"steps on average, {length / max(scale, 1.0):,.0f}x the median of the run's "
                 f"first {FIRST_EPISODES} ({scale:,.0f}), and their mean return {ret:.4g} is no "
-                f"better than those first ones' {first_return:.4g}; {self.cfg.env} declares no "
-                f"time limit: cap its episodes with --env_max_episode_steps (e.g. "
+                f"better than those first ones' {first_return:.4g}; {self.settings.env} declares "
+                f"no time limit: cap its episodes with --env_max_episode_steps (e.g. "
                 f"{bound:.0f})")
 
     def summary(self, fps: float) -> dict:
@@ -346,8 +373,8 @@ class TrainingStats:
                    "p50": _quantile(self.lag_hist, 0.5), "p95": _quantile(self.lag_hist, 0.95),
                    "max": self.lag_max, "batches": self.lag_batches}
         return {
-            "env": self.cfg.env,
-            "experiment": self.cfg.experiment,
+            "env": self.settings.env,
+            "experiment": self.settings.experiment,
             "env_frames": self.env_frames,
             "agent_steps": self.env_frames // max(self.frameskip, 1),
             "wall_seconds": round(self.prior_seconds + self.run_seconds, 3),

@@ -28,7 +28,7 @@ import gymnasium as gym
 
 from fastrl.env_registry import is_multi_agent, num_agents
 from fastrl.errors import ExperimentError
-from fastrl.experiment.match import play_match
+from fastrl.experiment.evaluation import play_match
 from fastrl.policy.obs import random_legal_action
 
 SELF = "self"

@@ -27,15 +27,15 @@ import time
 
 import torch
 
-from fastrl.algo.pbt.population import Population
+from fastrl.algo.pbt.population import PbtSettings, Population
 from fastrl.config.settings import Config
 from fastrl.device import check_learner_devices
 from fastrl.errors import ExperimentError
 from fastrl.experiment.checkpoint import restore_counters
 from fastrl.experiment.evaluation import PeriodicEvaluator
 from fastrl.experiment.folder import prepare_experiment_dir, undone_if_refused
-from fastrl.experiment.reporter import Reporter, print_final_summary
-from fastrl.experiment.stats import TrainingStats
+from fastrl.experiment.reporter import Reporter, ReportSettings, print_final_summary
+from fastrl.experiment.stats import StatsSettings, TrainingStats
 from fastrl.experiment.wandb_run import WandbRun, start_wandb
 from fastrl.log import log
 from fastrl.runner.children import POLL, start_learners, start_sampling
@@ -164,7 +164,8 @@ class ParallelRunner:
         self.signals.__enter__()
         try:
             wiring = self.setup()
-            stats = TrainingStats(cfg, wiring.info.frameskip, wiring.info.time_limit)
+            stats = TrainingStats(StatsSettings.from_config(cfg), wiring.info.frameskip,
+                                  wiring.info.time_limit)
             start_learners(cfg, self.supervisor)
             if not cfg.num_sampler_nodes:
                 # The workers start while the learners do: policy workers wait for their first
@@ -182,10 +183,11 @@ class ParallelRunner:
             if cfg.num_sampler_nodes:
                 self.start_sampling()
             stats.start_time = time.time()
-            reporter = Reporter(cfg, self.exp_dir, stats, self.wandb_run)
+            reporter = Reporter(ReportSettings.from_config(cfg), self.exp_dir, stats,
+                                self.wandb_run)
             self._log_start(wiring, ready)
-            pbt = (Population(cfg, self.exp_dir, wiring.learner_queues, readies,
-                              reporter.writer) if cfg.with_pbt else None)
+            pbt = (Population(PbtSettings.from_config(cfg), self.exp_dir, wiring.learner_queues,
+                              readies, reporter.writer) if cfg.with_pbt else None)
             self.loop = loop = RunLoop(wiring, stats, reporter, self._turn,
                                        note=self.supervisor.note, poll_timeout=POLL,
                                        evaluator=self.evaluator, evaluate_in_thread=True,

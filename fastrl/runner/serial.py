@@ -11,13 +11,13 @@ import sys
 
 import torch
 
-from fastrl.algo.pbt.population import Population
+from fastrl.algo.pbt.population import PbtSettings, Population
 from fastrl.config.settings import Config
 from fastrl.device import resolve_device
 from fastrl.experiment.checkpoint import restore_counters
 from fastrl.experiment.folder import prepare_experiment_dir, undone_if_refused
-from fastrl.experiment.reporter import Reporter, print_final_summary
-from fastrl.experiment.stats import TrainingStats
+from fastrl.experiment.reporter import Reporter, ReportSettings, print_final_summary
+from fastrl.experiment.stats import StatsSettings, TrainingStats
 from fastrl.experiment.wandb_run import start_wandb
 from fastrl.log import log
 from fastrl.runner.cores import make_learner, make_policy_worker
@@ -74,7 +74,7 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
         wiring = build_wiring(cfg, info, learner.model, num_workers=cfg.num_workers,
                               envs_per_worker=len(envs), models=[m.model for m in learners])
         learner_stations = [make_learner_station(wiring, m, 0.0, k) for k, m in enumerate(learners)]
-        stats = TrainingStats(cfg, info.frameskip, info.time_limit)
+        stats = TrainingStats(StatsSettings.from_config(cfg), info.frameskip, info.time_limit)
         readies = []
         for k, (station, (_, counters, path)) in enumerate(zip(learner_stations, made)):
             station.announce(counters, path)
@@ -92,7 +92,7 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
         first, envs = envs, []  # worker 0's station holds them from here on
         for station in rollouts:
             station.start(first if station.worker_id == 0 else None)
-        reporter = Reporter(cfg, exp_dir, stats, wandb_run)
+        reporter = Reporter(ReportSettings.from_config(cfg), exp_dir, stats, wandb_run)
         evaluator = start_evaluator(cfg, info, learner.model, device, exp_dir, stats.env_frames)
         n_params = sum(p.numel() for p in learner.model.parameters())
         log(f"serial mode: {cfg.env}, {cfg.num_workers} workers x {cfg.num_envs_per_worker} envs "
@@ -108,8 +108,8 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
             if not moved:
                 raise SerialStall("serial runner stalled: no station had anything to do")
 
-        pbt = (Population(cfg, exp_dir, wiring.learner_queues, readies, reporter.writer)
-               if cfg.with_pbt else None)
+        pbt = (Population(PbtSettings.from_config(cfg), exp_dir, wiring.learner_queues, readies,
+                          reporter.writer) if cfg.with_pbt else None)
         loop = RunLoop(wiring, stats, reporter, turn, evaluator=evaluator,
                        warmup_seconds=warmup_seconds, signals=signals, pbt=pbt)
         if loop.run():

@@ -17,6 +17,8 @@ policy workers loaded the donor's weights) are the old weights'. An episode's re
 the oldest version that acted it (``EpisodeStats.version``); until the learner confirms the
 replacement none counts, then those from the new weights' version (``PbtReplaced.version``)
 on.
+
+The population reads :class:`PbtSettings`, copied from ``Config`` once by the runner.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ import os
 import sys
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 
 from fastrl.algo.learner import PBT_HYPERPARAMS
-from fastrl.config.settings import Config
+from fastrl.config.settings import CopiedFromConfig
 from fastrl.errors import EnvSettingsError
 from fastrl.log import log
 from fastrl.transport.messages import LearnerReady, PbtReplace, PbtReplaced
@@ -80,21 +83,40 @@ def choose(objectives: dict[int, float], fraction: float, min_gap: float,
     return pairs
 
 
+@dataclass(frozen=True)
+class PbtSettings(CopiedFromConfig):
+    """What the population reads: each field as the ``Config`` field of the same name
+    (``--help``, group "pbt")."""
+
+    num_policies: int
+    stats_avg: int  # the objective's window, in episodes
+    env: str  # named in the line about an objective the env does not report
+    seed: int | None  # the exchanges' draws: [seed, SEED_STREAM, ranking number]
+    pbt_objective: str
+    pbt_start_env_steps: int
+    pbt_period_env_steps: int
+    pbt_min_episodes: int
+    pbt_replace_fraction: float
+    pbt_min_gap: float
+    pbt_perturb_min: float
+    pbt_perturb_max: float
+
+
 class Population:
     """The population's state as the runner keeps it: each policy's hyperparameters (from its
     learner's ``LearnerReady``, then as exchanges set them), objective window, episodes since
     the last exchange and stale trajectories dropped; the exchange counters (saved with the
     checkpoints' run counters, restored from policy 0's)."""
 
-    def __init__(self, cfg: Config, exp_dir: str, learner_queues: list,
+    def __init__(self, settings: PbtSettings, exp_dir: str, learner_queues: list,
                  readies: list[LearnerReady], writer=None):
-        self.cfg = cfg
+        self.settings = settings
         self.queues = learner_queues
         self.writer = writer
         self.path = os.path.join(exp_dir, HISTORY)
-        p = cfg.num_policies
+        p = settings.num_policies
         self.hyperparams = [dict(r.hyperparams) for r in readies]
-        self.windows: list[deque[float]] = [deque(maxlen=cfg.stats_avg) for _ in range(p)]
+        self.windows: list[deque[float]] = [deque(maxlen=settings.stats_avg) for _ in range(p)]
         self.since = [0] * p  # episodes since the last exchange (with the objective)
         self.stale = [0] * p  # trajectories of replaced weights dropped untrained
         self.replaced = [0] * p  # times each policy was replaced
@@ -103,10 +125,10 @@ class Population:
         self.old_episodes = [0] * p  # episodes of replaced weights, left out of the ranking
         self.rankings = 0  # rankings done (each draws from its own seed)
         self.exchanges = 0  # rankings that replaced at least one policy
-        self.next_at = max(cfg.pbt_start_env_steps, cfg.pbt_period_env_steps)
+        self.next_at = max(settings.pbt_start_env_steps, settings.pbt_period_env_steps)
         self._episodes = 0
         self._metric_names: set[str] = set()
-        self._objective_seen = cfg.pbt_objective == "return"
+        self._objective_seen = settings.pbt_objective == "return"
         self._waiting_logged = False
         saved = (readies[0].counters or {}).get("pbt") if readies else None
         if saved:
@@ -114,9 +136,9 @@ class Population:
             self.next_at = int(saved["next_at"])
             self.replaced = list(saved.get("replaced", self.replaced))
         self._record({"event": "resume" if saved else "start", **self.counters(),
-                      "objective": cfg.pbt_objective, "hyperparams": self.hyperparams})
+                      "objective": settings.pbt_objective, "hyperparams": self.hyperparams})
         log(f"pbt: {p} policies ranked by {self._objective_text()}, an exchange every "
-            f"{cfg.pbt_period_env_steps:,} frames from {self.next_at:,} on, perturbing "
+            f"{settings.pbt_period_env_steps:,} frames from {self.next_at:,} on, perturbing "
             + ", ".join(self.hyperparams[0] if self.hyperparams else PBT_HYPERPARAMS)
             + (f" (resumed after {self.exchanges} exchanges)" if saved else ""))
         self._write_scalars(0, [])
@@ -126,7 +148,8 @@ class Population:
     def add_episode(self, policy: int, episode_return: float, metrics: dict | None,
                     version: int = 0) -> None:
         """An episode of ``policy``, ``version`` the oldest of its weights that acted it."""
-        name = self.cfg.pbt_objective
+        s = self.settings
+        name = s.pbt_objective
         self._episodes += 1
         if name == "return":
             value = episode_return
@@ -134,10 +157,10 @@ class Population:
             self._metric_names.update(metrics or ())
             value = (metrics or {}).get(name)
             if value is None or not math.isfinite(value):
-                if not self._objective_seen and self._episodes >= self.cfg.pbt_min_episodes:
+                if not self._objective_seen and self._episodes >= s.pbt_min_episodes:
                     reported = ", ".join(["return", *sorted(self._metric_names)])
                     raise EnvSettingsError(
-                        f"--pbt_objective={name}: env {self.cfg.env!r} reports no episode "
+                        f"--pbt_objective={name}: env {s.env!r} reports no episode "
                         f"metric of that name in {self._episodes} episodes; it reports: "
                         f"{reported}")
                 return
@@ -164,41 +187,41 @@ class Population:
     def objectives(self) -> dict[int, float]:
         """The mean objective of each policy with enough episodes since the last exchange."""
         return {k: float(np.mean(w)) for k, w in enumerate(self.windows)
-                if self.since[k] >= self.cfg.pbt_min_episodes and w}
+                if self.since[k] >= self.settings.pbt_min_episodes and w}
 
     def maybe_exchange(self, frames: int) -> list[tuple[int, int]]:
         """Rank and exchange if due at ``frames`` (run-wide); the ``(replaced, donor)`` pairs.
         A due ranking waits (checked again at every call) until two policies can be ranked."""
-        cfg = self.cfg
+        s = self.settings
         if frames < self.next_at:
             return []
         objectives = self.objectives()
         if len(objectives) < 2:
             if not self._waiting_logged:
                 log(f"pbt: an exchange is due at {frames:,} frames, but only "
-                    f"{len(objectives)} policies have {cfg.pbt_min_episodes} episodes since "
+                    f"{len(objectives)} policies have {s.pbt_min_episodes} episodes since "
                     "the last one; waiting")
                 self._waiting_logged = True
             return []
         self._waiting_logged = False
-        seed = None if cfg.seed is None else [cfg.seed, SEED_STREAM, self.rankings]
+        seed = None if s.seed is None else [s.seed, SEED_STREAM, self.rankings]
         rng = np.random.default_rng(seed)
         self.rankings += 1
-        self.next_at = frames + cfg.pbt_period_env_steps
-        pairs = choose(objectives, cfg.pbt_replace_fraction, cfg.pbt_min_gap, rng)
+        self.next_at = frames + s.pbt_period_env_steps
+        pairs = choose(objectives, s.pbt_replace_fraction, s.pbt_min_gap, rng)
         ranked = sorted(objectives, key=lambda k: (-objectives[k], k))
         if not pairs:
             log(f"pbt: no exchange at {frames:,} frames: ranking {self._ranking_text(objectives)}"
-                f"; no donor beats the worst by more than --pbt_min_gap {cfg.pbt_min_gap}")
+                f"; no donor beats the worst by more than --pbt_min_gap {s.pbt_min_gap}")
             self._record({"event": "ranking", "frames": frames, "objectives": objectives,
                           "ranking": ranked, "replaced": []})
-            self.since = [0] * cfg.num_policies
+            self.since = [0] * s.num_policies
             return []
         self.exchanges += 1
         changes = []
         for worst, donor in pairs:
             old, new = self.hyperparams[worst], perturb(
-                self.hyperparams[donor], rng, cfg.pbt_perturb_min, cfg.pbt_perturb_max)
+                self.hyperparams[donor], rng, s.pbt_perturb_min, s.pbt_perturb_max)
             self.queues[worst].put(PbtReplace(donor, new, self.exchanges))
             self.hyperparams[worst] = new
             self.windows[worst].clear()  # the old weights' episodes rank them no more
@@ -209,9 +232,9 @@ class Population:
                 f"({objectives[worst]:.3f}) takes the weights of policy {donor} "
                 f"({objectives[donor]:.3f}); " + ", ".join(
                     f"{name} {old[name]:.4g} -> {new[name]:.4g}" for name in new))
-        self.since = [0] * cfg.num_policies
+        self.since = [0] * s.num_policies
         self._record({"event": "exchange", "exchange": self.exchanges, "frames": frames,
-                      "objective": cfg.pbt_objective, "objectives": objectives,
+                      "objective": s.pbt_objective, "objectives": objectives,
                       "ranking": ranked, "replaced": changes})
         self._write_scalars(frames, [w for w, _ in pairs], objectives)
         return pairs
@@ -223,7 +246,7 @@ class Population:
                 "replaced": list(self.replaced)}
 
     def summary(self) -> dict:
-        return {**self.counters(), "objective": self.cfg.pbt_objective,
+        return {**self.counters(), "objective": self.settings.pbt_objective,
                 "hyperparams": self.hyperparams, "stale_trajectories_dropped": list(self.stale),
                 "episodes_of_replaced_weights": list(self.old_episodes)}
 
@@ -248,7 +271,7 @@ class Population:
         w.flush()
 
     def _objective_text(self) -> str:
-        name = self.cfg.pbt_objective
+        name = self.settings.pbt_objective
         return "mean episode return" if name == "return" else f"the episode metric {name!r}"
 
     @staticmethod
