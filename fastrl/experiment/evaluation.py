@@ -157,11 +157,16 @@ def _private_rng(seed: int | None, device: torch.device) -> Iterator[None]:
 class OneSeat:
     """A single-agent env as an env of one agent under the multi-agent contract
     (:mod:`fastrl.sampling.agents`), so that :func:`play_match` plays it: each item in a list
-    of one, and the env reset in ``step`` when an episode ends, unless that episode was the
-    last of the ``num_episodes`` to play (the env is left as the episode ended it)."""
+    of one. Its info is its own: a key named ``inactive`` (the multi-agent contract's "sat
+    out") means nothing to a single-agent env, as in training, and is not passed on. An ended
+    episode's env is reset in :meth:`next_obs`, which :func:`play_match` calls once it has
+    recorded the step's episodes (a Ctrl-C during that reset keeps the episode played), unless
+    that episode was the last of the ``num_episodes`` to play (the env is left as the episode
+    ended it)."""
 
     def __init__(self, env: gym.Env, num_episodes: int):
         self.env, self.episodes_left = env, num_episodes
+        self._reset_due = False
 
     def reset(self, seed: int | None = None) -> tuple[list, list]:
         obs, info = self.env.reset(seed=seed)
@@ -171,9 +176,18 @@ class OneSeat:
         obs, reward, terminated, truncated, info = self.env.step(actions[0])
         if terminated or truncated:
             self.episodes_left -= 1
-            if self.episodes_left > 0:
-                obs, _ = self.env.reset()
+            self._reset_due = self.episodes_left > 0
+        if isinstance(info, dict) and INACTIVE in info:
+            info = {k: v for k, v in info.items() if k != INACTIVE}
         return [obs], [reward], [terminated], [truncated], [info]
+
+    def next_obs(self, obs: list) -> list:
+        """The observations to act on next: ``obs`` (a step's), or the first of the next
+        episode where the step ended one."""
+        if self._reset_due:
+            self._reset_due = False
+            obs = [self.env.reset()[0]]
+        return obs
 
 
 def evaluate(
@@ -288,6 +302,8 @@ def play_match(
                     ep_return[a], ep_len[a] = 0.0, 0
                     # As in training: each episode starts from a zero hidden state.
                     states[a] = models[seats[a]].initial_rnn_state(1, device)
+                if isinstance(env, OneSeat):
+                    obs = env.next_obs(obs)
     finally:
         for m, mode in zip(models, modes):
             m.train(mode)
