@@ -11,7 +11,12 @@ import pytest
 
 from fastrl.config.settings import Config
 from fastrl.experiment.reporter import Reporter, ReportSettings
-from fastrl.experiment.stats import FIRST_EPISODES, StatsSettings, TrainingStats
+from fastrl.experiment.stats import (
+    FIRST_EPISODES,
+    STALLED_EPISODE_STEPS,
+    StatsSettings,
+    TrainingStats,
+)
 from fastrl.sampling.env_setup import EnvSettings, create_env, env_info, has_time_limit
 
 
@@ -111,6 +116,43 @@ def test_no_warning_where_a_time_limit_is_known_or_too_few_episodes_ended():
     for _ in range(FIRST_EPISODES - 1):
         stats.add_episode(-2.0, 3_000)
     assert stats.long_episodes() is None  # the scale is not known yet
+
+
+def _stalled(agents: int = 1, **cfg) -> TrainingStats:
+    """A run of 2 x 4 envs (frameskip 1) in which no episode has ended yet."""
+    settings = StatsSettings.from_config(Config(env=GRID, num_workers=2, num_envs_per_worker=4,
+                                                **cfg))
+    return TrainingStats(settings, 1, agents=agents)
+
+
+def test_a_run_in_which_no_episode_ends_warns_in_one_line():
+    # CliffWalking-v1 (no time limit), the bare parallel command: once the policy keeps away
+    # from the cliff it walks into a wall for ever, and 300K steps ended no episode; the
+    # warning needed FIRST_EPISODES ended ones and said nothing.
+    stats = _stalled()
+    assert stats.long_episodes() is None  # the count starts here
+    stats.add_learner_frames(8 * STALLED_EPISODE_STEPS - 8)
+    assert stats.long_episodes() is None  # one step short in each env
+    stats.add_learner_frames(8)
+    warning = stats.long_episodes()
+    assert warning is not None and "\n" not in warning
+    assert warning.startswith(f"warning: no episode has ended in the last "
+                              f"{STALLED_EPISODE_STEPS:,} agent steps of each of the 8 envs")
+    assert GRID in warning and "--env_max_episode_steps (e.g. 1000)" in warning
+    stats.add_episode(-5_000.0, 20_000)  # one ends: the count starts again
+    assert stats.long_episodes() is None
+    two = _stalled(agents=2)  # each env's two agents: twice the episodes under way
+    two.long_episodes()
+    two.add_learner_frames(8 * STALLED_EPISODE_STEPS)
+    assert two.long_episodes() is None
+
+
+def test_no_stalled_warning_where_a_limit_is_known():
+    for stats in (_stalled(env_max_episode_steps=100_000),
+                  TrainingStats(StatsSettings.from_config(Config(env=GRID)), 1, True)):
+        stats.long_episodes()
+        stats.add_learner_frames(100 * STALLED_EPISODE_STEPS)
+        assert stats.long_episodes() is None
 
 
 def test_the_reporter_warns_once(tmp_path, capsys):

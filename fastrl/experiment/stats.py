@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 FIRST_EPISODES = 20
 LONG_EPISODE_FACTOR = 10
 LONG_EPISODE_STEPS = 1_000
+# And where no episode ends at all (CliffWalking-v1's policy, once it has learned to keep
+# away from the cliff, walks into a wall for ever: 300K steps of 16 envs without an episode):
+# a warning when no episode has ended in STALLED_EPISODE_STEPS agent steps of each env.
+STALLED_EPISODE_STEPS = 10_000
 
 
 class _Trailing:
@@ -126,6 +130,8 @@ class StatsSettings:
     env: str
     experiment: str
     stats_avg: int  # episodes in the recent means
+    num_workers: int
+    num_envs_per_worker: int
     num_policies: int
     num_sampler_nodes: int
     env_max_episode_steps: int | None
@@ -142,10 +148,14 @@ class StatsSettings:
 class TrainingStats:
     """Counters and recent statistics of a run, shared by the serial and parallel runners."""
 
-    def __init__(self, settings: StatsSettings, frameskip: int, time_limit: bool = False):
+    def __init__(self, settings: StatsSettings, frameskip: int, time_limit: bool = False,
+                 agents: int = 1):
         self.settings = settings
         self.frameskip = frameskip
         self.time_limit = time_limit  # the env declares one (EnvInfo.time_limit)
+        # Episodes under way at once (the local envs' agents; a sampler node's are not counted)
+        self.streams = settings.num_workers * settings.num_envs_per_worker * max(agents, 1)
+        self._frames_at_last_episode: int | None = None  # env_frames when the latest ended
         self.first_episodes: list[tuple[float, int]] = []  # (return, length), this run's first
         self.env_frames = 0  # frames the learner trained on (sampling only: collected)
         self.episodes = 0
@@ -280,6 +290,7 @@ class TrainingStats:
             p.lengths.append(length)
             p.new_episodes.append((episode_return, length))
         self.episodes += 1
+        self._frames_at_last_episode = self.env_frames
         self.episodes_truncated += truncated
         if len(self.first_episodes) < FIRST_EPISODES:
             self.first_episodes.append((episode_return, length))
@@ -348,10 +359,22 @@ class TrainingStats:
         their mean length is ``LONG_EPISODE_FACTOR`` times that and ``LONG_EPISODE_STEPS``
         agent steps or more, and their mean return no better than those first episodes': an
         env where lasting longer is the goal (VizDoom's take_cover pays each tic survived)
-        never warns."""
+        never warns. Where no episode ends at all, the warning comes once no episode has ended
+        in ``STALLED_EPISODE_STEPS`` agent steps of each env (counted from the latest episode's
+        end, or from the first call: a resumed run counts from where it resumed)."""
         if (self.time_limit or self.settings.env_max_episode_steps is not None
-                or self.episodes_truncated or len(self.first_episodes) < FIRST_EPISODES
-                or not self.lengths):
+                or self.episodes_truncated):
+            return None
+        if self._frames_at_last_episode is None:
+            self._frames_at_last_episode = self.env_frames
+        each = ((self.env_frames - self._frames_at_last_episode)
+                / max(self.frameskip, 1) / max(self.streams, 1))
+        if each >= STALLED_EPISODE_STEPS:
+            return (f"warning: no episode has ended in the last {each:,.0f} agent steps of each "
+                    f"of the {self.streams} envs; {self.settings.env} declares no time limit: "
+                    f"cap its episodes with --env_max_episode_steps (e.g. "
+                    f"{LONG_EPISODE_STEPS})")
+        if len(self.first_episodes) < FIRST_EPISODES or not self.lengths:
             return None
         first_return = float(np.mean([r for r, _ in self.first_episodes]))
         scale = float(np.median([n for _, n in self.first_episodes]))

@@ -165,7 +165,7 @@ class ParallelRunner:
         try:
             wiring = self.setup()
             stats = TrainingStats(StatsSettings.from_config(cfg), wiring.info.frameskip,
-                                  wiring.info.time_limit)
+                                  wiring.info.time_limit, wiring.info.num_agents)
             start_learners(cfg, self.supervisor)
             if not cfg.num_sampler_nodes:
                 # The workers start while the learners do: policy workers wait for their first

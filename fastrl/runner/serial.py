@@ -74,7 +74,8 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
         wiring = build_wiring(cfg, info, learner.model, num_workers=cfg.num_workers,
                               envs_per_worker=len(envs), models=[m.model for m in learners])
         learner_stations = [make_learner_station(wiring, m, 0.0, k) for k, m in enumerate(learners)]
-        stats = TrainingStats(StatsSettings.from_config(cfg), info.frameskip, info.time_limit)
+        stats = TrainingStats(StatsSettings.from_config(cfg), info.frameskip, info.time_limit,
+                              info.num_agents)
         readies = []
         for k, (station, (_, counters, path)) in enumerate(zip(learner_stations, made)):
             station.announce(counters, path)
