@@ -298,19 +298,21 @@ def test_parallel_r2d2_links_sequences_written_by_other_processes(tmp_path):
 
 
 @pytest.mark.learning
-def test_serial_r2d2_learns_cartpole_with_the_velocities_hidden(tmp_path):
-    """The bare command's recipe in serial mode (deterministic), seed 1: a greedy evaluation
-    of 10 episodes averages 450 or more within 120K steps (measured: 473 at 110K, 498 at
-    120K). Ape-X on the same env, 3 seeds, never passed 47 (perf/log/RESULTS.md, "R2D2")."""
+def test_serial_r2d2_learns_cartpole_with_the_velocities_hidden_and_holds_it(tmp_path):
+    """The bare command's recipe in serial mode (deterministic), seed 1, 200K steps: a greedy
+    evaluation of 10 episodes averages 450 or more, and the last three still do (measured:
+    470 at 150K, 500 from 170K to 200K; the recipe before issue 43 fell back to 150-270
+    after 500 at 130K). Ape-X on the same env, 3 seeds, never passed 47 (perf/log/RESULTS.md,
+    "R2D2")."""
     cfg = parse_config([*R2D2, "--serial_mode", "--train_dir", str(tmp_path), "--seed", "1",
-                        "--train_for_env_steps", "120000", "--eval_every_env_frames", "10000",
+                        "--train_for_env_steps", "200000", "--eval_every_env_frames", "10000",
                         "--eval_episodes", "10"])
     summary = run_serial(cfg)
-    assert summary["env_frames"] >= 120_000
+    assert summary["env_frames"] >= 200_000
     events = EventAccumulator(str(tmp_path / cfg.experiment / "tb"))
     events.Reload()
     returns = [e.value for e in events.Scalars("eval/mean_return")]
-    assert len(returns) >= 10 and max(returns) >= 450, returns
+    assert len(returns) >= 18 and min(returns[-3:]) >= 450, returns
 
 
 def test_a_store_that_makes_checkpoints_big_is_said_at_start(tmp_path, capsys):

@@ -81,12 +81,17 @@ APEX_RECIPES: dict[str, dict[str, Any]] = {
 # CartPole with its velocities hidden (perf/log/RESULTS.md, "R2D2 (issue 26)"); the other
 # recipes take Ape-X's layer with R2D2's sequence shape (rollout 40: sequences of 80 with
 # the predecessor's 40 as burn-in), not measured yet.
+# Its 5-step targets and target copy every 25 steps (issue 43): a run of 300K steps takes
+# only ~2,300 learner steps, and Q can look no further than n steps per target copy; with
+# 3 steps every 100 it valued 45 steps at 200K (Q about 3 of the 10 a held pole earns), saw
+# the cart drift off the track only near the edge, and fell back after reaching 500
+# (perf/log/RESULTS.md, "R2D2's fall-back on cartpole_masked").
 R2D2_SETTINGS: dict[str, Any] = {**APEX_SETTINGS, "use_rnn": True, "rollout": 40,
                                  "batch_size": 32}
 R2D2_RECIPES: dict[str, dict[str, Any]] = {
     "classic": {
         "num_workers": 2, "num_envs_per_worker": 4, "rollout": 16, "batch_size": 32,
-        "replay_min_size": 2_000, "target_update_every": 100, "rnn_size": 128,
+        "replay_min_size": 2_000, "target_update_every": 25, "nstep": 5, "rnn_size": 128,
         "encoder_mlp_layers": [128], "nonlinearity": "relu", "learning_rate": 3e-4,
         "adam_eps": 1e-8, "max_grad_norm": 10.0, "precision": "fp32",
         "replay_samples_per_insert": 4.0,
