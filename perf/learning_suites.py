@@ -64,6 +64,8 @@ SUITES: dict[str, list[SuiteEnv]] = {
         SuiteEnv("FrozenLake-v1", 300_000, 0.70),
         SuiteEnv("Taxi-v4", 1_000_000, 7.0),
         SuiteEnv("Blackjack-v1", 1_000_000, -0.10),
+        # No time limit; the optimum is -13, the path along the top row -17.
+        SuiteEnv("CliffWalking-v1", 300_000, -20.0),
         SuiteEnv("MiniGrid-Empty-Random-5x5-v0", 100_000, 0.90, "minigrid", "minigrid"),
         SuiteEnv("MiniGrid-DoorKey-5x5-v0", 500_000, 0.90, "minigrid", "minigrid"),
         SuiteEnv("CarRacing-v3", 4_000_000, 700.0, "Box2D", "box2d"),

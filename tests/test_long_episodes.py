@@ -126,9 +126,9 @@ def _stalled(agents: int = 1, **cfg) -> TrainingStats:
 
 
 def test_a_run_in_which_no_episode_ends_warns_in_one_line():
-    # CliffWalking-v1 (no time limit), the bare parallel command: once the policy keeps away
-    # from the cliff it walks into a wall for ever, and 300K steps ended no episode; the
-    # warning needed FIRST_EPISODES ended ones and said nothing.
+    # CliffWalking-v1 (no time limit) under the classic recipe (the bare command's before the
+    # tabular recipe): once the policy kept away from the cliff it walked into a wall for ever,
+    # and 300K steps ended no episode; the warning needed FIRST_EPISODES ended ones.
     stats = _stalled()
     assert stats.long_episodes() is None  # the count starts here
     stats.add_learner_frames(8 * STALLED_EPISODE_STEPS - 8)

@@ -37,6 +37,16 @@ def parse(tmp_path, *argv):
     (gym.spaces.Dict({"a": VECTOR, "b": Discrete(5)}), Discrete(2), "classic"),
     (VECTOR, VECTOR, "continuous"),
     (VECTOR, gym.spaces.Tuple((Discrete(2), VECTOR)), "continuous"),
+    # One state index (FrozenLake, Taxi, CliffWalking): a table over its one-hot.
+    (Discrete(48), Discrete(4), "tabular"),
+    (gym.spaces.Dict({"obs": Discrete(5)}), Discrete(2), "tabular"),
+    (gym.spaces.Dict({"obs": Discrete(5), "action_mask": gym.spaces.MultiBinary(2)}),
+     Discrete(2), "tabular"),
+    (Discrete(5), VECTOR, "continuous"),
+    # Several indices (Blackjack's tuple) are no state's index: a table over their
+    # concatenated one-hots would be a sum of per-part tables.
+    (gym.spaces.Tuple((Discrete(32), Discrete(11), Discrete(2))), Discrete(2), "classic"),
+    (gym.spaces.MultiDiscrete([3, 4]), Discrete(2), "classic"),
 ])
 def test_the_recipe_follows_the_spaces(obs, action, recipe):
     chosen, why = env_probe.recipe_for_spaces(obs, action)
@@ -109,7 +119,7 @@ def test_a_bad_recipe_is_one_line(tmp_path, capsys):
     with pytest.raises(ConfigError) as err:
         parse(tmp_path)
     assert err.value.errors == [
-        "--recipe='fast': must be one of auto, pixels, classic, continuous"]
+        "--recipe='fast': must be one of auto, pixels, classic, tabular, continuous"]
 
 
 def test_an_env_that_cannot_be_made_keeps_the_defaults(tmp_path):
@@ -190,7 +200,7 @@ def test_an_env_that_publishes_its_legal_actions_is_masked_by_default(tmp_path):
     --env_action_mask_from_info on, under any recipe, unless a flag says otherwise."""
     register_env("publishes_mask", lambda: _PublishesMask(), overwrite=True)
     cfg = parse(tmp_path, "--env", "publishes_mask")
-    assert cfg.recipe == "classic" and cfg.env_action_mask_from_info is True
+    assert cfg.recipe == "tabular" and cfg.env_action_mask_from_info is True
     # Made once more when --recipe is given (the recipe needs no probe), with the same answer.
     cfg = parse(tmp_path, "--env", "publishes_mask", "--recipe", "pixels", "--experiment", "p")
     assert cfg.env_action_mask_from_info is True
@@ -231,3 +241,23 @@ def test_halfcheetah_starts_with_its_own_log_std_and_a_flag_still_wins(tmp_path)
     flagged = parse(tmp_path, "--env", "HalfCheetah-v5", "--experiment", "f",
                     "--action_init_log_std", "-0.5")
     assert flagged.action_init_log_std == -0.5
+
+
+def test_a_state_index_gets_the_tabular_recipe_and_replay_keeps_the_classic_row(tmp_path):
+    """CliffWalking-v1 (Discrete(48), no time limit) ended no episode in 300K steps under
+    the classic recipe on 2 seeds of 3; as a table at lr 1e-2 and gamma 0.999 it learned on
+    every seed (perf/log/RESULTS.md, "Tabular recipe"). Ape-X and R2D2 keep the classic row, measured
+    with its MLP."""
+    cliff = parse(tmp_path, "--env", "CliffWalking-v1")
+    assert cliff.recipe == "tabular"
+    assert (cliff.encoder_mlp_layers, cliff.learning_rate, cliff.gamma) == ([], 1e-2, 0.999)
+    assert (cliff.async_rl, cliff.num_epochs, cliff.batch_size) == (False, 4, 256)
+    line = env_probe.recipe_line("CliffWalking-v1", "tabular", Discrete(48), Discrete(4), cliff)
+    assert line.startswith("recipe tabular (one Discrete observation Discrete(48), discrete "
+                           "actions)")
+    for algo in ("apex", "r2d2"):
+        assert recipes.replay_layer(algo, "tabular") == recipes.replay_layer(algo, "classic")
+    apex = parse(tmp_path, "--env", "CliffWalking-v1", "--algo", "apex", "--experiment", "a")
+    assert apex.encoder_mlp_layers == recipes.APEX_RECIPES["classic"]["encoder_mlp_layers"]
+    mlp = parse(tmp_path, "--env", "CliffWalking-v1", "--recipe", "classic", "--experiment", "c")
+    assert (mlp.encoder_mlp_layers, mlp.learning_rate, mlp.gamma) == ([64, 64], 1e-3, 0.99)

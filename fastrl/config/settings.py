@@ -60,10 +60,11 @@ class Config:
     recipe: str = _f("auto", "Default settings for the kind of env, under its registry entry and "
                      "any flag: pixels (image observations: conv encoder, GRU, one pass over "
                      "batches of 1024), classic (vector observations, discrete actions: small "
-                     "tanh MLP, 4 epochs of 4 minibatches of 256), continuous (vector "
-                     "observations, Box actions: PPO's control recipe), or auto = from the "
-                     "env's spaces", "experiment",
-                     choices=("auto", "pixels", "classic", "continuous"))
+                     "tanh MLP, 4 epochs of 4 minibatches of 256), tabular (one Discrete "
+                     "observation: classic's batches over a table of the states' one-hots, "
+                     "lr 1e-2, gamma 0.999), continuous (vector observations, Box actions: PPO's control "
+                     "recipe), or auto = from the env's spaces", "experiment",
+                     choices=("auto", "pixels", "classic", "tabular", "continuous"))
 
     # --- sampling ---------------------------------------------------------------------
     serial_mode: bool = _f(False, "Run rollout, inference and learning in one process (debugging, "

@@ -22,7 +22,10 @@ Observations are ``dict[str, Tensor]``; a ``Box`` observation space is handled a
 * vector: ``Box`` of shape ``[N]`` (any numeric dtype, cast to float32): an MLP with hidden sizes
   ``settings.encoder_mlp_layers`` (an empty list passes the vector through unchanged).
 * discrete, multidiscrete: integers ``[B]`` (``Discrete``) or ``[B, K]`` (``MultiDiscrete``),
-  one-hot (concatenated over the K dimensions), then the vector MLP (no whitening).
+  one-hot (concatenated over the K dimensions), then the vector MLP (no whitening). Without
+  hidden layers the one-hot itself is the encoding (``OneHotEncoder.bare``): the heads are then
+  a table with a row per observation value (the model leaves out the actor's bias, see
+  ``fastrl.policy.model``).
 * multibinary: ``[B, N]`` of 0 and 1, as floats into the vector MLP (no whitening).
 """
 
@@ -244,6 +247,7 @@ class OneHotEncoder(nn.Module):
         self.register_buffer("offsets", torch.as_tensor(offsets, dtype=torch.int64),
                              persistent=False)
         self.size = sum(nvec)
+        self.bare = not layer_sizes  # the encoding is the one-hot itself
         self.mlp = VectorEncoder(spaces.Box(0, 1, (self.size,)), layer_sizes, nonlinearity)
         self.out_size = self.mlp.out_size
         self.description = f"one-hot [{self.size}] -> MLP {list(layer_sizes)}"

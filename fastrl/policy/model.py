@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from fastrl.device import autocast_off
 from fastrl.policy.actions import ActionSpec
 from fastrl.policy.distributions import LOG_STD_MAX, LOG_STD_MIN, mask_logits
-from fastrl.policy.encoders import init_layer, make_encoder, make_nonlinearity
+from fastrl.policy.encoders import OneHotEncoder, init_layer, make_encoder, make_nonlinearity
 from fastrl.policy.model_settings import ModelSettings
 from fastrl.policy.normalize import ReturnNormalizer
 from fastrl.policy.obs import ACTION_MASK_KEY, as_dict_space, has_action_mask, obs_to_dict
@@ -133,7 +133,13 @@ class ActorCritic(nn.Module):
             self.action_log_std = nn.Parameter(torch.full((spec.num_continuous,), init))
         elif spec.num_continuous:
             num_outputs += spec.num_continuous
-        self.actor = init_layer(nn.Linear(core_size, num_outputs), _ACTOR_GAIN)
+        # On bare one-hots (no hidden layer, no core: a table of logits per observation value)
+        # the actor has no bias: each one-hot sums to 1, so a bias adds nothing the weights
+        # cannot hold, and being shared it carries what one state taught to all the others
+        # (CliffWalking-v1: the cliff's -100 made "down" and "right" improbable in every
+        # state, the goal too; perf/log/RESULTS.md, "Tabular recipe").
+        self.actor = init_layer(nn.Linear(core_size, num_outputs,
+                                          bias=not self._bare_one_hot()), _ACTOR_GAIN)
         self.critic = init_layer(nn.Linear(core_size, 1), _CRITIC_GAIN)
         # The critic's output is in normalised units when this is present (see
         # ``ReturnNormalizer``); ``values`` returned by the forward methods are then normalised.
@@ -171,6 +177,12 @@ class ActorCritic(nn.Module):
         for encoders in sets:
             for key, enc in zip(self._obs_keys, encoders, strict=True):
                 enc.update_statistics(obs[key], reduce)
+
+    def _bare_one_hot(self) -> bool:
+        """Whether the actor reads one-hots directly: every key a bare ``OneHotEncoder``
+        (no hidden layer) and no recurrent core."""
+        return not self.use_rnn and all(isinstance(enc, OneHotEncoder) and enc.bare
+                                        for enc in self.encoders)
 
     def _encode(self, obs: Mapping[str, Tensor], encoders: nn.ModuleList | None = None) -> Tensor:
         """obs: dict of ``[N, ...]`` -> features ``[N, encoded_size]`` (by default through the

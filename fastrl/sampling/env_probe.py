@@ -111,7 +111,18 @@ def recipe_for_spaces(obs_space: gym.Space, action_space: gym.Space) -> tuple[st
     obs = _describe(obs_space)
     if continuous:
         return "continuous", f"vector observations {obs}, continuous actions"
+    if _state_index(obs_space):
+        return "tabular", f"one Discrete observation {obs}, discrete actions"
     return "classic", f"vector observations {obs}, discrete actions"
+
+
+def _state_index(space: gym.Space) -> bool:
+    """Whether the observation is one ``Discrete`` (beside a legal-action mask): a state's
+    index, whose one-hot the tabular recipe learns a table over."""
+    if isinstance(space, gym.spaces.Dict):
+        keys = [k for k in space.spaces if k != ACTION_MASK_KEY]
+        return len(keys) == 1 and _state_index(space.spaces[keys[0]])
+    return isinstance(space, gym.spaces.Discrete)
 
 
 def _describe(space: gym.Space) -> str:
