@@ -246,8 +246,8 @@ def test_halfcheetah_starts_with_its_own_log_std_and_a_flag_still_wins(tmp_path)
 def test_a_state_index_gets_the_tabular_recipe_and_replay_keeps_the_classic_row(tmp_path):
     """CliffWalking-v1 (Discrete(48), no time limit) ended no episode in 300K steps under
     the classic recipe on 2 seeds of 3; as a table at lr 1e-2 and gamma 0.999 it learned on
-    every seed (perf/log/RESULTS.md, "Tabular recipe"). Ape-X and R2D2 keep the classic row, measured
-    with its MLP."""
+    every seed (perf/log/RESULTS.md, "Tabular recipe"). Ape-X and R2D2 keep the classic row,
+    measured with its MLP."""
     cliff = parse(tmp_path, "--env", "CliffWalking-v1")
     assert cliff.recipe == "tabular"
     assert (cliff.encoder_mlp_layers, cliff.learning_rate, cliff.gamma) == ([], 1e-2, 0.999)
