@@ -25,7 +25,7 @@ from fastrl.env_registry import recommended_settings
 from fastrl.log import log
 from fastrl.runner.memory import fit_memory
 from fastrl.sampling.env_probe import env_facts, env_spaces
-from fastrl.sampling.env_setup import EnvSettings
+from fastrl.sampling.env_setup import EnvSettings, obs_keys
 
 
 def apply_env_defaults(cfg: Config, keep: set[str]) -> list[str]:
@@ -35,10 +35,11 @@ def apply_env_defaults(cfg: Config, keep: set[str]) -> list[str]:
     unknown settings."""
     # The env's spaces size the buffers, whatever else is decided already: VizDoom and Atari
     # declare them, any other env is made once (env_probe.probe_spaces).
-    probe = env_spaces(EnvSettings.from_config(cfg))
+    settings = EnvSettings.from_config(cfg)
+    probe = env_spaces(settings)
     # The entry after the probe: --env_packages, imported by it, may register the env.
     entry = recommended_settings(cfg.env)
-    errors = apply_recipe(cfg, keep, env_facts(entry, probe))
+    errors = apply_recipe(cfg, keep, env_facts(entry, probe, obs_keys(settings)))
     if not errors and probe is not None and not validate(cfg):  # the spaces size the buffers
         note = fit_memory(cfg, keep, probe.obs_space, probe.action_space, probe.agents)
         if note:

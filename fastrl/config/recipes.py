@@ -113,7 +113,9 @@ R2D2_RECIPES: dict[str, dict[str, Any]] = {
 
 def replay_layer(algo: str, recipe: str) -> dict[str, Any]:
     """The settings ``--algo apex`` or ``r2d2`` puts over the recipe (empty for appo). The
-    tabular recipe takes the classic row (measured with its MLP; a Q-table was not)."""
+    tabular recipe takes the classic row (measured with its MLP; a Q-table was not) over its
+    own settings, so its discount (0.999) stays: Ape-X on FrozenLake-v1, serial, seed 1, greedy
+    0.76 at 40K frames with it, 0.60 with the classic 0.99 (review-50)."""
     recipe = "classic" if recipe == "tabular" else recipe
     if algo == "apex":
         return {**APEX_SETTINGS, **APEX_RECIPES.get(recipe, {})}

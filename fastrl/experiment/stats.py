@@ -153,8 +153,10 @@ class TrainingStats:
         self.settings = settings
         self.frameskip = frameskip
         self.time_limit = time_limit  # the env declares one (EnvInfo.time_limit)
-        # Episodes under way at once (the local envs' agents; a sampler node's are not counted)
-        self.streams = settings.num_workers * settings.num_envs_per_worker * max(agents, 1)
+        # Episodes under way at once: each env's agents, on every sampler node where there are
+        # nodes (each runs the flags' workers x envs; then no env runs here)
+        self.streams = (settings.num_workers * settings.num_envs_per_worker * max(agents, 1)
+                        * max(settings.num_sampler_nodes, 1))
         self._frames_at_last_episode: int | None = None  # env_frames when the latest ended
         self.first_episodes: list[tuple[float, int]] = []  # (return, length), this run's first
         self.env_frames = 0  # frames the learner trained on (sampling only: collected)
@@ -361,7 +363,10 @@ class TrainingStats:
         env where lasting longer is the goal (VizDoom's take_cover pays each tic survived)
         never warns. Where no episode ends at all, the warning comes once no episode has ended
         in ``STALLED_EPISODE_STEPS`` agent steps of each env (counted from the latest episode's
-        end, or from the first call: a resumed run counts from where it resumed)."""
+        end, or from the first call: a resumed run counts from where it resumed), unless the
+        episodes that did end had come to a better return than the run's first ones (a
+        survival env whose policy no longer fails). Known gap: any env's episode restarts the
+        count for all, so envs stuck while another ends short episodes are not seen."""
         if (self.time_limit or self.settings.env_max_episode_steps is not None
                 or self.episodes_truncated):
             return None
@@ -369,7 +374,9 @@ class TrainingStats:
             self._frames_at_last_episode = self.env_frames
         each = ((self.env_frames - self._frames_at_last_episode)
                 / max(self.frameskip, 1) / max(self.streams, 1))
-        if each >= STALLED_EPISODE_STEPS:
+        improved = bool(self.first_episodes and self.returns) and float(
+            np.mean(self.returns)) > float(np.mean([r for r, _ in self.first_episodes]))
+        if each >= STALLED_EPISODE_STEPS and not improved:
             return (f"warning: no episode has ended in the last {each:,.0f} agent steps of each "
                     f"of the {self.streams} envs; {self.settings.env} declares no time limit: "
                     f"cap its episodes with --env_max_episode_steps (e.g. "

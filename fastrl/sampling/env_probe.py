@@ -72,14 +72,26 @@ def env_spaces(settings: EnvSettings) -> EnvProbe | None:
     return try_probe(settings.env, settings.env_packages)
 
 
-def env_facts(entry: dict[str, Any], probe: EnvProbe | None) -> EnvFacts:
+def env_facts(entry: dict[str, Any], probe: EnvProbe | None,
+              keys: list[str] | None = None) -> EnvFacts:
     """What ``fastrl.config.recipes.apply_recipe`` decides an env's defaults from: its registry
-    ``entry`` and, when the env could be read (``probe``), its spaces' recipe, its agents and
+    ``entry`` and, when the env could be read (``probe``), the recipe of the spaces the model
+    sees (a Dict observation narrowed to ``keys``, ``--obs_keys``, where given), its agents and
     whether it publishes its legal actions."""
     if probe is None:
         return EnvFacts(entry)
-    return EnvFacts(entry, recipe_for_spaces(probe.obs_space, probe.action_space)[0],
+    return EnvFacts(entry, recipe_for_spaces(_seen(probe.obs_space, keys),
+                                             probe.action_space)[0],
                     probe.agents, probe.info_action_mask)
+
+
+def _seen(space: gym.Space, keys: list[str] | None) -> gym.Space:
+    """``space`` narrowed to the observation ``keys`` the model reads (the legal-action mask
+    kept); a key the space lacks is left to the run's own one-line error."""
+    if not keys or not isinstance(space, gym.spaces.Dict):
+        return space
+    kept = [k for k in space.spaces if k in keys or k == ACTION_MASK_KEY]
+    return gym.spaces.Dict({k: space.spaces[k] for k in kept}) if kept else space
 
 
 def publishes_action_mask(env: gym.Env) -> bool:
