@@ -76,3 +76,14 @@ def test_link_checker_sees_a_broken_link(tmp_path):
                     "```\n[in code](skipped.md)\n```\n[r]: ref.md#x\n")
     assert links(page) == ["page.md#top", "nowhere.md", "ref.md#x"]
     assert _anchors(page) == {"top"}
+
+
+def test_the_module_map_names_every_library_module():
+    """docs/internals.md's module map lists every module of fastrl/ (by its path, or, for the
+    leaf pairs, by name in a row of its folder): a module added without a row fails here."""
+    section = (ROOT / "docs" / "internals.md").read_text().split("## Module map", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    modules = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "fastrl").rglob("*.py")
+                     if p.name != "__init__.py")
+    missing = [m for m in modules if f"`{m}`" not in section]
+    assert not missing, f"modules without a row in docs/internals.md's module map: {missing}"
