@@ -109,3 +109,18 @@ def test_a_bad_frame_stack_flag_is_one_line(tmp_path):
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "--env_framestack=0: must be > 0" in lines[0], proc.stderr
+
+
+def test_stacking_what_cannot_be_stacked_is_one_settings_error():
+    # FrozenLake's observation is a state index (Discrete(16)): the wrapper's ValueError used
+    # to reach the user as a traceback from deep inside the probe (review-50).
+    import dataclasses
+
+    from fastrl.config.settings import Config
+    from fastrl.errors import EnvSettingsError
+    from fastrl.sampling.env_setup import EnvSettings, create_env
+
+    cfg = dataclasses.replace(Config(), env="FrozenLake-v1", env_framestack=4)
+    with pytest.raises(EnvSettingsError, match=r"--env_framestack=4: frame stacking needs Box "
+                                               r".*Discrete\(16\); use --env_framestack 1"):
+        create_env(EnvSettings.from_config(cfg))

@@ -209,7 +209,13 @@ def create_env(settings: EnvSettings, **extra) -> gym.Env:
             raise EnvSettingsError(f"env {settings.env!r} ({env.num_agents} agents): "
                                    f"--env_framestack={settings.env_framestack} stacks a single "
                                    "agent's frames only; use --env_framestack 1")
-        env = stack_frames(env, settings.env_framestack)
+        try:
+            env = stack_frames(env, settings.env_framestack)
+        except ValueError as exc:  # what the frames cannot be stacked from, in one line
+            env.close()
+            raise EnvSettingsError(f"env {settings.env!r}: --env_framestack="
+                                   f"{settings.env_framestack}: {exc}; use --env_framestack 1"
+                                   ) from None
     return env
 
 
