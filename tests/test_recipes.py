@@ -261,3 +261,18 @@ def test_a_state_index_gets_the_tabular_recipe_and_replay_keeps_the_classic_row(
     assert apex.encoder_mlp_layers == recipes.APEX_RECIPES["classic"]["encoder_mlp_layers"]
     mlp = parse(tmp_path, "--env", "CliffWalking-v1", "--recipe", "classic", "--experiment", "c")
     assert (mlp.encoder_mlp_layers, mlp.learning_rate, mlp.gamma) == ([64, 64], 1e-3, 0.99)
+
+
+def test_sampling_only_runs_async_whatever_the_recipe(tmp_path):
+    # The classic recipe's sync rounds wait for learner steps, which a sampling-only run never
+    # takes: perf/sampler_fps.py on CartPole-v1 measured 0 frames (review-49).
+    assert parse(tmp_path, "--env", "CartPole-v1").async_rl is False
+    assert parse(tmp_path, "--env", "CartPole-v1", "--sampling_only", "True",
+                 "--experiment", "s").async_rl is True
+    with pytest.raises(ConfigError) as err:
+        parse(tmp_path, "--env", "CartPole-v1", "--sampling_only", "True", "--async_rl",
+              "False", "--experiment", "f")
+    assert err.value.errors == [
+        "--sampling_only=True with --async_rl=False: sync mode's rounds wait for learner "
+        "steps, and nothing trains; use --async_rl True (what --sampling_only takes unless "
+        "told otherwise)"]

@@ -30,7 +30,7 @@ NON_NEGATIVE = ("max_policy_lag", "eval_every_env_frames", "env_timeout", "max_w
 def validate(cfg: Config) -> list[str]:
     """Every problem with ``cfg`` as one line each (empty when it is valid)."""
     return [line for check in (_values, _env, _model, _batches, _learners, _placement, _replay,
-                               _policies, _pbt, _wandb)
+                               _policies, _pbt, _sampling, _wandb)
             for line in check(cfg)]
 
 
@@ -135,6 +135,15 @@ def _batches(cfg: Config) -> list[str]:
                 f"num_batches_per_epoch must be a multiple of rollout x num_workers x "
                 f"num_envs_per_worker = {per_round}")
     return errors
+
+
+def _sampling(cfg: Config) -> list[str]:
+    """``--sampling_only`` runs async: sync mode's rounds wait for learner steps."""
+    if cfg.sampling_only and not cfg.async_rl:
+        return ["--sampling_only=True with --async_rl=False: sync mode's rounds wait for "
+                "learner steps, and nothing trains; use --async_rl True (what --sampling_only "
+                "takes unless told otherwise)"]
+    return []
 
 
 def _learners(cfg: Config) -> list[str]:

@@ -148,7 +148,8 @@ def choose_recipe(entry: dict[str, Any], spaces_recipe: str | None) -> str:
 def apply_recipe(cfg, keep: set[str], env: EnvFacts) -> list[str]:
     """Put on ``cfg`` the recipe for the env's kind (``cfg.recipe``: chosen here when
     ``auto``), over it the env's registry entry and the ``--algo`` replay layer, except the
-    fields in ``keep`` (given as flags, or saved by an earlier run); take the legal actions
+    fields in ``keep`` (given as flags, or saved by an earlier run), and async mode under
+    ``--sampling_only`` (a recipe's sync rounds wait for a learner); take the legal actions
     the env publishes when nothing decided otherwise; fit sync rounds to whole minibatches
     (:func:`fit_round`); resolve ``reward_scale`` None to 1.0. Returns an error for each
     unknown setting the entry names."""
@@ -159,6 +160,8 @@ def apply_recipe(cfg, keep: set[str], env: EnvFacts) -> list[str]:
     layers = {**RECIPES.get(cfg.recipe, {}), **env.entry}
     layers.pop("recipe", None)
     layers.update(replay_layer(cfg.algo, cfg.recipe))
+    if cfg.sampling_only:  # sync mode's rounds wait for learner steps, which never come
+        layers["async_rl"] = True
     errors = []
     for key, value in layers.items():
         if key not in known:
