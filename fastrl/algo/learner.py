@@ -21,7 +21,7 @@ import torch
 from fastrl.algo.appo import LossParams, appo_loss, clipped_loss, return_targets_and_advantages
 from fastrl.algo.learner_group import LearnerGroup
 from fastrl.algo.pbt.reward_weights import RewardWeights
-from fastrl.config.settings import Config
+from fastrl.config.settings import Config, CopiedFromConfig
 from fastrl.device import autocast, resolve_precision
 from fastrl.policy.actions import ActionSpec, exploration_problem
 from fastrl.policy.compiled import compile_encoders
@@ -36,7 +36,7 @@ PBT_HYPERPARAMS = ("learning_rate", "exploration_loss_coeff", "gamma")
 
 
 @dataclass(frozen=True)
-class LearnerSettings:
+class LearnerSettings(CopiedFromConfig):
     """What the APPO learner reads, each as the ``Config`` field of the same name (``--help``),
     copied once by :meth:`from_config` (no defaults of its own); the learner never sees the
     whole config. ``loss``: ``appo_loss``'s hyperparameters; ``reward_scale``: the resolved
@@ -69,9 +69,8 @@ class LearnerSettings:
         """Each field read by name (a field missing from ``cfg`` raises AttributeError); every
         one of ``LossParams``' too, so that none of its defaults stands in for the flag."""
         loss = LossParams(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(LossParams)})
-        copied = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)
-                  if f.name not in ("loss", "reward_scale")}
-        return cls(loss=loss, reward_scale=reward_scale(EnvSettings.from_config(cfg)), **copied)
+        return super().from_config(cfg, loss=loss,
+                                   reward_scale=reward_scale(EnvSettings.from_config(cfg)))
 
 
 class Learner:

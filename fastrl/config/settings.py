@@ -420,12 +420,16 @@ class CopiedFromConfig:
     """Base of a core's settings, a frozen dataclass whose every field is the ``Config`` field
     of the same name, with no default of its own (``Config``'s are the only ones): built once
     by the runner or a station with :meth:`from_config`, so that the core never sees the
-    whole config (docs/internals.md, "What each core takes")."""
+    whole config (docs/internals.md, "What each core takes"). A field the class works out
+    from several flags (a resolved value, a nested settings object) is passed in ``resolved``
+    by its own ``from_config``."""
 
     @classmethod
-    def from_config(cls: type[_Copied], cfg: Any) -> _Copied:
-        """Each field read from ``cfg`` by name (one ``cfg`` lacks raises AttributeError)."""
-        return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
+    def from_config(cls: type[_Copied], cfg: Any, **resolved: Any) -> _Copied:
+        """Each field read from ``cfg`` by name (one ``cfg`` lacks raises AttributeError), but
+        those given in ``resolved``."""
+        return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)
+                      if f.name not in resolved}, **resolved)
 
 
 # Settings added after experiments were first saved, with the value that reproduces what an

@@ -9,8 +9,10 @@ test builds one with ``ModelSettings.from_config(Config(...))`` or ``dataclasses
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from fastrl.config.settings import CopiedFromConfig
 
 if TYPE_CHECKING:
     from fastrl.config.settings import Config
@@ -19,7 +21,7 @@ __all__ = ["ModelSettings"]
 
 
 @dataclass(frozen=True)
-class ModelSettings:
+class ModelSettings(CopiedFromConfig):
     """The settings ``ActorCritic`` and its parts read; each named and described as the
     ``Config`` field of the same name (``--help``, group "model")."""
 
@@ -40,6 +42,5 @@ class ModelSettings:
     def from_config(cls, cfg: Config) -> ModelSettings:
         """The model's fields of ``cfg``, each read by name (a field missing from ``cfg``
         raises AttributeError: there is no fallback value here)."""
-        values = {f.name: getattr(cfg, f.name) for f in fields(cls)}
-        values["encoder_mlp_layers"] = tuple(int(n) for n in values["encoder_mlp_layers"])
-        return cls(**values)
+        return super().from_config(
+            cfg, encoder_mlp_layers=tuple(int(n) for n in cfg.encoder_mlp_layers))

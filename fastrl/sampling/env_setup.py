@@ -6,12 +6,12 @@ env's agent by agent: ``AgentsObsAdapter``), frame stacking, reward scale, and t
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import gymnasium as gym
 from gymnasium import spaces
 
+from fastrl.config.settings import CopiedFromConfig
 from fastrl.env_registry import (
     FINAL_OBS,
     concat_vectors,
@@ -29,12 +29,9 @@ from fastrl.policy.obs import as_dict_space
 from fastrl.policy.spaces import ObsPlan
 from fastrl.transport.signals import held
 
-if TYPE_CHECKING:
-    from fastrl.config.settings import Config
-
 
 @dataclass(frozen=True)
-class EnvSettings:
+class EnvSettings(CopiedFromConfig):
     """What making the run's env reads: each field as the ``Config`` field of the same name
     (``--help``), copied by :meth:`from_config`; no defaults of its own."""
 
@@ -57,11 +54,6 @@ class EnvSettings:
     env_framestack: int
     # the training reward's scale (reward_scale: None is the env's recommended one)
     reward_scale: float | None
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> EnvSettings:
-        """Each field read by name (a field missing from ``cfg`` raises AttributeError)."""
-        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
 
 
 def reward_scale(settings: EnvSettings) -> float:

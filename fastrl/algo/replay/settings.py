@@ -5,9 +5,10 @@ where the learner or the store is made (``fastrl/runner/cores.py``, ``wiring.py`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fastrl.config.settings import CopiedFromConfig
 from fastrl.policy.recurrent import state_size
 
 if TYPE_CHECKING:
@@ -17,7 +18,7 @@ __all__ = ["ReplaySettings"]
 
 
 @dataclass(frozen=True)
-class ReplaySettings:
+class ReplaySettings(CopiedFromConfig):
     """Each field as the ``Config`` field of the same name (``--help``); no defaults of its
     own. ``rnn_state_size``: the width of the recurrent state R2D2's store keeps per step
     (``fastrl.policy.recurrent.state_size`` of ``--rnn_type`` and ``--rnn_size``)."""
@@ -57,5 +58,4 @@ class ReplaySettings:
     @classmethod
     def from_config(cls, cfg: Config) -> ReplaySettings:
         """Each field read by name (a field missing from ``cfg`` raises AttributeError)."""
-        copied = {f.name: getattr(cfg, f.name) for f in fields(cls) if f.name != "rnn_state_size"}
-        return cls(rnn_state_size=state_size(cfg.rnn_type, cfg.rnn_size), **copied)
+        return super().from_config(cfg, rnn_state_size=state_size(cfg.rnn_type, cfg.rnn_size))
