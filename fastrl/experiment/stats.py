@@ -374,20 +374,21 @@ class TrainingStats:
             self._frames_at_last_episode = self.env_frames
         each = ((self.env_frames - self._frames_at_last_episode)
                 / max(self.frameskip, 1) / max(self.streams, 1))
-        improved = bool(self.first_episodes and self.returns) and float(
-            np.mean(self.returns)) > float(np.mean([r for r, _ in self.first_episodes]))
-        if each >= STALLED_EPISODE_STEPS and not improved:
+        first_return = (float(np.mean([r for r, _ in self.first_episodes]))
+                        if self.first_episodes else None)
+        ret = float(np.mean(self.returns)) if self.returns else None
+        rose = first_return is not None and ret is not None and ret > first_return
+        if each >= STALLED_EPISODE_STEPS and not rose:
             return (f"warning: no episode has ended in the last {each:,.0f} agent steps of each "
                     f"of the {self.streams} envs; {self.settings.env} declares no time limit: "
                     f"cap its episodes with --env_max_episode_steps (e.g. "
                     f"{LONG_EPISODE_STEPS})")
-        if len(self.first_episodes) < FIRST_EPISODES or not self.lengths:
+        if len(self.first_episodes) < FIRST_EPISODES or not self.lengths or rose:
             return None
-        first_return = float(np.mean([r for r, _ in self.first_episodes]))
         scale = float(np.median([n for _, n in self.first_episodes]))
-        length, ret = float(np.mean(self.lengths)), float(np.mean(self.returns))
+        length = float(np.mean(self.lengths))
         bound = max(LONG_EPISODE_FACTOR * scale, LONG_EPISODE_STEPS)
-        if length < bound or ret > first_return:
+        if length < bound:
             return None
         return (f"warning: the last {len(self.lengths)} episodes lasted {length:,.0f} agent "
                 f"steps on average, {length / max(scale, 1.0):,.0f}x the median of the run's "
