@@ -75,7 +75,8 @@ def run(args: argparse.Namespace, extra: list[str], mode_flags: list[str]) -> di
         except user_error_types() as exc:
             print(f"error: {exc}", file=sys.stderr)
             sys.exit(1)
-    measured = summary["measured"] or {}
+    measured = dict(summary["measured"] or {})
+    cores = measured.pop("cores", None)
     frameskip = (
         summary["env_frames"] / max(summary["agent_steps"], 1) if summary["agent_steps"] else 1
     )
@@ -86,6 +87,12 @@ def run(args: argparse.Namespace, extra: list[str], mode_flags: list[str]) -> di
         "env_frames": measured.get("env_frames", 0),
         "seconds": round(measured.get("seconds", 0.0), 2),
         "stages": {k: v for k, v in measured.items() if isinstance(v, dict)},
+        # Where the cores went in the measured window, by kind of process (the launcher, the
+        # fastrl children by title, the engines by name), and per agent step in microseconds
+        # of one core (fastrl.experiment.bottleneck.process_tree_cpu).
+        "cores": {k: round(v, 3) for k, v in (cores or {}).items()},
+        "core_us_per_agent_step": {k: round(v / (fps / frameskip) * 1e6)
+                                   for k, v in (cores or {}).items() if fps > 0},
         "mean_episode_return": summary["mean_episode_return"],
         "episodes": summary["episodes"],
         "policy_lag": summary["policy_lag"],

@@ -35,6 +35,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from fastrl.experiment.bottleneck import cores_by_kind, process_tree_cpu  # noqa: E402
+
 ACTIONS_PER_ENV = 1024
 
 
@@ -180,10 +182,14 @@ def _worker(
         stepper.episodes = 0
         barrier.wait(timeout=300)
         steps = 0
+        cpu_before = process_tree_cpu()
         start = time.perf_counter()
         while (elapsed := time.perf_counter() - start) < args.seconds:
             steps += stepper.step_all(k)
             k += 1
+        cpu_after = process_tree_cpu()
+        cpu = (None if cpu_before is None or cpu_after is None else
+               sum(cores_by_kind(cpu_before, cpu_after, 1.0).values()))
         results.put(
             {
                 "worker": worker,
@@ -193,6 +199,7 @@ def _worker(
                 "frameskip": stepper.frameskip,
                 "episodes": stepper.episodes,
                 "elapsed": elapsed,
+                "cpu_seconds": cpu,  # this process's and its engines'
             }
         )
     finally:
@@ -214,6 +221,19 @@ def _parse_options(items: list[str]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the measurement and print the per-worker lines and the final JSON line."""
+    args = parse_args(argv)
+    result, rows = measure(args)
+    for r in rows:
+        print(
+            f"worker {r['worker']} core {r['core']}: {r['env_frames'] / r['elapsed']:.0f} fps, "
+            f"{r['agent_steps'] / r['elapsed']:.0f} sps, {r['episodes']} episodes"
+        )
+    print(f"{'pinned to cores ' + str(result['cores']) if args.pin else 'not pinned'}")
+    print(json.dumps(result))
+    return result
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -234,6 +254,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--bare", action="store_true",
                    help="step bare vizdoom.DoomGame instances (ale-py's own envs for ALE/ ids)")
     p.add_argument("--pin", action="store_true", help="pin each process to one core")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked (bad input is argparse's one-line error)."""
+    p = _parser()
     args = p.parse_args(argv)
     args.options = _parse_options(args.option)
     if args.bare and args.options:
@@ -246,7 +272,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     f"ALE/<Game>-v5 id, got {args.env!r}")
         if SCENARIOS[args.env].bots is not None:
             p.error(f"--bare hosts no match and adds no bots: measure {args.env} without --bare")
+    return args
 
+
+def measure(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Step ``args.num_workers`` processes' envs as the module docstring says; the result
+    (the last line's JSON object) and each worker's row. ``core_seconds_per_frame``: the CPU
+    time of the workers and their engines over the frames they made (None where /proc cannot
+    be read); with every core busy, this is what a frame costs the machine.
+    ``args`` as :func:`parse_args` gives them."""
     cores = sorted(os.sched_getaffinity(0))
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(args.num_workers)
@@ -273,11 +307,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for proc in procs:
         proc.join(timeout=60)
     rows.sort(key=lambda r: r["worker"])
-    for r in rows:
-        print(
-            f"worker {r['worker']} core {r['core']}: {r['env_frames'] / r['elapsed']:.0f} fps, "
-            f"{r['agent_steps'] / r['elapsed']:.0f} sps, {r['episodes']} episodes"
-        )
+    cpu = [r["cpu_seconds"] for r in rows]
+    frames = sum(r["env_frames"] for r in rows)
     result = {
         "env": args.env,
         "bare": args.bare,
@@ -294,10 +325,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "env_frames": sum(r["env_frames"] for r in rows),
         "agent_steps": sum(r["agent_steps"] for r in rows),
         "episodes": sum(r["episodes"] for r in rows),
+        "core_seconds_per_frame": (sum(cpu) / frames if frames and None not in cpu
+                                   else None),
     }
-    print(f"{'pinned to cores ' + str(assigned) if args.pin else 'not pinned'}")
-    print(json.dumps(result))
-    return result
+    return result, rows
 
 
 if __name__ == "__main__":

@@ -18,9 +18,10 @@ Four measured pieces (docs/performance.md, "The machine's limit"):
 - The matmul peak: the best of a few timed square matmuls (2048 on a CPU, 8192 on a GPU) in
   each dtype the model runs in, on all this process's cores (and on the learner's
   ``--learner_threads``, for the learner's own ceiling).
-- The bare env's cost per frame: one env (a bare DoomGame or ale-py env where there is one,
-  else the env itself) stepped with random actions, best of a few short windows, in seconds
-  of one core per simulator frame.
+- The bare env's cost per frame: the env (a bare DoomGame or ale-py env where there is one,
+  else the env itself) stepped with random actions by one process per core, each with the
+  run's envs per worker, in CPU seconds (the processes' and their engines') per simulator
+  frame.
 
 FPS counts simulator frames (frameskip included), and every agent step is one inferred and
 one trained sample, so ``flop_per_frame = (train + infer) / frameskip``. On a CPU everything
@@ -184,33 +185,28 @@ def matmul_peak(dtype: torch.dtype, threads: int, device: torch.device,
     return 2.0 * n**3 / best
 
 
-def env_cost_per_frame(cfg, seconds: float = 2.0, windows: int = 5) -> tuple[float, str]:
-    """Seconds of one core per simulator frame of one env stepped with random actions, the
-    best of ``windows`` windows after a quarter of ``seconds`` of warm-up; and what was
-    stepped ("bare DoomGame", "bare ale-py env", or "fastrl env")."""
-    from env_fps import make_stepper
+def env_cost_per_frame(cfg, seconds: float = 2.0) -> tuple[float, str]:
+    """Seconds of one core per simulator frame of the bare env, with the cores full: one
+    stepping process per core, each with the run's ``--num_envs_per_worker`` envs and random
+    actions (``perf/env_fps.py``), the CPU time of those processes and of their engines over
+    the frames they made, after a second of warm-up; and what was stepped. A single env timed
+    by the clock would count the round trips' waits to its engine process as work (108 against
+    51.5 us for doom_basic on a 2-core VM: perf/log/RESULTS.md)."""
+    import env_fps
 
     bare, what = _bare_kind(cfg.env)
-    args = argparse.Namespace(env=cfg.env, bare=bare, frameskip=cfg.env_frameskip,
-                              num_envs_per_worker=1, seed=0 if cfg.seed is None else cfg.seed,
-                              options={})
-    stepper = make_stepper(args, 0)
-    try:
-        k = 0
-        start = time.perf_counter()
-        while time.perf_counter() - start < seconds / 4:
-            stepper.step_all(k)
-            k += 1
-        best = math.inf
-        for _ in range(windows):
-            steps, start = 0, time.perf_counter()
-            while (elapsed := time.perf_counter() - start) < seconds / windows:
-                steps += stepper.step_all(k)
-                k += 1
-            best = min(best, elapsed / (steps * stepper.frameskip))
-    finally:
-        stepper.close()
-    return best, what
+    cores = len(os.sched_getaffinity(0))
+    argv = ["--env", cfg.env, "--num_workers", str(cores), "--num_envs_per_worker",
+            str(cfg.num_envs_per_worker), "--seconds", str(seconds), "--warmup", "1",
+            "--seed", str(0 if cfg.seed is None else cfg.seed)]
+    if cfg.env_frameskip is not None:
+        argv += ["--frameskip", str(cfg.env_frameskip)]
+    result, _ = env_fps.measure(env_fps.parse_args(argv + ["--bare"] * bare))
+    cost = result["core_seconds_per_frame"]
+    if cost is None:  # no /proc: the cores' wall time, every core taken to be busy
+        cost = cores / result["fps"]
+    return cost, (f"{what}, {cores} process{'es' * (cores > 1)} x {cfg.num_envs_per_worker}, "
+                  "CPU time")
 
 
 def _bare_kind(env: str) -> tuple[bool, str]:

@@ -14,8 +14,10 @@ from fastrl.experiment import stats as stats_module
 from fastrl.experiment.bottleneck import (
     BottleneckSettings,
     busy_fractions,
+    cores_by_kind,
     cpu_seconds,
     diagnose,
+    process_tree_cpu,
     progress_text,
 )
 from fastrl.experiment.stats import StatsSettings, TrainingStats
@@ -132,6 +134,65 @@ def test_cpu_seconds_on_this_machine_counts_a_busy_loop():
     while time.process_time() < end:
         pass
     assert cpu_seconds() - before >= 0.2
+
+
+def _proc_entry(root, pid: int, ppid: int, comm: str, title: str, utime: int, stime: int):
+    d = root / str(pid)
+    d.mkdir()
+    # pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime
+    (d / "stat").write_text(f"{pid} ({comm}) S {ppid} 1 1 0 -1 0 0 0 0 0 {utime} {stime} 0 0\n")
+    (d / "cmdline").write_bytes(title.encode() + b"\0--flag\0")
+
+
+def test_process_tree_cpu_sums_a_process_and_everything_below_it_by_kind(tmp_path):
+    ticks = os.sysconf("SC_CLK_TCK")
+    _proc_entry(tmp_path, 10, 1, "python", "python", 5, 5)  # the launcher
+    _proc_entry(tmp_path, 11, 10, "fastrl-rollout-", "fastrl-rollout-0", 30, 10)
+    _proc_entry(tmp_path, 12, 10, "fastrl-rollout-", "fastrl-rollout-12", 20, 0)
+    _proc_entry(tmp_path, 13, 11, "vizdoom", "/venv/vizdoom", 7, 1)  # an engine, a grandchild
+    _proc_entry(tmp_path, 14, 13, "(odd) name", "odd", 1, 0)  # parentheses in the name
+    _proc_entry(tmp_path, 20, 1, "other", "other", 100, 0)  # not below the root
+    (tmp_path / "self").mkdir()  # not a pid
+    (tmp_path / "99").mkdir()  # gone between the listing and the read
+    tree = process_tree_cpu(10, str(tmp_path))
+    assert tree == {10: ("launcher", 10 / ticks), 11: ("fastrl-rollout", 40 / ticks),
+                    12: ("fastrl-rollout", 20 / ticks), 13: ("vizdoom", 8 / ticks),
+                    14: ("(odd) name", 1 / ticks)}
+    assert process_tree_cpu(10, str(tmp_path / "missing")) is None
+
+
+def test_cores_by_kind_counts_new_processes_from_their_start_and_not_the_gone():
+    before = {1: ("launcher", 1.0), 2: ("fastrl-learner", 10.0), 3: ("vizdoom", 4.0)}
+    after = {1: ("launcher", 1.5), 2: ("fastrl-learner", 18.0),  # pid 3 is gone
+             4: ("vizdoom", 2.0), 5: ("vizdoom", 1.0)}  # started in between
+    assert cores_by_kind(before, after, 10.0) == {"fastrl-learner": 0.8, "vizdoom": 0.3,
+                                                  "launcher": 0.05}
+    # A pid reused by another kind of process counts from its start.
+    assert cores_by_kind({7: ("vizdoom", 50.0)}, {7: ("fastrl-policy", 3.0)}, 1.0) == {
+        "fastrl-policy": 3.0}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
+def test_process_tree_cpu_on_this_machine_counts_a_busy_loop():
+    before = process_tree_cpu()
+    end = time.process_time() + 0.3
+    while time.process_time() < end:
+        pass
+    after = process_tree_cpu()
+    assert after[os.getpid()][0] == "launcher"
+    assert cores_by_kind(before, after, 1.0)["launcher"] >= 0.2
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
+def test_the_measured_window_says_where_the_cores_went():
+    stats = TrainingStats(StatsSettings.from_config(Config(device="cpu")), 1)
+    stats.mark_warmup()
+    end = time.process_time() + 0.3
+    while time.process_time() < end:
+        pass
+    stats.end_measurement()
+    cores = stats.measured()["cores"]
+    assert 0 < cores["launcher"] <= 1.2 and min(cores.values()) >= 0
 
 
 def test_busy_cores_name_the_cpu_instead_of_more_policy_workers():

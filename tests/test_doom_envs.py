@@ -432,3 +432,6 @@ def test_env_fps_script_prints_one_json_line(extra: list[str]) -> None:
     assert result["bare"] == ("--bare" in extra)
     assert result["pinned"] == ("--pin" in extra)
     assert result["num_workers"] == (2 if "--pin" in extra else 1)
+    # The workers' and their engines' CPU time per frame: at most every core's whole time.
+    cores = len(os.sched_getaffinity(0))
+    assert 0 < result["core_seconds_per_frame"] <= cores / result["fps"] * 1.2

@@ -93,6 +93,60 @@ def cpu_seconds(cores: set[int] | None = None, stat: str = "/proc/stat") -> floa
     return busy / _TICKS_PER_SECOND
 
 
+def _process_row(proc: str, pid: str) -> tuple[int, str, float] | None:
+    """``(ppid, kind, cpu seconds)`` of one process from /proc; None once it is gone."""
+    try:
+        with open(f"{proc}/{pid}/stat") as f:
+            stat = f.read()
+        with open(f"{proc}/{pid}/cmdline", "rb") as f:
+            title = f.read().split(b"\0", 1)[0].decode(errors="replace")
+    except OSError:
+        return None
+    comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+    # A fastrl child's title (setproctitle) less its number; any other program by its name.
+    kind = title.rstrip("0123456789").rstrip("-") if title.startswith("fastrl-") else comm
+    return int(rest[1]), kind, (int(rest[11]) + int(rest[12])) / _TICKS_PER_SECOND
+
+
+def process_tree_cpu(root: int | None = None,
+                     proc: str = "/proc") -> dict[int, tuple[str, float]] | None:
+    """CPU seconds (user and system) used so far by ``root`` (default: this process) and every
+    process below it, by pid: ``{pid: (kind, seconds)}``. The kind is a fastrl child's title
+    less its number (``fastrl-rollout-1`` is ``fastrl-rollout``), any other program's name
+    (a VizDoom engine is ``vizdoom``), and ``root`` itself is ``launcher``. None where /proc
+    cannot be read (not Linux)."""
+    root = os.getpid() if root is None else root
+    try:
+        pids = [p for p in os.listdir(proc) if p.isdigit()]
+    except OSError:
+        return None
+    rows = {int(p): row for p in pids if (row := _process_row(proc, p)) is not None}
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in rows.items():
+        children.setdefault(ppid, []).append(pid)
+    out: dict[int, tuple[str, float]] = {}
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        if pid in rows and pid not in out:
+            out[pid] = ("launcher" if pid == root else rows[pid][1], rows[pid][2])
+            todo.extend(children.get(pid, ()))
+    return out
+
+
+def cores_by_kind(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+                  seconds: float) -> dict[str, float]:
+    """Cores each kind of process kept busy between two :func:`process_tree_cpu` snapshots
+    ``seconds`` apart, largest first. A process started in between counts from its start; one
+    gone by ``after`` is not counted (its last seconds cannot be read)."""
+    used: dict[str, float] = {}
+    for pid, (kind, cpu) in after.items():
+        start = before.get(pid)
+        spent = cpu - start[1] if start is not None and start[0] == kind else cpu
+        used[kind] = used.get(kind, 0.0) + max(spent, 0.0)
+    return {k: v / max(seconds, 1e-9) for k, v in sorted(used.items(), key=lambda kv: -kv[1])}
+
+
 def busy_fractions(busy_seconds: dict[str, float], seconds: float,
                    processes: dict[str, int]) -> dict[str, float]:
     """Busy fraction of each stage with reported time: ``busy / (seconds * processes)``,

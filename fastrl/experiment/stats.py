@@ -20,8 +20,10 @@ from fastrl.experiment.bottleneck import (
     Diagnosis,
     available_cores,
     busy_fractions,
+    cores_by_kind,
     cpu_seconds,
     diagnose,
+    process_tree_cpu,
 )
 from fastrl.transport.messages import ENV_FAULT_KINDS
 
@@ -193,6 +195,8 @@ class TrainingStats:
         self._warmup: tuple[float, int] | None = None
         self._measure_end: tuple[float, int] | None = None
         self._stages: dict[str, tuple[int, float]] = {}
+        # CPU seconds of the run's processes (bottleneck.process_tree_cpu) at the window's ends.
+        self._tree_cpu: tuple[dict | None, dict | None] = (None, None)
         # Busy seconds of each pipeline stage this run (fastrl/experiment/bottleneck.py),
         # counted from
         # the first report on (start-up is no stage's work) to the latest.
@@ -222,10 +226,12 @@ class TrainingStats:
         """Start of the measured window reported as ``measured_fps`` (perf scripts)."""
         self._warmup = (time.time(), self.env_frames)
         self._stages = {}
+        self._tree_cpu = (process_tree_cpu(), None)
 
     def end_measurement(self) -> None:
         """End of the measured window (before the final checkpoint and shutdown)."""
         self._measure_end = (time.time(), self.env_frames)
+        self._tree_cpu = (self._tree_cpu[0], process_tree_cpu())
 
     def measured(self) -> dict | None:
         if self._warmup is None:
@@ -237,6 +243,9 @@ class TrainingStats:
         for name, (samples, busy) in self._stages.items():
             out[name] = {"samples_per_busy_second": samples / busy if busy > 0 else None,
                          "busy_fraction": busy / seconds}
+        before, after = self._tree_cpu
+        if before is not None and after is not None:  # where the cores went, by process kind
+            out["cores"] = cores_by_kind(before, after, seconds)
         return out
 
     def add_stage_time(self, name: str, samples: int, busy_seconds: float) -> None:
