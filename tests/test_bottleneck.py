@@ -233,3 +233,27 @@ def test_the_busy_fractions_of_a_run_include_the_cores(monkeypatch):
     busy = stats.busy_now()  # reading 3
     d = stats.diagnose({"env": 4.0, "cpu": busy["cpu"]}, 10.0)
     assert d.fractions["cpu"] == pytest.approx(15.0 / 20.0)
+
+
+def test_a_child_runs_under_cprofile_only_when_asked(tmp_path, monkeypatch):
+    import pstats
+
+    from fastrl.runner.supervisor import _profiled
+
+    def target(x):
+        return sum(range(x))
+
+    monkeypatch.delenv("FASTRL_PROFILE_DIR", raising=False)
+    assert _profiled("fastrl-rollout-0", target) is target
+    monkeypatch.setenv("FASTRL_PROFILE_DIR", str(tmp_path))
+    assert _profiled("fastrl-rollout-0", target)(1000) == sum(range(1000))
+
+    def failing(x):
+        raise ValueError(x)
+
+    with pytest.raises(ValueError):
+        _profiled("fastrl-learner", failing)(3)  # a child that fails is profiled too
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == [f"fastrl-learner-{os.getpid()}.prof", f"fastrl-rollout-0-{os.getpid()}.prof"]
+    names = {func[2] for func in pstats.Stats(str(tmp_path / files[1])).stats}
+    assert "target" in names

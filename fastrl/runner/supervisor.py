@@ -130,7 +130,7 @@ def run_child(name: str, threads: int, target, wiring: Wiring, index: int,
                          args=(wiring.stop, lambda: wiring.stop_seen, STOP_GRACE),
                          name="fastrl-stop-watch", daemon=True).start()
     try:
-        target(wiring, index)
+        _profiled(name, target)(wiring, index)
     except StopInterrupt as exc:
         log(f"{name} was still busy {STOP_GRACE:g} s after the stop, in {busy_in(exc)}: "
             "interrupted it")
@@ -144,6 +144,28 @@ def run_child(name: str, threads: int, target, wiring: Wiring, index: int,
         except Exception:  # noqa: BLE001
             pass
         raise SystemExit(1) from None
+
+
+def _profiled(name: str, target):
+    """``target``, under cProfile when ``FASTRL_PROFILE_DIR`` is set (a perf instrument, not a
+    setting): the child's statistics go to ``<dir>/<name>-<pid>.prof`` when it ends, however it
+    ends (``python -m pstats`` reads them)."""
+    folder = os.environ.get("FASTRL_PROFILE_DIR")
+    if not folder:
+        return target
+
+    def run(*args):
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.enable()
+        try:
+            return target(*args)
+        finally:
+            profile.disable()
+            profile.dump_stats(os.path.join(folder, f"{name}-{os.getpid()}.prof"))
+
+    return run
 
 
 def hung_message(code: int | None, doing: str, worker_timeout: float,
