@@ -26,6 +26,7 @@ import ast
 import json
 import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -170,6 +171,9 @@ def _worker(
     worker: int, args: argparse.Namespace, core: int | None, barrier: Any, results: Any
 ) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # measure() ends the others with SIGTERM when one fails: close the engines on the way out
+    # (the `finally` below), or they would live on under init.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     if core is not None:
         os.sched_setaffinity(0, {core})
     stepper = make_stepper(args, worker)
@@ -262,6 +266,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = _parser()
     args = p.parse_args(argv)
     args.options = _parse_options(args.option)
+    for flag in ("num_workers", "num_envs_per_worker"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag}={getattr(args, flag)}: must be at least 1")
     if args.bare and args.options:
         p.error("--option has no effect with --bare")
     if args.bare and not args.env.startswith("ALE/"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 
 import pytest
@@ -136,40 +137,47 @@ def test_cpu_seconds_on_this_machine_counts_a_busy_loop():
     assert cpu_seconds() - before >= 0.2
 
 
-def _proc_entry(root, pid: int, ppid: int, comm: str, title: str, utime: int, stime: int):
+def _proc_entry(root, pid: int, ppid: int, comm: str, title: str, utime: int, stime: int = 0,
+                state: str = "S", start: int = 100, children: tuple[int, ...] = ()):
+    """A fake /proc/<pid>: its stat line (field 22 is the start time), its command line, and
+    the children of its one thread."""
     d = root / str(pid)
-    d.mkdir()
-    # pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime
-    (d / "stat").write_text(f"{pid} ({comm}) S {ppid} 1 1 0 -1 0 0 0 0 0 {utime} {stime} 0 0\n")
-    (d / "cmdline").write_bytes(title.encode() + b"\0--flag\0")
+    (d / "task" / str(pid)).mkdir(parents=True, exist_ok=True)
+    fields = [state, ppid, 1, 1, 0, -1, 0, 0, 0, 0, 0, utime, stime, 0, 0, 20, 0, 1, 0, start, 0]
+    (d / "stat").write_text(f"{pid} ({comm}) " + " ".join(map(str, fields)) + "\n")
+    (d / "cmdline").write_bytes(title.encode() + b"\0--flag\0" if title else b"")
+    (d / "task" / str(pid) / "children").write_text(" ".join(map(str, children)))
 
 
 def test_process_tree_cpu_sums_a_process_and_everything_below_it_by_kind(tmp_path):
     ticks = os.sysconf("SC_CLK_TCK")
-    _proc_entry(tmp_path, 10, 1, "python", "python", 5, 5)  # the launcher
-    _proc_entry(tmp_path, 11, 10, "fastrl-rollout-", "fastrl-rollout-0", 30, 10)
-    _proc_entry(tmp_path, 12, 10, "fastrl-rollout-", "fastrl-rollout-12", 20, 0)
-    _proc_entry(tmp_path, 13, 11, "vizdoom", "/venv/vizdoom", 7, 1)  # an engine, a grandchild
-    _proc_entry(tmp_path, 14, 13, "(odd) name", "odd", 1, 0)  # parentheses in the name
-    _proc_entry(tmp_path, 20, 1, "other", "other", 100, 0)  # not below the root
-    (tmp_path / "self").mkdir()  # not a pid
-    (tmp_path / "99").mkdir()  # gone between the listing and the read
+    _proc_entry(tmp_path, 10, 1, "python", "python", 5, 5, children=(11, 12, 15))  # launcher
+    _proc_entry(tmp_path, 11, 10, "fastrl-rollout-", "fastrl-rollout-0", 30, 10, children=(13,))
+    _proc_entry(tmp_path, 12, 10, "fastrl-learner-", "fastrl-learner-p1-1", 20)
+    _proc_entry(tmp_path, 13, 11, "vizdoom", "/venv/vizdoom", 7, 1, children=(14,))  # engine
+    _proc_entry(tmp_path, 14, 13, "(odd) name", "odd", 1)  # parentheses in the name
+    _proc_entry(tmp_path, 20, 1, "other", "other", 100)  # not below the root
+    (tmp_path / "99").mkdir()  # 15 is gone; 99 is listed and gone
     tree = process_tree_cpu(10, str(tmp_path))
-    assert tree == {10: ("launcher", 10 / ticks), 11: ("fastrl-rollout", 40 / ticks),
-                    12: ("fastrl-rollout", 20 / ticks), 13: ("vizdoom", 8 / ticks),
-                    14: ("(odd) name", 1 / ticks)}
+    assert tree == {10: ("launcher", 10 / ticks, 100), 11: ("fastrl-rollout", 40 / ticks, 100),
+                    12: ("fastrl-learner", 20 / ticks, 100), 13: ("vizdoom", 8 / ticks, 100),
+                    14: ("(odd) name", 1 / ticks, 100)}
     assert process_tree_cpu(10, str(tmp_path / "missing")) is None
+    # Without the kernel's children files, the children are found by their parent.
+    for pid in (10, 11, 12, 13, 14, 20):
+        shutil.rmtree(tmp_path / str(pid) / "task")
+    assert process_tree_cpu(10, str(tmp_path)) == tree
 
 
 def test_cores_by_kind_counts_new_processes_from_their_start_and_not_the_gone():
-    before = {1: ("launcher", 1.0), 2: ("fastrl-learner", 10.0), 3: ("vizdoom", 4.0)}
-    after = {1: ("launcher", 1.5), 2: ("fastrl-learner", 18.0),  # pid 3 is gone
-             4: ("vizdoom", 2.0), 5: ("vizdoom", 1.0)}  # started in between
+    before = {1: ("launcher", 1.0, 5), 2: ("fastrl-learner", 10.0, 5), 3: ("vizdoom", 4.0, 5)}
+    after = {1: ("launcher", 1.5, 5), 2: ("fastrl-learner", 18.0, 5),  # pid 3 is gone
+             4: ("vizdoom", 2.0, 9), 5: ("vizdoom", 1.0, 9)}  # started in between
     assert cores_by_kind(before, after, 10.0) == {"fastrl-learner": 0.8, "vizdoom": 0.3,
                                                   "launcher": 0.05}
-    # A pid reused by another kind of process counts from its start.
-    assert cores_by_kind({7: ("vizdoom", 50.0)}, {7: ("fastrl-policy", 3.0)}, 1.0) == {
-        "fastrl-policy": 3.0}
+    # A pid taken by a new process (another start time) counts from that process's start.
+    assert cores_by_kind({7: ("vizdoom", 50.0, 5)}, {7: ("vizdoom", 3.0, 9)}, 1.0) == {
+        "vizdoom": 3.0}
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
@@ -257,3 +265,21 @@ def test_a_child_runs_under_cprofile_only_when_asked(tmp_path, monkeypatch):
     assert files == [f"fastrl-learner-{os.getpid()}.prof", f"fastrl-rollout-0-{os.getpid()}.prof"]
     names = {func[2] for func in pstats.Stats(str(tmp_path / files[1])).stats}
     assert "target" in names
+
+
+def test_a_profile_that_cannot_be_written_is_one_line_and_keeps_the_child_s_end(
+        tmp_path, monkeypatch, capsys):
+    from fastrl.runner.supervisor import _profiled
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("FASTRL_PROFILE_DIR", str(blocker))
+
+    def failing():
+        raise ValueError("the child's own error")
+
+    with pytest.raises(ValueError, match="the child's own error"):
+        _profiled("fastrl-policy-0", failing)()
+    assert _profiled("fastrl-policy-0", lambda: 7)() == 7
+    out = capsys.readouterr()
+    assert "FASTRL_PROFILE_DIR: could not write" in out.out + out.err

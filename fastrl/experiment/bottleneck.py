@@ -93,8 +93,9 @@ def cpu_seconds(cores: set[int] | None = None, stat: str = "/proc/stat") -> floa
     return busy / _TICKS_PER_SECOND
 
 
-def _process_row(proc: str, pid: str) -> tuple[int, str, float] | None:
-    """``(ppid, kind, cpu seconds)`` of one process from /proc; None once it is gone."""
+def _process_row(proc: str, pid: int) -> tuple[str, float, int] | None:
+    """``(kind, cpu seconds, start time in ticks)`` of one process from /proc; None once it
+    is gone."""
     try:
         with open(f"{proc}/{pid}/stat") as f:
             stat = f.read()
@@ -103,47 +104,76 @@ def _process_row(proc: str, pid: str) -> tuple[int, str, float] | None:
     except OSError:
         return None
     comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
-    # A fastrl child's title (setproctitle) less its number; any other program by its name.
-    kind = title.rstrip("0123456789").rstrip("-") if title.startswith("fastrl-") else comm
-    return int(rest[1]), kind, (int(rest[11]) + int(rest[12])) / _TICKS_PER_SECOND
+    # A fastrl child by its role, the title's first two words (fastrl-rollout-1,
+    # fastrl-learner-p1-1); a child that has exited (no command line left) by its name, which
+    # the kernel keeps to 15 characters (fastrl-rollout-); any other program by its name.
+    name = title if title.startswith("fastrl-") else comm
+    kind = "-".join(name.split("-")[:2]) if name.startswith("fastrl-") else comm
+    return kind, (int(rest[11]) + int(rest[12])) / _TICKS_PER_SECOND, int(rest[19])
+
+
+def _children(proc: str, pid: int) -> list[int]:
+    """The direct children of ``pid`` (each of its threads' children: a VizDoom engine is
+    started by the thread that made its game); where the kernel has no ``children`` files,
+    every process whose parent it is."""
+    try:
+        tasks = os.listdir(f"{proc}/{pid}/task")
+        found: list[int] = []
+        for tid in tasks:
+            with open(f"{proc}/{pid}/task/{tid}/children") as f:
+                found += [int(c) for c in f.read().split()]
+        return found
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return []
+    found = []
+    for p in (p for p in os.listdir(proc) if p.isdigit()):
+        try:
+            with open(f"{proc}/{p}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
+            found.append(int(p))
+    return found
 
 
 def process_tree_cpu(root: int | None = None,
-                     proc: str = "/proc") -> dict[int, tuple[str, float]] | None:
+                     proc: str = "/proc") -> dict[int, tuple[str, float, int]] | None:
     """CPU seconds (user and system) used so far by ``root`` (default: this process) and every
-    process below it, by pid: ``{pid: (kind, seconds)}``. The kind is a fastrl child's title
-    less its number (``fastrl-rollout-1`` is ``fastrl-rollout``), any other program's name
-    (a VizDoom engine is ``vizdoom``), and ``root`` itself is ``launcher``. None where /proc
-    cannot be read (not Linux)."""
+    process below it: ``{pid: (kind, seconds, start time)}``, the start time telling a reused
+    pid apart. The kind is a fastrl child's role (``fastrl-rollout``, ``fastrl-policy``,
+    ``fastrl-learner``: its title's first two words), any other program's name (a VizDoom
+    engine is ``vizdoom``), and ``root`` itself is ``launcher``. Walks the tree from ``root``
+    down, reading only its processes. None where /proc cannot be read (not Linux)."""
     root = os.getpid() if root is None else root
-    try:
-        pids = [p for p in os.listdir(proc) if p.isdigit()]
-    except OSError:
+    if _process_row(proc, root) is None:
         return None
-    rows = {int(p): row for p in pids if (row := _process_row(proc, p)) is not None}
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _, _) in rows.items():
-        children.setdefault(ppid, []).append(pid)
-    out: dict[int, tuple[str, float]] = {}
+    out: dict[int, tuple[str, float, int]] = {}
     todo = [root]
     while todo:
         pid = todo.pop()
-        if pid in rows and pid not in out:
-            out[pid] = ("launcher" if pid == root else rows[pid][1], rows[pid][2])
-            todo.extend(children.get(pid, ()))
+        row = _process_row(proc, pid) if pid not in out else None
+        if row is not None:
+            out[pid] = ("launcher", *row[1:]) if pid == root else row
+            todo.extend(_children(proc, pid))
     return out
 
 
-def cores_by_kind(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
-                  seconds: float) -> dict[str, float]:
+def cores_by_kind(before: dict[int, tuple[str, float, int]],
+                  after: dict[int, tuple[str, float, int]], seconds: float) -> dict[str, float]:
     """Cores each kind of process kept busy between two :func:`process_tree_cpu` snapshots
-    ``seconds`` apart, largest first. A process started in between counts from its start; one
-    gone by ``after`` is not counted (its last seconds cannot be read)."""
+    ``seconds`` apart, largest first, each process under the kind it had at the start. A
+    process started in between counts from its start (its pid may be an old one's); one that
+    has exited counts up to its end while it is not yet reaped, and not at all once reaped
+    (its figures are gone with it)."""
     used: dict[str, float] = {}
-    for pid, (kind, cpu) in after.items():
-        start = before.get(pid)
-        spent = cpu - start[1] if start is not None and start[0] == kind else cpu
-        used[kind] = used.get(kind, 0.0) + max(spent, 0.0)
+    for pid, (kind, cpu, started) in after.items():
+        old = before.get(pid)
+        if old is not None and old[2] == started:
+            kind, cpu = old[0], cpu - old[1]
+        used[kind] = used.get(kind, 0.0) + max(cpu, 0.0)
     return {k: v / max(seconds, 1e-9) for k, v in sorted(used.items(), key=lambda kv: -kv[1])}
 
 

@@ -163,7 +163,12 @@ def _profiled(name: str, target):
             return target(*args)
         finally:
             profile.disable()
-            profile.dump_stats(os.path.join(folder, f"{name}-{os.getpid()}.prof"))
+            path = os.path.join(folder, f"{name}-{os.getpid()}.prof")
+            try:  # never in place of the child's own end
+                os.makedirs(folder, exist_ok=True)
+                profile.dump_stats(path)
+            except OSError as exc:
+                log(f"{name}: FASTRL_PROFILE_DIR: could not write {path} ({exc})")
 
     return run
 
