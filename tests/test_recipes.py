@@ -276,3 +276,34 @@ def test_sampling_only_runs_async_whatever_the_recipe(tmp_path):
         "--sampling_only=True with --async_rl=False: sync mode's rounds wait for learner "
         "steps, and nothing trains; use --async_rl True (what --sampling_only takes unless "
         "told otherwise)"]
+
+
+def test_a_state_index_with_a_recurrent_core_takes_the_classic_recipe(tmp_path):
+    """The tabular recipe is a table (no hidden layer, lr 1e-2): with a recurrent core, from
+    the env's registry entry (POPGym's Discrete(4) memory tasks) or a flag, the observation
+    is no state's index. popgym-RepeatPreviousEasy-v0 under the tabular recipe with a GRU
+    fell to random with a deterministic policy on seeds 1 and 3; under the classic recipe it
+    met its target on both (perf/log/RESULTS.md, 2026-11-27, "popgym-RepeatPreviousEasy-v0
+    seed 3")."""
+    register_env("index_with_memory", lambda: gym.make("FrozenLake-v1"), overwrite=True,
+                 recommended={"use_rnn": True})
+    memory = parse(tmp_path, "--env", "index_with_memory")
+    assert (memory.recipe, memory.use_rnn) == ("classic", True)
+    assert (memory.encoder_mlp_layers, memory.learning_rate, memory.gamma) == ([64, 64], 1e-3,
+                                                                               0.99)
+    flag = parse(tmp_path, "--env", "CliffWalking-v1", "--use_rnn", "True", "--experiment", "r")
+    assert (flag.recipe, flag.use_rnn) == ("classic", True)
+    assert parse(tmp_path, "--env", "CliffWalking-v1", "--use_rnn", "False",
+                 "--experiment", "n").recipe == "tabular"
+    asked = parse(tmp_path, "--env", "index_with_memory", "--recipe", "tabular", "--experiment", "t")
+    assert (asked.recipe, asked.learning_rate) == ("tabular", 1e-2)
+    line = env_probe.recipe_line("index_with_memory", "classic", Discrete(16), Discrete(4), memory)
+    assert line.startswith("recipe classic (one Discrete observation Discrete(16), discrete "
+                           "actions; with a recurrent core it is no table; index_with_memory's "
+                           "registry entry recommends use_rnn=True)")
+    tabular = env_probe.recipe_line("index_with_memory", "tabular", Discrete(16), Discrete(4),
+                                    asked)
+    assert tabular.startswith("recipe tabular (--recipe tabular; the spaces call for classic "
+                              "with a recurrent core; ")
+    assert recipes.choose_recipe({}, "tabular", use_rnn=True) == "classic"
+    assert recipes.choose_recipe({}, "pixels", use_rnn=True) == "pixels"

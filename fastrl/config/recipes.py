@@ -21,6 +21,8 @@ resumed experiment's ``config.json``, and last the flags given on the command li
   every state. As a table at gamma 0.99 it learned on 4 runs of 5 (one locked into loops far
   from the goal, where a random walk's 10,000-step episodes make every value -100: no
   gradient towards the goal); gamma 0.999 reached -20 within about 100K on every seed.
+  Not with a recurrent core (``use_rnn`` from a flag or the registry entry, POPGym's): the
+  observation is then no state's index, and such a run takes ``classic`` (:func:`memory_recipe`).
 * ``continuous``: vector observations and continuous (Box) actions (MuJoCo, Pendulum...):
   PPO's usual recipe for control tasks, on-policy batches of 2,048 steps (sync mode) reused
   for 10 epochs of 32 minibatches, separate 64-64 tanh actor and critic, no entropy bonus,
@@ -136,13 +138,27 @@ class EnvFacts(NamedTuple):
     info_action_mask: bool = False
 
 
-def choose_recipe(entry: dict[str, Any], spaces_recipe: str | None) -> str:
+def choose_recipe(entry: dict[str, Any], spaces_recipe: str | None,
+                  use_rnn: bool = False) -> str:
     """The recipe of an env whose ``--recipe`` is ``auto``: the one its registry ``entry``
-    names, else the one its spaces call for; an env that could not be made here
-    (``spaces_recipe`` None) keeps ``pixels`` (the defaults)."""
+    names, else the one its spaces call for (:func:`memory_recipe`: ``use_rnn``, a run with
+    a recurrent core); an env that could not be made here (``spaces_recipe`` None) keeps
+    ``pixels`` (the defaults)."""
     if "recipe" in entry:
         return entry["recipe"]
-    return spaces_recipe if spaces_recipe is not None else "pixels"
+    return memory_recipe(spaces_recipe, use_rnn) if spaces_recipe is not None else "pixels"
+
+
+def memory_recipe(spaces_recipe: str, use_rnn: bool) -> str:
+    """The recipe the spaces call for, given whether the run has a recurrent core. The
+    tabular recipe is a table over a state's index (no hidden layer, lr 1e-2): with a core
+    the observation is no state's index (a memory task's symbol) and the model no table, so
+    such a run takes the classic recipe. popgym-RepeatPreviousEasy-v0 (Discrete(4), the
+    family's use_rnn=True) under the tabular recipe with a GRU: KL 0.3-0.45 an update (0.07
+    under classic), the policy deterministic at random's -0.5 by 95-170K on seeds 1 and 3;
+    under the classic recipe 0.5 by 43-45K and 0.998 at 266-322K on both (perf/log/RESULTS.md,
+    2026-11-27, "popgym-RepeatPreviousEasy-v0 seed 3")."""
+    return "classic" if spaces_recipe == "tabular" and use_rnn else spaces_recipe
 
 
 def apply_recipe(cfg, keep: set[str], env: EnvFacts) -> list[str]:
@@ -156,7 +172,8 @@ def apply_recipe(cfg, keep: set[str], env: EnvFacts) -> list[str]:
     known = {f.name for f in _fields()}
     mask_open = _mask_undecided(cfg, keep, env.entry)
     if cfg.recipe == "auto":
-        cfg.recipe = choose_recipe(env.entry, env.spaces_recipe)
+        use_rnn = cfg.use_rnn if "use_rnn" in keep else bool(env.entry.get("use_rnn"))
+        cfg.recipe = choose_recipe(env.entry, env.spaces_recipe, use_rnn)
     layers = {**RECIPES.get(cfg.recipe, {}), **env.entry}
     layers.pop("recipe", None)
     layers.update(replay_layer(cfg.algo, cfg.recipe))
