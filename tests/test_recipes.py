@@ -295,7 +295,8 @@ def test_a_state_index_with_a_recurrent_core_takes_the_classic_recipe(tmp_path):
     assert (flag.recipe, flag.use_rnn) == ("classic", True)
     assert parse(tmp_path, "--env", "CliffWalking-v1", "--use_rnn", "False",
                  "--experiment", "n").recipe == "tabular"
-    asked = parse(tmp_path, "--env", "index_with_memory", "--recipe", "tabular", "--experiment", "t")
+    asked = parse(tmp_path, "--env", "index_with_memory", "--recipe", "tabular",
+                  "--experiment", "t")
     assert (asked.recipe, asked.learning_rate) == ("tabular", 1e-2)
     line = env_probe.recipe_line("index_with_memory", "classic", Discrete(16), Discrete(4), memory)
     assert line.startswith("recipe classic (one Discrete observation Discrete(16), discrete "
@@ -303,7 +304,38 @@ def test_a_state_index_with_a_recurrent_core_takes_the_classic_recipe(tmp_path):
                            "registry entry recommends use_rnn=True)")
     tabular = env_probe.recipe_line("index_with_memory", "tabular", Discrete(16), Discrete(4),
                                     asked)
-    assert tabular.startswith("recipe tabular (--recipe tabular; the spaces call for classic "
-                              "with a recurrent core; ")
+    # Asked for (or resumed from a config.json that has it): the line names no flag nobody
+    # may have given; the registry entry's core is said beside the run's settings.
+    assert tabular.startswith("recipe tabular (one Discrete observation Discrete(16), discrete "
+                              "actions; index_with_memory's registry entry recommends "
+                              "use_rnn=True)"), tabular
     assert recipes.choose_recipe({}, "tabular", use_rnn=True) == "classic"
     assert recipes.choose_recipe({}, "pixels", use_rnn=True) == "pixels"
+
+
+@pytest.mark.parametrize(("argv", "core"), [
+    (("--env", "FrozenLake-v1", "--algo", "r2d2"), True),  # r2d2's layer gives the GRU
+    (("--env", "index_with_memory_r", "--algo", "apex"), False),  # apex's layer takes it away
+])
+def test_the_recipe_follows_the_core_the_run_has(tmp_path, argv, core):
+    """Review of b189cf7: the recipe is chosen from use_rnn of the flag or the registry
+    entry, but the --algo replay layer, put on after, decides the core: r2d2 on FrozenLake
+    trained 'tabular' (gamma 0.999) with a GRU, apex on a use_rnn=True entry 'classic'
+    without one, and the recipe line named a --recipe flag nobody gave. The rule is APPO's:
+    under a replay algo the replay layer puts the classic row over the tabular recipe."""
+    register_env("index_with_memory_r", lambda: gym.make("FrozenLake-v1"), overwrite=True,
+                 recommended={"use_rnn": True})
+    cfg = parse(tmp_path, *argv)
+    assert cfg.use_rnn is core
+    assert cfg.recipe == recipes.memory_recipe("tabular", core, cfg.algo) == "tabular"
+    line = env_probe.recipe_line(cfg.env, cfg.recipe, Discrete(16), Discrete(4), cfg)
+    assert "--recipe" not in line.split(":")[0], line
+
+
+def test_the_recipe_line_names_what_auto_would_take(tmp_path):
+    """Review of b189cf7: --recipe pixels on FrozenLake has the pixel defaults' GRU, which
+    the user did not ask for; auto would take 'tabular', and the line said so before. It now
+    says the spaces call for 'classic with a recurrent core'."""
+    cfg = parse(tmp_path, "--env", "FrozenLake-v1", "--recipe", "pixels")
+    line = env_probe.recipe_line(cfg.env, cfg.recipe, Discrete(16), Discrete(4), cfg)
+    assert line.startswith("recipe pixels (--recipe pixels; the spaces call for tabular)"), line

@@ -139,17 +139,17 @@ class EnvFacts(NamedTuple):
 
 
 def choose_recipe(entry: dict[str, Any], spaces_recipe: str | None,
-                  use_rnn: bool = False) -> str:
+                  use_rnn: bool = False, algo: str = "appo") -> str:
     """The recipe of an env whose ``--recipe`` is ``auto``: the one its registry ``entry``
     names, else the one its spaces call for (:func:`memory_recipe`: ``use_rnn``, a run with
     a recurrent core); an env that could not be made here (``spaces_recipe`` None) keeps
     ``pixels`` (the defaults)."""
     if "recipe" in entry:
         return entry["recipe"]
-    return memory_recipe(spaces_recipe, use_rnn) if spaces_recipe is not None else "pixels"
+    return memory_recipe(spaces_recipe, use_rnn, algo) if spaces_recipe is not None else "pixels"
 
 
-def memory_recipe(spaces_recipe: str, use_rnn: bool) -> str:
+def memory_recipe(spaces_recipe: str, use_rnn: bool, algo: str = "appo") -> str:
     """The recipe the spaces call for, given whether the run has a recurrent core. The
     tabular recipe is a table over a state's index (no hidden layer, lr 1e-2): with a core
     the observation is no state's index (a memory task's symbol) and the model no table, so
@@ -157,7 +157,11 @@ def memory_recipe(spaces_recipe: str, use_rnn: bool) -> str:
     family's use_rnn=True) under the tabular recipe with a GRU: KL 0.3-0.45 an update (0.07
     under classic), the policy deterministic at random's -0.5 by 95-170K on seeds 1 and 3;
     under the classic recipe 0.5 by 43-45K and 0.998 at 266-322K on both (perf/log/RESULTS.md,
-    2026-11-27, "popgym-RepeatPreviousEasy-v0 seed 3")."""
+    2026-11-27, "popgym-RepeatPreviousEasy-v0 seed 3"). APPO's rule: under ``--algo apex``
+    or ``r2d2`` the replay layer already puts the classic row (its learning rate and MLP)
+    over the tabular recipe, whatever the core (:func:`replay_layer`)."""
+    if algo in REPLAY_ALGOS:
+        return spaces_recipe
     return "classic" if spaces_recipe == "tabular" and use_rnn else spaces_recipe
 
 
@@ -173,7 +177,7 @@ def apply_recipe(cfg, keep: set[str], env: EnvFacts) -> list[str]:
     mask_open = _mask_undecided(cfg, keep, env.entry)
     if cfg.recipe == "auto":
         use_rnn = cfg.use_rnn if "use_rnn" in keep else bool(env.entry.get("use_rnn"))
-        cfg.recipe = choose_recipe(env.entry, env.spaces_recipe, use_rnn)
+        cfg.recipe = choose_recipe(env.entry, env.spaces_recipe, use_rnn, cfg.algo)
     layers = {**RECIPES.get(cfg.recipe, {}), **env.entry}
     layers.pop("recipe", None)
     layers.update(replay_layer(cfg.algo, cfg.recipe))

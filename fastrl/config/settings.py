@@ -62,8 +62,9 @@ class Config:
                      "batches of 1024), classic (vector observations, discrete actions: small "
                      "tanh MLP, 4 epochs of 4 minibatches of 256), tabular (one Discrete "
                      "observation and no recurrent core: classic's batches over a table of the "
-                     "states' one-hots, lr 1e-2, gamma 0.999), continuous (vector observations, Box actions: "
-                     "PPO's control recipe), or auto = from the env's spaces", "experiment",
+                     "states' one-hots, lr 1e-2, gamma 0.999), continuous (vector "
+                     "observations, Box actions: PPO's control recipe), or auto = from the "
+                     "env's spaces", "experiment",
                      choices=("auto", "pixels", "classic", "tabular", "continuous"))
 
     # --- sampling ---------------------------------------------------------------------

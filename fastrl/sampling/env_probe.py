@@ -154,17 +154,16 @@ def recipe_line(env_name: str, recipe: str, obs_space: gym.Space, action_space: 
     entry = recommended_settings(env_name)
     by_spaces, why = recipe_for_spaces(obs_space, action_space)
     use_rnn = bool(getattr(cfg, "use_rnn", entry.get("use_rnn", False)))
-    cored = memory_recipe(by_spaces, use_rnn) != by_spaces  # a table no more
-    if cored:
-        by_spaces = memory_recipe(by_spaces, use_rnn)
+    cored = memory_recipe(by_spaces, use_rnn, getattr(cfg, "algo", "appo"))
+    if recipe == cored != by_spaces:  # the rule that made a table no table chose it
+        by_spaces = cored
         why += "; with a recurrent core it is no table"
     if entry.get("recipe") == recipe:
         why = f"{env_name}'s registry entry" + (
             f", with settings of its own: {', '.join(sorted(set(entry) - {'recipe'}))}"
             if set(entry) - {"recipe"} else "")
     elif recipe != by_spaces:
-        why = f"--recipe {recipe}; the spaces call for {by_spaces}" + (
-            " with a recurrent core" if cored else "")
+        why = f"--recipe {recipe}; the spaces call for {by_spaces}"
     own = {k: v for k, v in entry.items() if k != "recipe"}
     if own and entry.get("recipe") != recipe:  # a family's settings over the spaces' recipe
         why += f"; {env_name}'s registry entry recommends " + ", ".join(
