@@ -128,12 +128,17 @@ def test_cpu_seconds_sums_the_busy_columns_of_the_allowed_cores(tmp_path):
     assert cpu_seconds({0}, str(tmp_path / "missing")) is None
 
 
+def _spin(seconds: float) -> None:
+    """Keep this process's CPU busy for ``seconds`` of its own CPU time."""
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="needs /proc/stat")
 def test_cpu_seconds_on_this_machine_counts_a_busy_loop():
     before = cpu_seconds()
-    end = time.process_time() + 0.3
-    while time.process_time() < end:
-        pass
+    _spin(0.3)
     assert cpu_seconds() - before >= 0.2
 
 
@@ -183,9 +188,7 @@ def test_cores_by_kind_counts_new_processes_from_their_start_and_not_the_gone():
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
 def test_process_tree_cpu_on_this_machine_counts_a_busy_loop():
     before = process_tree_cpu()
-    end = time.process_time() + 0.3
-    while time.process_time() < end:
-        pass
+    _spin(0.3)
     after = process_tree_cpu()
     assert after[os.getpid()][0] == "launcher"
     assert cores_by_kind(before, after, 1.0)["launcher"] >= 0.2
@@ -195,9 +198,7 @@ def test_process_tree_cpu_on_this_machine_counts_a_busy_loop():
 def test_the_measured_window_says_where_the_cores_went():
     stats = TrainingStats(StatsSettings.from_config(Config(device="cpu")), 1)
     stats.mark_warmup()
-    end = time.process_time() + 0.3
-    while time.process_time() < end:
-        pass
+    _spin(0.3)
     stats.end_measurement()
     cores = stats.measured()["cores"]
     assert 0 < cores["launcher"] <= 1.2 and min(cores.values()) >= 0

@@ -24,6 +24,7 @@ import os
 from typing import NamedTuple
 
 from fastrl.config.settings import REPLAY_ALGOS, CopiedFromConfig
+from fastrl.transport.procs import children, named_stat, process_title
 
 STAGES = ("env", "inference", "learner", "transfer")
 CPU = "cpu"  # the key of the CPU busy fraction beside the stages'
@@ -96,47 +97,17 @@ def cpu_seconds(cores: set[int] | None = None, stat: str = "/proc/stat") -> floa
 def _process_row(proc: str, pid: int) -> tuple[str, float, int] | None:
     """``(kind, cpu seconds, start time in ticks)`` of one process from /proc; None once it
     is gone."""
-    try:
-        with open(f"{proc}/{pid}/stat") as f:
-            stat = f.read()
-        with open(f"{proc}/{pid}/cmdline", "rb") as f:
-            title = f.read().split(b"\0", 1)[0].decode(errors="replace")
-    except OSError:
+    row = named_stat(pid, proc)
+    if row is None:
         return None
-    comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+    comm, fields = row
     # A fastrl child by its role, the title's first two words (fastrl-rollout-1,
     # fastrl-learner-p1-1); a child that has exited (no command line left) by its name, which
     # the kernel keeps to 15 characters (fastrl-rollout-); any other program by its name.
+    title = process_title(pid, proc)
     name = title if title.startswith("fastrl-") else comm
     kind = "-".join(name.split("-")[:2]) if name.startswith("fastrl-") else comm
-    return kind, (int(rest[11]) + int(rest[12])) / _TICKS_PER_SECOND, int(rest[19])
-
-
-def _children(proc: str, pid: int) -> list[int]:
-    """The direct children of ``pid`` (each of its threads' children: a VizDoom engine is
-    started by the thread that made its game); where the kernel has no ``children`` files,
-    every process whose parent it is."""
-    try:
-        tasks = os.listdir(f"{proc}/{pid}/task")
-        found: list[int] = []
-        for tid in tasks:
-            with open(f"{proc}/{pid}/task/{tid}/children") as f:
-                found += [int(c) for c in f.read().split()]
-        return found
-    except FileNotFoundError:
-        pass
-    except OSError:
-        return []
-    found = []
-    for p in (p for p in os.listdir(proc) if p.isdigit()):
-        try:
-            with open(f"{proc}/{p}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
-            found.append(int(p))
-    return found
+    return kind, (int(fields[11]) + int(fields[12])) / _TICKS_PER_SECOND, int(fields[19])
 
 
 def process_tree_cpu(root: int | None = None,
@@ -157,7 +128,7 @@ def process_tree_cpu(root: int | None = None,
         row = _process_row(proc, pid) if pid not in out else None
         if row is not None:
             out[pid] = ("launcher", *row[1:]) if pid == root else row
-            todo.extend(_children(proc, pid))
+            todo.extend(children(pid, proc))
     return out
 
 

@@ -22,21 +22,29 @@ VIZDOOM_SHM_PREFIXES = ("ViZDoomSM", "ViZDoomMQCtr", "ViZDoomMQDoom")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
-def _stat(pid: int) -> list[str] | None:
-    """The fields of /proc/<pid>/stat after the command name (state, ppid, pgrp, ...); None
-    when there is no such process."""
+def named_stat(pid: int, proc: str = "/proc") -> tuple[str, list[str]] | None:
+    """The command name in /proc/<pid>/stat (the kernel keeps 15 characters of it) and the
+    fields after it (state, ppid, pgrp, ...); None when there is no such process. ``proc``:
+    where /proc is (a test's stand-in)."""
     try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        with open(f"{proc}/{pid}/stat") as fh:
+            text = fh.read()
+        return text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+    except (OSError, ValueError):
         return None
 
 
-def _stat_fields() -> dict[int, list[str]]:
+def _stat(pid: int, proc: str = "/proc") -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (:func:`named_stat`)."""
+    row = named_stat(pid, proc)
+    return None if row is None else row[1]
+
+
+def _stat_fields(proc: str = "/proc") -> dict[int, list[str]]:
     """:func:`_stat` of every process."""
     out = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (fields := _stat(int(entry))) is not None:
+    for entry in os.listdir(proc):
+        if entry.isdigit() and (fields := _stat(int(entry), proc)) is not None:
             out[int(entry)] = fields
     return out
 
@@ -67,9 +75,9 @@ def alive(pids) -> set[int]:
     return {pid for pid in pids if _running(_stat(pid))}
 
 
-def _cmdline(pid: int) -> bytes:
+def _cmdline(pid: int, proc: str = "/proc") -> bytes:
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+        with open(f"{proc}/{pid}/cmdline", "rb") as fh:
             return fh.read()
     except OSError:
         return b""
@@ -120,9 +128,9 @@ def shm_left_behind(before: set[str], keep=lambda name: True) -> set[str]:
     return left
 
 
-def process_title(pid: int) -> str:
+def process_title(pid: int, proc: str = "/proc") -> str:
     """The first word of a process's command line: its title once it set one (setproctitle)."""
-    return _cmdline(pid).split(b"\0")[0].decode(errors="replace").strip()
+    return _cmdline(pid, proc).split(b"\0")[0].decode(errors="replace").strip()
 
 
 def vizdoom_instance_id(pid: int) -> str | None:
@@ -144,20 +152,20 @@ def rss_bytes(pid: int) -> int | None:
         return None
 
 
-def children(pid: int) -> list[int]:
+def children(pid: int, proc: str = "/proc") -> list[int]:
     """The direct children of process ``pid`` (those each of its threads started: a VizDoom
     engine is started by a thread of the process that made the DoomGame), read from
     ``/proc/<pid>/task/*/children``; where the kernel lacks those files, from every
     process's parent in ``/proc``."""
     try:
-        tasks = os.listdir(f"/proc/{pid}/task")
+        tasks = os.listdir(f"{proc}/{pid}/task")
         found = []
         for tid in tasks:
-            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+            with open(f"{proc}/{pid}/task/{tid}/children") as fh:
                 found += [int(c) for c in fh.read().split()]
         return found
     except FileNotFoundError:
-        return [p for p, f in _stat_fields().items() if len(f) > 1 and int(f[1]) == pid]
+        return [p for p, f in _stat_fields(proc).items() if len(f) > 1 and int(f[1]) == pid]
     except OSError:
         return []
 
