@@ -16,6 +16,7 @@ import torch
 from fastrl.algo.replay.dueling import chosen_q, dueling_heads, greedy_q
 from fastrl.algo.replay.exploration import epsilon_greedy
 from fastrl.device import autocast
+from fastrl.policy.acting_layout import for_small_batches
 from fastrl.policy.actions import ActionSpec
 from fastrl.policy.bf16_encoders import lowp_encoders, refresh
 from fastrl.policy.distributions import ActionDistribution
@@ -81,6 +82,13 @@ class PolicyWorker:
         # every load: autocast then casts nothing (fastrl/policy/bf16_encoders.py).
         self._lowp = ([lowp_encoders(m.encoders) for m in self.models]
                       if precision == "bf16" else None)
+        if self.device.type == "cpu":
+            # Small batches' GEMMs: weights stored column by column (fastrl/policy/
+            # acting_layout.py), in the models this worker owns: not in serial mode's, which
+            # is the learner's own.
+            for m, source in zip(self.models, self.sources, strict=True):
+                if getattr(source, "model", None) is not m:
+                    for_small_batches(m)
         self._flat_obs = {k: v.view(-1, *v.shape[2:]) for k, v in buffers.obs.items()}
         self._steps = buffers.layout.rollout + 1  # observation rows per slot
         self._graphed = None
