@@ -125,7 +125,8 @@ def main() -> None:
         others.append((build_model(cfg, info, device), source))
     worker = PolicyWorker(acting, info.action_space, buffers, rnn_state, device, weights,
                           precision=learner.precision, others=others,
-                          cuda_graphs=cfg.policy_cuda_graphs)
+                          cuda_graphs=cfg.policy_cuda_graphs,
+                          action_noise_every=cfg.action_noise_every)
     envs = tuple(range(args.infer_batch))
     policies = tuple(i % args.infer_policies for i in envs) if others else ()
     requests = [InferenceRequest(0, 0, 0, envs, envs, 0, 0, policies)]

@@ -88,7 +88,7 @@ def _worker(model, weights):
     buffers.obs["obs"].copy_(torch.randint(0, 256, buffers.obs["obs"].shape, dtype=torch.uint8))
     worker = PolicyWorker(model, ACT, buffers, torch.zeros(4, model.rnn_state_size),
                           torch.device("cpu"), weights=weights, precision="fp32",
-                          cuda_graphs=False, deterministic=True)
+                          cuda_graphs=False, action_noise_every=64, deterministic=True)
     return worker, buffers
 
 

@@ -77,7 +77,8 @@ def test_a_bf16_policy_worker_acts_as_the_float32_model_under_autocast():
     buffers.obs["obs"].random_(0, 255)
     rnn = torch.zeros(8, acting[0].rnn_state_size)
     worker = PolicyWorker(acting[0], spaces.Discrete(4), buffers, rnn, CPU, sources[0],
-                          precision="bf16", cuda_graphs=False, others=[(acting[1], sources[1])])
+                          precision="bf16", cuda_graphs=False, action_noise_every=64,
+                          others=[(acting[1], sources[1])])
     request = InferenceRequest(0, 0, 0, tuple(range(8)), tuple(range(8)), 0, 0,
                                (0, 1, 1, 0, 1, 0, 0, 1))
     for version in (0, 1):

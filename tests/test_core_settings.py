@@ -150,7 +150,7 @@ def _defaults(cls) -> dict:
 def test_the_workers_take_the_flags_values_without_defaults_of_their_own():
     rollout, policy = _defaults(RolloutWorker), _defaults(PolicyWorker)
     assert not {"reward_scale", "reward_clip", "action_bounds", "env_check"} & set(rollout)
-    assert not {"precision", "cuda_graphs"} & set(policy)
+    assert not {"precision", "cuda_graphs", "action_noise_every"} & set(policy)
     # What keeps a default is the feature off (unseeded, no time limit, one policy, ...),
     # never a flag's value of its own: a new one named like a flag has to be added here.
     assert {k: v for k, v in rollout.items() if hasattr(Config, k)} == {

@@ -146,7 +146,8 @@ def test_graphs_warm_up_on_observations_of_the_space_not_on_zeros(device):
         acting = ActorCritic(space, ACTIONS, ModelSettings.from_config(cfg)).to(device)
         worker = PolicyWorker(acting, ACTIONS, buffers,
                               torch.zeros(12, model.rnn_state_size), torch.device(device),
-                              shared, deterministic=True, precision="fp32", cuda_graphs=graphs)
+                              shared, deterministic=True, precision="fp32", cuda_graphs=graphs,
+                              action_noise_every=64)
         if graphs and device == "cpu":
             worker._graphed = worker.graphed_actors(capture=_EagerCapture)
         workers.append((worker, buffers))
@@ -188,7 +189,7 @@ def _workers(precision: str, deterministic: bool, envs: int = 24, device: str = 
         model = ActorCritic(PIXELS, ACTIONS, ModelSettings.from_config(cfg)).to(device)
         worker = PolicyWorker(model, ACTIONS, buffers, rnn, torch.device(device), shared,
                               deterministic=deterministic, precision=precision,
-                              cuda_graphs=graphs)
+                              cuda_graphs=graphs, action_noise_every=64)
         if graphs and device == "cpu":
             worker._graphed = worker.graphed_actors(capture=_EagerCapture)
         out.append((worker, buffers, rnn))

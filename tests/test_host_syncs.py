@@ -28,6 +28,7 @@ from gymnasium import spaces
 
 from fastrl.algo.learner import Learner, LearnerSettings, _add_time_limit_bootstrap
 from fastrl.config.settings import Config
+from fastrl.policy.acting_layout import for_small_batches
 from fastrl.policy.distributions import ActionDistribution
 from fastrl.policy.model import ActorCritic, as_dict_space
 from fastrl.policy.model_settings import ModelSettings
@@ -419,10 +420,13 @@ def test_a_policy_worker_makes_one_transfer_per_batch(action_space, use_rnn, pat
         worker.infer(requests)
     assert [r.split(" ")[0] for r in reads] == (["cpu"] if path == "device" else []), reads
     assert handed == ([4] if path == "device" else [])
-    # What was written is what the model computes, exactly.
+    # What was written is what the model computes, exactly (laid out as a CPU policy
+    # worker lays out its own copy: fastrl/policy/acting_layout.py).
+    acting = copy.deepcopy(model)
+    for_small_batches(acting)
     with torch.no_grad():
-        logits, values, new_h = model.forward_step({"obs": buffers.obs["obs"][:, 1]},
-                                                   state_before)
+        logits, values, new_h = acting.forward_step({"obs": buffers.obs["obs"][:, 1]},
+                                                    state_before)
         dist = ActionDistribution(logits, model.action_spec)
         actions = dist.mode()
     assert buffers.actions.dtype == model.action_spec.dtype

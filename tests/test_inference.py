@@ -21,7 +21,7 @@ OBS = spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACT = spaces.Discrete(3)
 CFG = Config(use_rnn=False, encoder_mlp_layers=[8], device="cpu", precision="fp32")
 # The policy worker's flags on a CPU: no autocast, no CUDA graphs.
-ACTING = {"precision": "fp32", "cuda_graphs": False}
+ACTING = {"precision": "fp32", "cuda_graphs": False, "action_noise_every": 64}
 
 
 def _setup(weights):

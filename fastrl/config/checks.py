@@ -98,9 +98,11 @@ def _model(cfg: Config) -> list[str]:
                       "weights are for feed-forward models)")
     if any(n <= 0 for n in cfg.encoder_mlp_layers):
         errors.append(f"--encoder_mlp_layers={cfg.encoder_mlp_layers}: every size must be > 0")
-    if cfg.action_init_log_std != 0.0 and cfg.action_log_std != "state_independent":
+    if cfg.action_init_log_std != 0.0 and cfg.action_log_std == "state_dependent":
         errors.append(f"--action_init_log_std={cfg.action_init_log_std}: needs --action_log_std "
-                      "state_independent (a state-dependent log-std starts near 0)")
+                      "state_independent or sde (a state-dependent log-std starts near 0)")
+    if cfg.action_noise_every < 1:
+        errors.append(f"--action_noise_every={cfg.action_noise_every}: must be >= 1 (steps)")
     if not math.isfinite(cfg.action_init_log_std):
         errors.append(f"--action_init_log_std={cfg.action_init_log_std}: must be finite")
     return errors

@@ -212,12 +212,19 @@ class Config:
                                           "of its own (feed-forward models only)", "model")
     action_log_std: str = _f("state_independent", "Continuous (Box) actions: the Gaussian's "
                              "log-std is one learned value per action dimension "
-                             "(state_independent) or an output of the actor for each state "
-                             "(state_dependent)", "model",
-                             choices=("state_independent", "state_dependent"))
+                             "(state_independent), an output of the actor for each state "
+                             "(state_dependent), or sde: state-dependent exploration, the "
+                             "noise a learned linear function of the actor's last features "
+                             "whose random matrix each env keeps for --action_noise_every "
+                             "steps (exploration that stays on course: MountainCarContinuous)",
+                             "model", choices=("state_independent", "state_dependent", "sde"))
     action_init_log_std: float = _f(0.0, "Continuous (Box) actions with --action_log_std "
-                                    "state_independent: the log-std the Gaussian starts from "
-                                    "(0: std 1; -1: std 0.37)", "model")
+                                    "state_independent or sde: the log-std the Gaussian starts "
+                                    "from (0: std 1; -1: std 0.37; under sde the std reached "
+                                    "when every feature is +-1)", "model")
+    action_noise_every: int = _f(64, "--action_log_std sde: steps an env keeps its exploration "
+                                 "matrix before it draws a new one (1: new noise every step)",
+                                 "sampling")
     action_bounds: str = _f("clip", "Continuous (Box) actions: how a Gaussian sample is brought "
                             "within the action space's bounds for the env: clip it, or squash "
                             "it with tanh (needs finite bounds)", "model",

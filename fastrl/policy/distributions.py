@@ -130,8 +130,11 @@ class _DiagGaussian:
         self.mean = mean
         self.log_std = log_std
 
-    def sample(self) -> Tensor:
-        return self.mean + torch.randn_like(self.mean) * self.log_std.exp()
+    def sample(self, noise: Tensor | None = None) -> Tensor:
+        """``mean + std * noise``, ``noise`` a standard normal ``[N, C]`` (drawn here if
+        not given)."""
+        noise = torch.randn_like(self.mean) if noise is None else noise.to(self.mean.dtype)
+        return self.mean + noise * self.log_std.exp()
 
     def log_prob(self, x: Tensor) -> Tensor:
         z = (x - self.mean) * torch.exp(-self.log_std)
@@ -194,10 +197,12 @@ class ActionDistribution:
             raise ValueError(f"{self.spec.space} has no categorical dimensions")
         return self._cat.probs
 
-    def sample(self) -> Tensor:
-        """Random actions ``[*batch, D]``."""
+    def sample(self, gauss_noise: Tensor | None = None) -> Tensor:
+        """Random actions ``[*batch, D]``; ``gauss_noise``: the continuous part's standard
+        normal draws ``[N, C]`` (``--action_log_std sde``'s, fastrl.sampling.sde), else fresh
+        ones."""
         return self._join(None if self._cat is None else self._cat.sample(),
-                          None if self._gauss is None else self._gauss.sample())
+                          None if self._gauss is None else self._gauss.sample(gauss_noise))
 
     def mode(self) -> Tensor:
         """The most likely action ``[*batch, D]``: each categorical's argmax, the Gaussian

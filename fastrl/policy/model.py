@@ -12,8 +12,13 @@ Contract (see ``docs/internals.md``, section "The model")::
 "logits" are the policy's action parameters, ``P = model.action_spec.num_params`` of them
 (``fastrl.policy.actions``): the logits of the categorical dimensions, then for continuous (``Box``)
 dimensions the Gaussian means and log-stds. The log-std is one learned parameter per
-dimension (``settings.action_log_std == "state_independent"``, the default) or an output of the
-actor clamped to ``[LOG_STD_MIN, LOG_STD_MAX]`` (``"state_dependent"``).
+dimension (``settings.action_log_std == "state_independent"``, the default), an output of the
+actor clamped to ``[LOG_STD_MIN, LOG_STD_MAX]`` (``"state_dependent"``), or under ``"sde"``
+(state-dependent exploration, Raffin et al. 2021) the std of a noise that is a linear function
+of the actor's input features ``f``: ``noise = f @ (sigma * eps)`` with a learned ``sigma``
+``[F, C]`` (``sde_log_std``) and a standard normal ``eps`` that each env keeps for a while
+(the policy worker's, fastrl.sampling.sde), so ``std_j(s)^2 = sum_i f_i^2 sigma_ij^2``; the
+features enter the std detached, as in the paper.
 
 Observations are ``dict[str, Tensor]``, each key encoded by ``fastrl.policy.encoders``
 (images: a conv stack; vectors: an MLP).
@@ -29,6 +34,7 @@ core directly (the GRU, or the linear heads without an RNN, already mix them). T
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
@@ -121,16 +127,21 @@ class ActorCritic(nn.Module):
             core_size = encoded_size
 
         log_std_mode = settings.action_log_std
-        if log_std_mode not in ("state_independent", "state_dependent"):
+        if log_std_mode not in ("state_independent", "state_dependent", "sde"):
             raise ValueError(f"action_log_std {log_std_mode!r} unknown; choose "
-                             "state_independent or state_dependent")
+                             "state_independent, state_dependent or sde")
         # std 1 at the start (the dependent one: a near-zero output; the independent one:
         # exp(--action_init_log_std)).
         self.action_log_std: nn.Parameter | None = None
+        self.sde_log_std: nn.Parameter | None = None
         num_outputs = spec.num_logits + spec.num_continuous
         if spec.num_continuous and log_std_mode == "state_independent":
             init = float(settings.action_init_log_std)
             self.action_log_std = nn.Parameter(torch.full((spec.num_continuous,), init))
+        elif spec.num_continuous and log_std_mode == "sde":
+            # std exp(init) where every feature is +-1 (tanh features at their bounds).
+            init = float(settings.action_init_log_std) - 0.5 * math.log(core_size)
+            self.sde_log_std = nn.Parameter(torch.full((core_size, spec.num_continuous), init))
         elif spec.num_continuous:
             num_outputs += spec.num_continuous
         # On bare one-hots (no hidden layer, no core: a table of logits per observation value)
@@ -212,6 +223,9 @@ class ActorCritic(nn.Module):
             if self.action_log_std is not None:
                 log_std = self.action_log_std.expand(params.shape[0], -1)
                 params = torch.cat([params, log_std], dim=1)
+            elif self.sde_log_std is not None:
+                log_std = 0.5 * torch.log(sde_variance(core, self.sde_log_std))
+                params = torch.cat([params, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)], dim=1)
             elif spec.num_continuous:
                 split = spec.num_logits + spec.num_continuous
                 params = torch.cat([params[:, :split],
@@ -223,8 +237,8 @@ class ActorCritic(nn.Module):
 
     def forward_step(
         self, obs: Mapping[str, Tensor] | Tensor, rnn_state: Tensor,
-        encoders: nn.ModuleList | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor]:
+        encoders: nn.ModuleList | None = None, with_features: bool = False,
+    ) -> tuple[Tensor, ...]:
         """One step for a batch of envs.
 
         Args:
@@ -232,19 +246,24 @@ class ActorCritic(nn.Module):
             rnn_state: ``[B, H]``, H = ``rnn_state_size`` (0 without an RNN).
             encoders: a copy of ``self.encoders`` to encode with (the policy workers' copy
                 in bf16: :func:`fastrl.policy.bf16_encoders.lowp_encoders`); default: its own.
+            with_features: also return the actor head's input ``[B, F]`` (float32; what
+                ``--action_log_std sde``'s noise is a function of).
 
         Returns:
             logits ``[B, P]``, values ``[B]``, new_rnn_state ``[B, H]`` (without an RNN, the
-            ``rnn_state`` passed in, unchanged).
+            ``rnn_state`` passed in, unchanged)[, features].
         """
         obs = obs_to_dict(obs)
         mask = obs.get(ACTION_MASK_KEY)
         x = self._encode(obs, encoders)
         if self.rnn is None:
             logits, values = self._heads(x, mask, self._critic_input(obs, x))
-            return logits, values, rnn_state
-        out, new_state = rnn_step(self.rnn, x, rnn_state)
-        logits, values = self._heads(out, mask)
+            new_state, core = rnn_state, x
+        else:
+            core, new_state = rnn_step(self.rnn, x, rnn_state)
+            logits, values = self._heads(core, mask)
+        if with_features:
+            return logits, values, new_state, core.float()
         return logits, values, new_state
 
     def final_state(self, obs: Mapping[str, Tensor] | Tensor, rnn_state0: Tensor,
@@ -315,3 +334,9 @@ class ActorCritic(nn.Module):
             values_final = self._heads(feats, critic_in=self._critic_input(final, feats))[1]
             final_values = final_values.index_copy(0, rows, values_final)
         return logits.view(b, t, -1), values.view(b, t), final_values
+
+
+def sde_variance(features: Tensor, sde_log_std: Tensor) -> Tensor:
+    """``--action_log_std sde``: the noise's variance ``[N, C]`` at ``features`` ``[N, F]``,
+    ``sum_i f_i^2 sigma_ij^2`` (the features detached; a floor of 1e-8)."""
+    return features.detach().float().square() @ torch.exp(2.0 * sde_log_std) + 1e-8

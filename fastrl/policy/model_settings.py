@@ -34,7 +34,7 @@ class ModelSettings(CopiedFromConfig):
     rnn_size: int
     normalize_returns: bool  # a ReturnNormalizer in the model; the critic in normalised units
     actor_critic_share_weights: bool  # False: the critic has encoders of its own
-    action_log_std: str  # "state_independent" or "state_dependent"
+    action_log_std: str  # "state_independent", "state_dependent" or "sde"
     action_init_log_std: float
     action_bounds: str  # "clip" or "tanh"
 

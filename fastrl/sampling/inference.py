@@ -24,6 +24,7 @@ from fastrl.policy.model import ActorCritic
 from fastrl.policy.obs import lowest_obs
 from fastrl.sampling.buffers import TrajectoryBuffers
 from fastrl.sampling.graphed import GraphedActor
+from fastrl.sampling.sde import HeldNoise
 from fastrl.sampling.staging import Staging
 from fastrl.sampling.weights import WeightsSource
 from fastrl.transport.messages import ActionsReady, InferenceRequest
@@ -43,7 +44,10 @@ class PolicyWorker:
         cuda_graphs: ``--policy_cuda_graphs``: on a CUDA device, replay each model's acting
             step from CUDA graphs (:class:`fastrl.sampling.graphed.GraphedActor`); not with
             ``epsilons``.
-        (These two come without defaults: the caller passes the run's. The keywords after
+        action_noise_every: ``--action_noise_every``: under ``--action_log_std sde`` (the
+            model has ``sde_log_std``), the steps each env slot keeps its exploration matrix
+            (fastrl/sampling/sde.py); such a worker replays no CUDA graphs.
+        (These three come without defaults: the caller passes the run's. The keywords after
         them default to their feature off: no Config flag sets them.)
         deterministic: take the most likely action instead of sampling.
         epsilons: ``--algo apex``: ``[num_env_slots]``, each env slot's exploration rate
@@ -59,6 +63,7 @@ class PolicyWorker:
     def __init__(self, model: ActorCritic, action_space, buffers: TrajectoryBuffers,
                  rnn_state: torch.Tensor, device: torch.device,
                  weights: WeightsSource, *, precision: str, cuda_graphs: bool,
+                 action_noise_every: int,
                  deterministic: bool = False, epsilons: torch.Tensor | None = None,
                  others: list[tuple[ActorCritic, WeightsSource]] = ()):
         self.model = model
@@ -91,8 +96,15 @@ class PolicyWorker:
                     for_small_batches(m)
         self._flat_obs = {k: v.view(-1, *v.shape[2:]) for k, v in buffers.obs.items()}
         self._steps = buffers.layout.rollout + 1  # observation rows per slot
+        # --action_log_std sde: every env slot's exploration matrix, held for a while.
+        self._held = None
+        sde = model.sde_log_std
+        if sde is not None and not deterministic:
+            self._held = HeldNoise(rnn_state.shape[0], sde.shape[0], sde.shape[1],
+                                   action_noise_every, device)
         self._graphed = None
-        if cuda_graphs and self.device.type == "cuda" and epsilons is None:
+        if cuda_graphs and self.device.type == "cuda" and epsilons is None \
+                and self._held is None:
             self._graphed = self.graphed_actors()
 
     def graphed_actors(self, capture=None) -> list[GraphedActor]:
@@ -159,7 +171,8 @@ class PolicyWorker:
         h = staged.pop("rnn")
         obs = {key[4:]: value for key, value in staged.items()}
         if policies:
-            actions, log_probs, values, new_h, versions = self._act_per_policy(obs, h, policies)
+            actions, log_probs, values, new_h, versions = self._act_per_policy(obs, h, policies,
+                                                                                e_idx)
         else:
             actions, log_probs, values, new_h = self._act(0, obs, h, e_idx)
             versions = self.policy_version
@@ -186,8 +199,15 @@ class PolicyWorker:
         encoders = None if self._lowp is None else self._lowp[k]
         # No autocast cache: it would only keep casts within one call (each weight is cast
         # once per call anyway), and a CUDA graph capture needs it off.
+        model = self.models[k]
+        held = self._held if model.sde_log_std is not None else None
         with torch.inference_mode(), autocast(self.precision, self.device, cache=False):
-            logits, values, new_h = self.models[k].forward_step(obs, h, encoders)
+            features = None
+            if held is None:
+                logits, values, new_h = model.forward_step(obs, h, encoders)
+            else:
+                logits, values, new_h, features = model.forward_step(obs, h, encoders,
+                                                                     with_features=True)
             dist = ActionDistribution(logits, self.action_spec)
             if self.epsilons is not None:
                 actions = epsilon_greedy(dist.mode(), self.epsilons[e_idx].to(self.device),
@@ -197,13 +217,20 @@ class PolicyWorker:
                 # which Ape-X's actor priorities read (sequences.actor_td_errors).
                 q = dueling_heads(logits.float(), values.float(), self.action_spec.nvec)
                 return actions, chosen_q(q, actions).mean(1), greedy_q(q).mean(1), new_h
-            actions = dist.mode() if self.deterministic else dist.sample()
+            if self.deterministic:
+                actions = dist.mode()
+            elif held is not None:
+                actions = dist.sample(held.standard_noise(features, model.sde_log_std, e_idx))
+            else:
+                actions = dist.sample()
             log_probs = dist.log_prob(actions)
         return actions, log_probs, values, new_h
 
-    def _act_per_policy(self, obs: dict, h: torch.Tensor, policies: list[int]):
+    def _act_per_policy(self, obs: dict, h: torch.Tensor, policies: list[int],
+                        e_idx: torch.Tensor):
         """Each policy's rows (``policies[i]`` acts for row ``i``) acted by its own model,
-        put back in row order; also the acting version of every row (host, int64)."""
+        put back in row order; also the acting version of every row (host, int64).
+        ``e_idx``: the rows' env slots (host)."""
         pol = torch.tensor(policies, dtype=torch.int64)
         versions = torch.tensor(self.versions, dtype=torch.int64)[pol]
         parts = []
@@ -211,7 +238,8 @@ class PolicyWorker:
             rows = (pol == k).nonzero().squeeze(1)
             dev_rows = rows.to(self.device)
             sub = {key: value[dev_rows] for key, value in obs.items()}
-            parts.append((dev_rows, self._act(k, sub, h[dev_rows], None)))
+            slots = e_idx[rows] if self._held is not None else None
+            parts.append((dev_rows, self._act(k, sub, h[dev_rows], slots)))
         if len(parts) == 1:  # one policy acts for the whole batch
             return (*parts[0][1], versions)
         n = len(policies)

@@ -1,0 +1,141 @@
+"""``--action_log_std sde``: state-dependent exploration (fastrl/sampling/sde.py). The noise
+is held per env, its std given the state is the model's output, and the learner sees a
+diagonal Gaussian as in the other modes."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from fastrl.config.settings import Config
+from fastrl.policy.distributions import ActionDistribution
+from fastrl.policy.model import ActorCritic, as_dict_space, sde_variance
+from fastrl.policy.model_settings import ModelSettings
+from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
+from fastrl.sampling.inference import PolicyWorker
+from fastrl.sampling.sde import HeldNoise
+from fastrl.sampling.weights import SharedWeights
+from fastrl.transport.messages import InferenceRequest
+
+OBS = spaces.Box(-1.0, 1.0, (2,), np.float32)
+ACT = spaces.Box(-1.0, 1.0, (1,), np.float32)
+CFG = Config(use_rnn=False, encoder_mlp_layers=[16, 16], nonlinearity="tanh",
+             actor_critic_share_weights=False, action_log_std="sde", device="cpu",
+             precision="fp32")
+
+
+def _model(seed: int = 0, **changes) -> ActorCritic:
+    torch.manual_seed(seed)
+    return ActorCritic(OBS, ACT, ModelSettings.from_config(Config(**{**CFG.__dict__, **changes})))
+
+
+def test_the_models_std_is_the_std_of_the_held_noise_given_the_state():
+    """Over many draws of the matrix, the noise at one state is N(0, std(s)^2) with std(s)
+    the model's output: the learner's log-probabilities are those of the actions taken."""
+    model = _model()
+    with torch.no_grad():
+        model.sde_log_std.copy_(torch.randn_like(model.sde_log_std) * 0.3 - 1.0)
+    obs = {"obs": torch.tensor([[0.3, -0.7]])}
+    with torch.no_grad():
+        params, _, _, features = model.forward_step(obs, torch.zeros(1, 0), with_features=True)
+    std = params[0, 1].exp()
+    slots = 20_000
+    held = HeldNoise(slots, features.shape[1], 1, every=1, device=torch.device("cpu"))
+    z = held.standard_noise(features.expand(slots, -1), model.sde_log_std,
+                            torch.arange(slots))
+    actions = ActionDistribution(params.expand(slots, -1), model.action_spec).sample(z)
+    noise = actions[:, 0] - params[0, 0]
+    assert abs(noise.mean()) < 4 * std / math.sqrt(slots)
+    assert abs(noise.std() / std - 1) < 0.03
+    torch.testing.assert_close(std ** 2, sde_variance(features, model.sde_log_std)[0, 0])
+
+
+def test_an_env_keeps_its_matrix_for_every_steps_then_draws_a_new_one():
+    held = HeldNoise(3, 4, 2, every=3, device=torch.device("cpu"))
+    log_std = torch.zeros(4, 2)
+    f = torch.tensor([[1.0, 0.5, -0.5, 0.2]])
+    seen = [held.standard_noise(f, log_std, torch.tensor([1])) for _ in range(7)]
+    for t in (1, 2, 4, 5):
+        torch.testing.assert_close(seen[t], seen[t - 1])  # the same matrix, the same state
+    assert not torch.equal(seen[3], seen[2]) and not torch.equal(seen[6], seen[5])
+    assert held.age.tolist() == [0, 7, 0]  # only slot 1 acted
+    # Another state under the same matrix gets other noise, from the same matrix.
+    g = torch.tensor([[-1.0, 0.0, 0.0, 0.0]])
+    z = held.standard_noise(g, log_std, torch.tensor([1]))
+    torch.testing.assert_close(z, -held.eps[1, 0:1, :])
+
+
+def test_the_initial_std_is_exp_init_where_every_feature_is_at_its_bound():
+    model = _model(action_init_log_std=-1.0)
+    features = torch.ones(1, model.sde_log_std.shape[0])
+    std = sde_variance(features, model.sde_log_std).sqrt()
+    torch.testing.assert_close(std, torch.full((1, 1), math.exp(-1.0)))
+
+
+def test_the_log_std_learns_through_sigma_and_not_through_the_features():
+    model = _model()
+    obs = {"obs": torch.randn(8, 2)}
+    params, _, _ = model.forward_step(obs, torch.zeros(8, 0))
+    dist = ActionDistribution(params, model.action_spec)
+    dist.entropy().sum().backward()
+    assert model.sde_log_std.grad is not None and model.sde_log_std.grad.abs().sum() > 0
+    # The entropy (a function of the std only) sends no gradient into the encoder.
+    assert all(p.grad is None or p.grad.abs().sum() == 0 for p in model.encoders.parameters())
+
+
+def _worker(model, shared, **kw):
+    layout = BufferLayout.from_spaces(as_dict_space(OBS), ACT, num_buffers=4, rollout=4,
+                                      rnn_size=0)
+    buffers = TrajectoryBuffers(layout)
+    buffers.obs["obs"].copy_(torch.rand(buffers.obs["obs"].shape) * 2 - 1)
+    worker = PolicyWorker(model, ACT, buffers, torch.zeros(4, 0), torch.device("cpu"),
+                          weights=shared, precision="fp32", cuda_graphs=False,
+                          **{"action_noise_every": 64, **kw})
+    return worker, buffers
+
+
+def test_the_policy_worker_acts_with_held_noise_and_records_its_log_probs():
+    learner = _model(seed=3)
+    shared = SharedWeights(learner, multiprocessing.get_context("spawn"))
+    shared.publish(learner, 0)
+    worker, buffers = _worker(_model(seed=4), shared, action_noise_every=4)
+    for t in range(4):
+        # The same observation at every step: held noise gives the same action.
+        buffers.obs["obs"][:, t] = buffers.obs["obs"][:, 0]
+        worker.infer([InferenceRequest(0, 0, t, (0, 1, 2, 3), (0, 1, 2, 3), 0, 0)])
+    actions = buffers.actions[:, :4, 0]
+    torch.testing.assert_close(actions, actions[:, :1].expand(-1, 4))
+    assert len(set(actions[:, 0].tolist())) == 4  # each env its own matrix
+    with torch.no_grad():
+        params, _, _ = learner.forward_step({"obs": buffers.obs["obs"][:, 0]}, torch.zeros(4, 0))
+    want = ActionDistribution(params, learner.action_spec).log_prob(buffers.actions[:, 0])
+    torch.testing.assert_close(buffers.log_probs[:, 0], want)
+
+
+def test_deterministic_acting_takes_the_mean():
+    learner = _model(seed=3)
+    shared = SharedWeights(learner, multiprocessing.get_context("spawn"))
+    shared.publish(learner, 0)
+    worker, buffers = _worker(_model(seed=4), shared, deterministic=True)
+    worker.infer([InferenceRequest(0, 0, 0, (0, 1), (0, 1), 0, 0)])
+    with torch.no_grad():
+        params, _, _ = learner.forward_step({"obs": buffers.obs["obs"][:2, 0]}, torch.zeros(2, 0))
+    torch.testing.assert_close(buffers.actions[:2, 0, 0], params[:, 0])
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--action_noise_every", "0"], "--action_noise_every=0: must be >= 1"),
+    (["--action_log_std", "state_dependent", "--action_init_log_std", "-1"],
+     "needs --action_log_std state_independent or sde"),
+])
+def test_bad_settings_are_refused_in_one_line(flags, message):
+    from fastrl.config.settings import ConfigError
+    from fastrl.run_config import parse_config
+
+    with pytest.raises(ConfigError, match=message):
+        parse_config(["--env", "Pendulum-v1", "--experiment", "x", *flags])
