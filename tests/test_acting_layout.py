@@ -116,3 +116,14 @@ def test_serial_mode_leaves_the_learners_own_model_as_it_is():
     _worker(learner, local)
     assert learner.rnn.weight_ih_l0.is_contiguous()
     assert not any(isinstance(m, SmallBatchELU) for m in learner.modules())
+
+
+def test_small_batch_elu_is_elu_on_bf16_values():
+    """Review 53: under bf16 autocast (a CPU policy worker at --precision bf16) the critic's
+    own encoders hand the ELU bf16 maps; exp then rounds to bf16 before the 1 is taken off:
+    ELU(-0.001) came out 0, and 1 bf16 step off elsewhere."""
+    x = torch.cat([torch.randn(4096) * 3, torch.tensor([-1e-3, -0.01, -0.3])]).bfloat16()
+    with torch.inference_mode():
+        got = SmallBatchELU()(x)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, F.elu(x), rtol=0, atol=0)

@@ -157,3 +157,75 @@ def test_the_bare_command_finds_mountain_car_continuous_flag(tmp_path):
     assert cfg.action_log_std == "sde" and cfg.action_noise_every == 64
     summary = run_serial(cfg)
     assert summary["mean_episode_return"] >= 85.0, summary
+
+
+# --- review 53 --------------------------------------------------------------------------
+
+
+def test_several_policy_workers_hold_one_matrix_per_env(tmp_path):
+    """Review 53: with --num_policy_workers 2 each worker kept its own matrix per env slot,
+    and a slot's steps go to whichever worker takes its request from the shared queue: its
+    noise switched matrix from step to step instead of being held. The wiring now holds the
+    matrices in shared memory for all of them."""
+    from fastrl.run_config import parse_config
+    from fastrl.runner.cores import make_policy_worker
+    from fastrl.runner.run_start import build_model
+    from fastrl.runner.wiring import build_wiring
+    from fastrl.sampling.env_setup import EnvSettings, probe_env
+
+    cfg = parse_config(["--env", "MountainCarContinuous-v0", "--device", "cpu", "--train_dir",
+                        str(tmp_path), "--experiment", "x", "--num_policy_workers", "2",
+                        "--num_workers", "1", "--num_envs_per_worker", "2"])
+    assert cfg.action_log_std == "sde"
+    info = probe_env(EnvSettings.from_config(cfg))
+    cpu = torch.device("cpu")
+    learner = build_model(cfg, info, cpu)
+    wiring = build_wiring(cfg, info, learner, cfg.num_workers, cfg.num_envs_per_worker,
+                          ctx=multiprocessing.get_context("spawn"))
+    try:
+        assert wiring.held_noise.eps.is_shared() and wiring.held_noise.age.is_shared()
+        wiring.weights.publish(learner, 0)
+        workers = [make_policy_worker(wiring, build_model(cfg, info, cpu), cpu, "fp32")
+                   for _ in range(2)]
+        obs = wiring.buffers.obs["obs"]
+        obs[0, :] = torch.tensor([-0.5, 0.01])  # the same state at every step
+        for t in range(4):  # slot 0's steps, taken by the two workers in turn
+            workers[t % 2].infer([InferenceRequest(0, 0, t, (0,), (0,), 0, 0)])
+        actions = wiring.buffers.actions[0, :4, 0]
+        torch.testing.assert_close(actions, actions[:1].expand(4))
+    finally:
+        wiring.close()
+
+
+def test_the_standard_noise_is_float32_under_bf16_autocast():
+    """Review 53: the policy worker draws under its autocast; the matrix products then ran in
+    bf16 and the sampled actions carried 8 bits of mantissa, which the heads avoid."""
+    held = HeldNoise(4, 16, 2, every=64, device=torch.device("cpu"))
+    f = torch.randn(4, 16)
+    log_std = torch.randn(16, 2) * 0.3 - 1.0
+    slots = torch.arange(4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z = held.standard_noise(f, log_std, slots)
+    assert z.dtype == torch.float32
+    torch.testing.assert_close(z, held.standard_noise(f, log_std, slots))
+
+
+def test_the_standard_noise_is_standard_where_the_features_vanish():
+    """Review 53: at features all 0 (or so small that the variance is below the 1e-8 floor)
+    the noise divided by the floored std was 0 (or shrunk), while the model's std there is
+    exp(LOG_STD_MIN): the actions had less noise than their log-probabilities say."""
+    slots = 20_000
+    held = HeldNoise(slots, 8, 1, every=1, device=torch.device("cpu"))
+    for scale in (0.0, 1e-6):
+        f = torch.full((slots, 8), scale)
+        z = held.standard_noise(f, torch.zeros(8, 1), torch.arange(slots))
+        assert abs(z.std().item() - 1) < 0.03, scale
+
+
+def test_a_huge_action_noise_every_holds_the_matrix():
+    """Review 53: --action_noise_every 10**20 passed the checks and the policy worker died
+    at its first step (OverflowError: int too big to convert)."""
+    held = HeldNoise(2, 4, 1, every=10**20, device=torch.device("cpu"))
+    f = torch.ones(1, 4)
+    seen = [held.standard_noise(f, torch.zeros(4, 1), torch.tensor([0])) for _ in range(3)]
+    torch.testing.assert_close(seen[2], seen[0])

@@ -336,7 +336,8 @@ class ActorCritic(nn.Module):
         return logits.view(b, t, -1), values.view(b, t), final_values
 
 
-def sde_variance(features: Tensor, sde_log_std: Tensor) -> Tensor:
+def sde_variance(features: Tensor, sde_log_std: Tensor, floor: float = 1e-8) -> Tensor:
     """``--action_log_std sde``: the noise's variance ``[N, C]`` at ``features`` ``[N, F]``,
-    ``sum_i f_i^2 sigma_ij^2`` (the features detached; a floor of 1e-8)."""
-    return features.detach().float().square() @ torch.exp(2.0 * sde_log_std) + 1e-8
+    ``sum_i f_i^2 sigma_ij^2`` (the features detached), plus ``floor`` (the model's, whose
+    log is taken)."""
+    return features.detach().float().square() @ torch.exp(2.0 * sde_log_std) + floor

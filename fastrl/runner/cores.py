@@ -42,7 +42,8 @@ def make_policy_worker(wiring: Wiring, model: torch.nn.Module, device: torch.dev
     return kind(model, wiring.info.action_space, wiring.buffers, wiring.rnn_state,
                 device, weights=wiring.weights, precision=precision, epsilons=epsilons,
                 others=list(zip(others, wiring.policy_weights[1:], strict=True)),
-                cuda_graphs=cfg.policy_cuda_graphs, action_noise_every=cfg.action_noise_every)
+                cuda_graphs=cfg.policy_cuda_graphs, action_noise_every=cfg.action_noise_every,
+                held_noise=wiring.held_noise)
 
 
 def make_learner(cfg, info: EnvInfo, device: torch.device, group: LearnerGroup | None = None,

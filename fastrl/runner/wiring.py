@@ -52,6 +52,7 @@ from fastrl.runner.memory import buffers_per_env, shm_free
 from fastrl.sampling.backlog import backlog_limit
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.env_setup import EnvInfo
+from fastrl.sampling.sde import HeldNoise
 from fastrl.sampling.weights import LocalWeights, SharedWeights, WeightsSource
 from fastrl.transport.mailbox import Mailbox
 from fastrl.transport.procs import Lifeline
@@ -113,6 +114,10 @@ class Wiring:
     # int64 [2, num_workers]: each rollout worker's trajectories waiting for the learner and
     # reserved (fastrl.sampling.backlog: backlog_cells gives the array).
     backlog: Any = None
+    # --action_log_std sde with several policy workers in parallel mode: the env slots'
+    # exploration matrices, which every policy worker reads (fastrl/sampling/sde.py); None
+    # where one policy worker keeps its own.
+    held_noise: HeldNoise | None = None
     # This process's own: whether its main thread has seen the stop flag (a child that has
     # not within a grace time is interrupted: fastrl.transport.stopping).
     stop_seen: bool = False
@@ -235,6 +240,10 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
     rnn_state = torch.zeros((num_envs, model.rnn_state_size))
     if parallel:
         rnn_state.share_memory_()
+    held_noise = None
+    if exploration_matrices(cfg, model, num_envs, parallel):
+        held_noise = HeldNoise(num_envs, *model.sde_log_std.shape, cfg.action_noise_every,
+                               shared=True)
     policy_weights: list[WeightsSource] = (
         [SharedWeights(m, ctx) for m in models] if parallel else [LocalWeights(m) for m in models])
     replay_columns = (build_store(ReplaySettings.from_config(cfg), info.obs_space,
@@ -275,7 +284,18 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
         replay_columns=replay_columns, node=node or 0,
         run_frames=run_frames,
         assign_seed=cfg.seed if cfg.seed is not None else secrets.randbits(63),
+        held_noise=held_noise,
     )
+
+
+def exploration_matrices(cfg: Config, model: torch.nn.Module, num_envs: int,
+                         parallel: bool) -> int:
+    """Bytes of the env slots' exploration matrices the wiring shares (``--action_log_std
+    sde`` with several policy workers in parallel mode; 0 without)."""
+    sde = getattr(model, "sde_log_std", None)
+    if sde is None or not parallel or cfg.num_policy_workers < 2:
+        return 0
+    return 4 * num_envs * sde.numel()
 
 
 def _free_ports(n: int) -> list[int]:
@@ -298,6 +318,9 @@ def shared_memory_parts(cfg: Config, info: EnvInfo, layout: BufferLayout,
     parts = {"trajectory buffers": layout.nbytes(),
              "weights": sum(4 * t.numel() for m in models for t in m.state_dict().values()),
              "recurrent states": 4 * num_envs * layout.rnn_size}
+    matrices = exploration_matrices(cfg, models[0], num_envs, parallel=True)
+    if matrices:
+        parts["exploration matrices"] = matrices
     if with_store:
         parts["replay store"] = shared_store_nbytes(ReplaySettings.from_config(cfg),
                                                     info.obs_space, info.action_space)
@@ -314,6 +337,9 @@ SHARED_MEMORY_FLAGS = {
                "published weights)",
     "recurrent states": "--rnn_size, --num_envs_per_worker or --num_workers (the acting "
                         "recurrent states)",
+    "exploration matrices": "--num_policy_workers 1, --encoder_mlp_layers, --rnn_size or "
+                            "--num_envs_per_worker (--action_log_std sde's exploration "
+                            "matrices)",
 }
 
 

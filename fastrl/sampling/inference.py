@@ -58,6 +58,9 @@ class PolicyWorker:
             batch's rows are grouped by ``InferenceRequest.policies`` and each group is acted
             by its policy's model, from one gather of the observations and with one transfer
             back.
+        held_noise: under ``--action_log_std sde``, the env slots' exploration matrices
+            shared by several policy workers (``Wiring.held_noise``); default: this worker's
+            own.
     """
 
     def __init__(self, model: ActorCritic, action_space, buffers: TrajectoryBuffers,
@@ -65,7 +68,8 @@ class PolicyWorker:
                  weights: WeightsSource, *, precision: str, cuda_graphs: bool,
                  action_noise_every: int,
                  deterministic: bool = False, epsilons: torch.Tensor | None = None,
-                 others: list[tuple[ActorCritic, WeightsSource]] = ()):
+                 others: list[tuple[ActorCritic, WeightsSource]] = (),
+                 held_noise: HeldNoise | None = None):
         self.model = model
         self.buffers = buffers
         self.rnn_state = rnn_state
@@ -100,8 +104,8 @@ class PolicyWorker:
         self._held = None
         sde = model.sde_log_std
         if sde is not None and not deterministic:
-            self._held = HeldNoise(rnn_state.shape[0], sde.shape[0], sde.shape[1],
-                                   action_noise_every, device)
+            self._held = held_noise if held_noise is not None else HeldNoise(
+                rnn_state.shape[0], sde.shape[0], sde.shape[1], action_noise_every, device)
         self._graphed = None
         if cuda_graphs and self.device.type == "cuda" and epsilons is None \
                 and self._held is None:
