@@ -46,7 +46,7 @@ def test_free_policy_writes_valid_actions_and_every_field_the_rollout_worker_rea
     rnn_state = torch.randn(6, 4)  # [envs, H]: the state is handed back unchanged
     before = rnn_state.clone()
     worker = FreePolicyWorker(model, space, buffers, rnn_state, torch.device("cpu"), weights,
-                              precision="fp32")
+                              precision="fp32", action_noise_every=64)
     requests = [InferenceRequest(0, 0, 1, (0, 1, 2), (0, 1, 2), 0, 0),
                 InferenceRequest(1, 1, 1, (5,), (3,), 0, 0)]
     ready = worker.infer(requests)
@@ -72,7 +72,7 @@ def test_many_draws_cover_every_choice():
     weights = LocalWeights(model)
     weights.publish(model, 0)
     worker = FreePolicyWorker(model, space, buffers, torch.zeros(64, 0), torch.device("cpu"),
-                              weights, precision="fp32")
+                              weights, precision="fp32", action_noise_every=64)
     ids = tuple(range(64))
     worker.infer([InferenceRequest(0, 0, 0, ids, ids, 0, 0)])
     actions = buffers.actions[:, 0]

@@ -6,7 +6,7 @@ by row, so the GEMM's second operand is a transposed one. At the few rows a poli
 on, MKL then spends most of the call rearranging ``W`` rather than multiplying: for doom's
 2304 x 512 layer at 8 rows, 536 us a call against 234 us with ``W`` stored column by column
 (``W.t()`` contiguous), one thread; the GRU step at 8 rows 706 against 387 us; at 1,024 rows
-the two layouts cost the same (perf/log/RESULTS.md, "a CPU policy worker's weights").
+the two layouts cost the same (perf/log/RESULTS.md, "a CPU policy worker's small batches").
 
 :func:`column_major` stores the weights of a model's linear layers and recurrent cell that
 way. The parameters keep their shapes, values and names (each is a transposed view of a
@@ -19,7 +19,7 @@ strides, and its batches gain nothing.
 which costs about 1.3 ns an element here against 0.2 for ``exp``; ``max(exp(min(x, 0)) - 1,
 x)`` is the same function (``exp(x) - 1 >= x`` everywhere), in four cheap passes: doom's
 first ELU at 8 rows 187 -> 76 us. At a learner's batch (17M elements) the four passes over
-memory cost more than ``expm1`` (62 against 75 ms), and autograd would keep their
+memory cost as much as ``expm1`` (38.1 against 37.8 ms), and autograd would keep their
 intermediates, so it runs only where no gradient is taken and the tensor is small; it differs
 from ``F.elu`` by at most 6e-8. Only on float32 and float64 values: in bf16 (a critic's own
 encoders under bf16 autocast) ``exp`` rounds to 8 bits before the 1 is taken off, and

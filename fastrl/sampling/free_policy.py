@@ -53,7 +53,6 @@ class FreePolicyWorker(PolicyWorker):
 
     def __init__(self, *args, **kwargs):
         kwargs["cuda_graphs"] = False
-        kwargs.setdefault("action_noise_every", 1)  # no model runs: no noise is drawn
         super().__init__(*args, **kwargs)
         spec = self.action_spec
         # float64: (rand * n).long() stays below n for any n an int64 action can hold.
