@@ -14,6 +14,9 @@
 #                                 graphs-train, graphs-infer, graphs-test)
 #   bash perf/gpu/run.sh sf       Sample Factory 2.1.1 training doom_basic on this machine with
 #                                 run.sh train's settings (needs .sfsite, perf/gpu/sf_site.sh)
+#   bash perf/gpu/run.sh free     the pipeline's own cost: perf/sampler_fps.py with a policy that
+#                                 does no model work, against perf/env_fps.py on the same cores
+#   bash perf/gpu/run.sh sde      a short CUDA run of --action_log_std sde with 2 policy workers
 #   bash perf/gpu/run.sh bundle   pack everything under $OUT into one all.tgz (the device
 #                                 tool brings back at most 8 files)
 #
@@ -45,7 +48,9 @@ check)
         echo "flags: $(grep -o -w -E 'avx2|avx512f|avx512_bf16|amx_bf16|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')"
         "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
         # Every test with "cuda" in its id (the CUDA cases skip everywhere else).
-        "$PY" -m pytest -q -rs -p no:cacheprovider -k cuda tests
+        # (The Hub's tests import huggingface_hub's httpx2, which the image lacks; none is CUDA.)
+        "$PY" -m pytest -q -rs -p no:cacheprovider -k cuda --ignore=tests/test_hub.py \
+            --ignore=tests/test_hub_review.py tests
     } 2>&1 | tee "$log"
     ;;
 resume)
@@ -153,13 +158,26 @@ sf)
     grep -E "Fps is" "$log" | tail -3 || true
     grep -E "Error|Traceback" "$log" | head -5 || true
     ;;
+free)
+    "$PY" perf/sampler_fps.py --env doom_basic --device cuda --num_workers $((CORES - 2)) \
+        --num_envs_per_worker 8 --num_policy_workers 2 --seconds "$SECONDS_MEASURED" \
+        --warmup 10 --free_policy --against_env 2>&1 | tee -a "$log" | tail -1 \
+        > "$OUT/free_policy_$((CORES - 2))x8.json"
+    ;;
+sde)
+    # The held noise (fastrl/sampling/sde.py) shared by two policy workers, on CUDA.
+    "$PY" train.py --env MountainCarContinuous-v0 --experiment sde --train_dir /tmp/fastrl-sde \
+        --device cuda --num_policy_workers 2 --train_for_env_steps 30000 --seed 1 2>&1 \
+        | tee "$log" | grep -E "Error|error|summary|return" | tail -5 || true
+    cp /tmp/fastrl-sde/sde/summary.json "$OUT/sde_summary.json" || true
+    ;;
 bundle)
     (cd "$OUT" && tar czf /tmp/fastrl-all.tgz --exclude all.tgz . && rm -rf ./* \
         && mv /tmp/fastrl-all.tgz all.tgz && ls -l)
     ;;
 *)
     echo "unknown stage '$stage': check, resume, envs, sample, train, infer, graphs," \
-        "graphs-train, graphs-infer, graphs-test, sf or bundle" >&2
+        "graphs-train, graphs-infer, graphs-test, sf, free, sde or bundle" >&2
     exit 2
     ;;
 esac
