@@ -204,6 +204,17 @@ def test_the_classic_and_mujoco_suites_hold_issue_25s_envs():
     assert all(s.needs == "mujoco" for s in ls.SUITES["mujoco"])
 
 
+def test_the_doom_suite_runs_registered_scenarios_at_sample_factorys_frame_counts():
+    import learning_suites as ls
+
+    from fastrl.env_registry import registered_envs
+
+    doom = {s.env: (s.frames, s.target) for s in ls.SUITES["doom"]}
+    assert doom["doom_basic"] == (550_000, 75.0)
+    assert doom["doom_defend_the_center"] == (730_000, 3.7)
+    assert set(doom) <= set(registered_envs())
+
+
 def test_the_outside_suite_holds_issue_41s_envs_and_their_wall_budgets(tmp_path, monkeypatch):
     import argparse
 
