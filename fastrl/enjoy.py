@@ -352,10 +352,12 @@ def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOp
             elif info.multi_agent:
                 play_match([models.get(k) for k in range(max(seats) + 1)], seats, env,
                            options.max_num_episodes, options.deterministic, device,
-                           frame_sink=sink, seed=cfg.seed, on_episode=on_agent_episode)
+                           frame_sink=sink, seed=cfg.seed, on_episode=on_agent_episode,
+                           action_noise_every=cfg.action_noise_every)
             else:
                 evaluate(models[seats[0]], env, options.max_num_episodes, options.deterministic,
-                         device, frame_sink=sink, seed=cfg.seed, on_episode=on_episode)
+                         device, frame_sink=sink, seed=cfg.seed, on_episode=on_episode,
+                         action_noise_every=cfg.action_noise_every)
         except KeyboardInterrupt:
             interrupted = True
             log("interrupted")

@@ -229,3 +229,39 @@ def test_a_huge_action_noise_every_holds_the_matrix():
     f = torch.ones(1, 4)
     seen = [held.standard_noise(f, torch.zeros(4, 1), torch.tensor([0])) for _ in range(3)]
     torch.testing.assert_close(seen[2], seen[0])
+
+
+class _StillEnv:
+    """One observation forever, episodes of 6 steps; records the actions it is given."""
+
+    observation_space, action_space = OBS, ACT
+
+    def __init__(self) -> None:
+        self.actions: list[float] = []
+        self.t = 0
+
+    def reset(self, seed=None, options=None):
+        self.t = 0
+        return np.array([0.3, -0.7], np.float32), {}
+
+    def step(self, action):
+        self.actions.append(float(np.asarray(action).reshape(-1)[0]))
+        self.t += 1
+        return np.array([0.3, -0.7], np.float32), 0.0, False, self.t == 6, {}
+
+
+@pytest.mark.parametrize("every", [4, 1])
+def test_evaluation_holds_the_noise_as_the_policy_workers_do(every):
+    """enjoy.py and the periodic evaluations sample an sde policy with its matrix held for
+    ``--action_noise_every`` steps, as training acted: at one state the action repeats
+    within a hold and changes at the next draw (each step draws anew with 1)."""
+    from fastrl.experiment.evaluation import evaluate
+
+    model, env = _model(), _StillEnv()
+    evaluate(model, env, 2, deterministic=False, device="cpu", seed=3, action_noise_every=every)
+    a = env.actions
+    assert len(a) == 12
+    if every == 4:
+        assert a[0] == a[1] == a[2] == a[3] != a[4] and a[4] == a[5] == a[6] == a[7] != a[8]
+    else:
+        assert len(set(a)) == 12

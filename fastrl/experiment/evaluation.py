@@ -35,6 +35,7 @@ from fastrl.policy.actions import ActionSpec
 from fastrl.policy.distributions import ActionDistribution
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.obs import obs_to_dict
+from fastrl.sampling.sde import HeldNoise
 from fastrl.sampling.weights import WeightsSource
 
 __all__ = [
@@ -199,6 +200,7 @@ def evaluate(
     frame_sink: FrameSink | None = None,
     seed: int | None = None,
     on_episode: Callable[[int, float, int, dict], None] | None = None,
+    action_noise_every: int = 1,
 ) -> EvalResult:
     """Play ``num_episodes`` complete episodes of ``env`` with ``model``; one env, batch 1:
     :func:`play_match` with one seat, ``env`` played as a one-agent env (:class:`OneSeat`).
@@ -219,6 +221,9 @@ def evaluate(
             env continues its own random stream and sampling uses torch's global RNG.
         on_episode: called as ``on_episode(index, native_return, length, metrics)`` after each
             episode (progress printing; results so far survive a ``KeyboardInterrupt``).
+        action_noise_every: a sampled ``--action_log_std sde`` policy holds its exploration
+            matrix this many steps, as the run's policy workers did (the run's
+            ``--action_noise_every``; 1: a new draw every step).
 
     Returns:
         :class:`EvalResult` with one entry per episode.
@@ -227,7 +232,8 @@ def evaluate(
     counted = None if on_episode is None else (
         lambda _agent, index, ret, length, metrics: on_episode(index, ret, length, metrics))
     return play_match([model], [0], OneSeat(env, num_episodes), num_episodes, deterministic,
-                      device, frame_sink=sink, seed=seed, on_episode=counted)[0]
+                      device, frame_sink=sink, seed=seed, on_episode=counted,
+                      action_noise_every=action_noise_every)[0]
 
 
 def play_match(
@@ -241,6 +247,7 @@ def play_match(
     seed: int | None = None,
     on_episode: Callable[[int, int, float, int, dict], None] | None = None,
     opponents: dict[int, Callable[[Any], Any]] | None = None,
+    action_noise_every: int = 1,
 ) -> list[EvalResult]:
     """Play ``env`` (an env of several agents: :mod:`fastrl.experiment.match`) with
     ``models[seats[a]]`` acting for agent ``a`` until every agent has finished
@@ -250,7 +257,9 @@ def play_match(
     ``frame_sink`` gets agent 0's observations (the video shows what it saw). ``seed`` seeds
     the env's reset and, in a private fork of torch's RNG, the action sampling.
     ``on_episode(agent, index, native_return, length, metrics)`` is called after each
-    counted episode (results so far survive a ``KeyboardInterrupt``)."""
+    counted episode (results so far survive a ``KeyboardInterrupt``). A sampled
+    ``--action_log_std sde`` policy draws its noise as a policy worker does, each agent
+    holding its matrix for ``action_noise_every`` steps (:mod:`fastrl.sampling.sde`)."""
     if num_episodes < 1:
         raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
     device = torch.device(device)
@@ -263,6 +272,11 @@ def play_match(
         with _private_rng(seed, device), torch.inference_mode():
             obs, _ = env.reset(seed=seed)
             states = [models[seats[a]].initial_rnn_state(1, device) for a in range(n)]
+            held = {a: HeldNoise(1, *models[seats[a]].sde_log_std.shape, action_noise_every,
+                                 device)
+                    for a in range(n) if not deterministic and not (opponents and a in opponents)
+                    and models[seats[a]].sde_log_std is not None}
+            one_slot = torch.zeros(1, dtype=torch.int64)
             ep_return, ep_len = [0.0] * n, [0] * n
             while any(r.episodes < num_episodes for r in results):
                 actions = []
@@ -274,11 +288,18 @@ def play_match(
                     if opponents and a in opponents:
                         actions.append(opponents[a](obs[a]))
                         continue
-                    logits, _, states[a] = model.forward_step(obs_to_tensors(obs_dict, device),
-                                                              states[a])
-                    dist = ActionDistribution(logits, model.action_spec)
-                    actions.append(to_env_action(dist.mode() if deterministic else dist.sample(),
-                                                 model.action_spec))
+                    obs_t = obs_to_tensors(obs_dict, device)
+                    if a in held:
+                        logits, _, states[a], features = model.forward_step(
+                            obs_t, states[a], with_features=True)
+                        dist = ActionDistribution(logits, model.action_spec)
+                        action = dist.sample(held[a].standard_noise(features, model.sde_log_std,
+                                                                    one_slot))
+                    else:
+                        logits, _, states[a] = model.forward_step(obs_t, states[a])
+                        dist = ActionDistribution(logits, model.action_spec)
+                        action = dist.mode() if deterministic else dist.sample()
+                    actions.append(to_env_action(action, model.action_spec))
                 obs, rewards, terminated, truncated, infos = env.step(actions)
                 for a in range(n):
                     if infos[a].get(INACTIVE):
@@ -395,6 +416,7 @@ class PeriodicEvaluator:
         seed: int | None = None,
         start_frames: int = 0,
         video_dir: str | None = None,
+        action_noise_every: int = 1,
     ) -> None:
         if every_env_frames <= 0:
             raise ValueError(f"every_env_frames must be > 0, got {every_env_frames}")
@@ -405,6 +427,7 @@ class PeriodicEvaluator:
         self.device = torch.device(device)
         self.seed = seed
         self.video_dir = video_dir  # each evaluation's first episode to eval_<frames>.mp4 here
+        self.action_noise_every = action_noise_every  # the run's, for sde policies
         self.model = copy.deepcopy(model).to(self.device).requires_grad_(False)
         self.next_at = self._next_after(start_frames)
         self.last_result: EvalResult | None = None
@@ -452,7 +475,8 @@ class PeriodicEvaluator:
         try:
             result = evaluate(self.model, self.env, self.num_episodes, self.deterministic,
                               self.device, frame_sink=sink, seed=self.seed,
-                              on_episode=None if video is None else video.episode_done)
+                              on_episode=None if video is None else video.episode_done,
+                              action_noise_every=self.action_noise_every)
             finished = True
         finally:  # (cancelled or failed: no file left of a cut episode)
             path = None if video is None else video.close(keep=finished)

@@ -120,4 +120,5 @@ def start_evaluator(cfg: Config, info: EnvInfo, model: ActorCritic, device: torc
             env = create_env(settings)
     return PeriodicEvaluator(env, model, cfg.eval_every_env_frames, cfg.eval_episodes,
                              cfg.eval_deterministic, device, seed=cfg.seed,
-                             start_frames=start_frames, video_dir=video_dir)
+                             start_frames=start_frames, video_dir=video_dir,
+                             action_noise_every=cfg.action_noise_every)
