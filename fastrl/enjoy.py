@@ -348,7 +348,8 @@ def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOp
             if options.opponent != SELF:
                 versus = play_versus(models[seats[0]], env, options.opponent,
                                      options.max_num_episodes, options.deterministic, device,
-                                     seed=cfg.seed, on_game=on_episode, frame_sink=sink)
+                                     seed=cfg.seed, on_game=on_episode, frame_sink=sink,
+                                     action_noise_every=cfg.action_noise_every)
             elif info.multi_agent:
                 play_match([models.get(k) for k in range(max(seats) + 1)], seats, env,
                            options.max_num_episodes, options.deterministic, device,

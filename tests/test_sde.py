@@ -265,3 +265,37 @@ def test_evaluation_holds_the_noise_as_the_policy_workers_do(every):
         assert a[0] == a[1] == a[2] == a[3] != a[4] and a[4] == a[5] == a[6] == a[7] != a[8]
     else:
         assert len(set(a)) == 12
+
+
+class _TwoStillAgents:
+    """Two agents, one observation forever, games of 6 steps; records each agent's actions."""
+
+    observation_space, action_space, num_agents = OBS, ACT, 2
+
+    def __init__(self) -> None:
+        self.actions: list[list[float]] = [[], []]
+        self.t = 0
+
+    def reset(self, seed=None, options=None):
+        self.t = 0
+        return [np.array([0.3, -0.7], np.float32)] * 2, [{}, {}]
+
+    def step(self, actions):
+        for a in range(2):
+            self.actions[a].append(float(np.asarray(actions[a]).reshape(-1)[0]))
+        self.t += 1
+        done = self.t % 6 == 0
+        return [np.array([0.3, -0.7], np.float32)] * 2, [0.0, 0.0], [False] * 2, [done] * 2, \
+            [{}, {}]
+
+
+def test_a_match_against_an_opponent_holds_the_noise_too():
+    """enjoy.py --opponent (fastrl.experiment.versus) plays an sde policy as training acted:
+    its matrix held for ``--action_noise_every`` steps (it drew a new one every step)."""
+    from fastrl.experiment.versus import play_versus
+
+    env = _TwoStillAgents()
+    play_versus(_model(), env, "random", 1, False, "cpu", seed=3, action_noise_every=4)
+    a = env.actions[0]  # the policy's seat in the one game
+    assert len(a) == 6
+    assert a[0] == a[1] == a[2] == a[3] != a[4] and a[4] == a[5]

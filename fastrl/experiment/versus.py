@@ -101,10 +101,11 @@ class VersusResult:
 def play_versus(model, env: gym.Env, spec: str, num_games: int, deterministic: bool, device,
                 seed: int | None = None,
                 on_game: Callable[[int, float, int, dict], None] | None = None,
-                frame_sink=None) -> VersusResult:
+                frame_sink=None, action_noise_every: int = 1) -> VersusResult:
     """``num_games`` games of ``model`` against the opponent ``spec`` names (module
     docstring), the policy in each seat in turn; ``on_game(game, return, length, {})`` after
-    each; ``frame_sink`` as in :func:`play_match`. ``ExperimentError`` in one line for an env
+    each; ``frame_sink`` and ``action_noise_every`` (the run's, for an ``--action_log_std
+    sde`` policy) as in :func:`play_match`. ``ExperimentError`` in one line for an env
     of one agent or an opponent that cannot be made."""
     n = num_agents(env)
     if not is_multi_agent(env) or n < 2:
@@ -131,6 +132,6 @@ def play_versus(model, env: gym.Env, spec: str, num_games: int, deterministic: b
 
         play_match([model], [0] * n, env, games, deterministic, device,
                    frame_sink=frame_sink, seed=None if seed is None else seed + seat,
-                   on_episode=counted,
+                   on_episode=counted, action_noise_every=action_noise_every,
                    opponents={a: opponent for a in range(n) if a != seat})
     return result
