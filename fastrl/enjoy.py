@@ -14,8 +14,9 @@ it, the full-resolution screen as ``*_full.mp4``); with ``--render`` it shows a 
 ``--hf_repository`` alone downloads one and plays it (:mod:`fastrl.hub`).
 
 The flags are the training ones (``fastrl.config.flags.build_parser``) plus enjoy's own.
-The env and model settings come from the saved config; a flag given explicitly overrides it, and a
-checkpoint whose env or model differs from the result is refused.
+The env and model settings (and ``--action_noise_every``) come from the saved config; a flag
+given explicitly overrides it, and a checkpoint whose env or model differs from the result is
+refused.
 """
 
 from __future__ import annotations
@@ -65,11 +66,12 @@ EVAL_FILE = "eval.json"
 VIDEO_FILE = "replay.mp4"
 
 _CONFIG_KEYS = frozenset(f.name for f in dataclasses.fields(Config))
-# Taken from the saved config unless given explicitly: what the env and the model are.
-# Everything else (device, seed, the training settings) is this run's own.
+# Taken from the saved config unless given explicitly: what the env and the model are, and
+# how long the run's policy workers held an sde policy's noise (sampled play acts as they
+# did). Everything else (device, seed, the training settings) is this run's own.
 _SAVED_KEYS = frozenset(
     f.name for f in dataclasses.fields(Config) if f.metadata["group"] in ("environment", "model")
-) | {"env", "algo"}
+) | {"env", "algo", "action_noise_every"}
 
 
 @dataclass(frozen=True)

@@ -299,3 +299,20 @@ def test_a_match_against_an_opponent_holds_the_noise_too():
     a = env.actions[0]  # the policy's seat in the one game
     assert len(a) == 6
     assert a[0] == a[1] == a[2] == a[3] != a[4] and a[4] == a[5]
+
+
+def test_enjoy_holds_the_noise_as_long_as_the_run_did(tmp_path):
+    """enjoy.py takes the experiment's --action_noise_every (a sampling setting, not one of
+    the env and model settings it reloads; it used the default, 64), unless given."""
+    from fastrl.config.load import save_config
+    from fastrl.enjoy import merge_config, parse_args
+
+    exp_dir = tmp_path / "x"
+    exp_dir.mkdir()
+    save_config(Config(env="MountainCarContinuous-v0", action_log_std="sde",
+                       action_noise_every=8, train_dir=str(tmp_path), experiment="x"),
+                str(exp_dir))
+    flags = ["--train_dir", str(tmp_path), "--experiment", "x"]
+    for extra, every in [([], 8), (["--action_noise_every", "3"], 3)]:
+        full, explicit, _ = parse_args(flags + extra, "enjoy")
+        assert merge_config(full, explicit, str(exp_dir), {}, "ckpt").action_noise_every == every
