@@ -166,6 +166,7 @@ free)
     ;;
 sde)
     # The held noise (fastrl/sampling/sde.py) shared by two policy workers, on CUDA.
+    rm -rf /tmp/fastrl-sde
     "$PY" train.py --env MountainCarContinuous-v0 --experiment sde --train_dir /tmp/fastrl-sde \
         --device cuda --num_policy_workers 2 --train_for_env_steps 30000 --seed 1 2>&1 \
         | tee "$log" | grep -E "Error|error|summary|return" | tail -5 || true
