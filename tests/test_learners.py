@@ -233,3 +233,28 @@ def test_every_rank_decays_on_the_run_frames_rank_0_read(tmp_path):
     wiring.run_frames.frames[1] = 512  # and trains on a batch more meanwhile
     rank.poll(0.0)
     assert trained == [("rank 0", 480), ("rank 1", 480)]
+
+
+def test_a_rank_killed_by_a_signal_is_reported_before_the_peer_its_death_broke():
+    """When both learner ranks have ended, the one killed by a signal is handled first: the
+    other's failure (its collective broken by the death) is a consequence, and the first
+    death handled is what the run reports (the real-process test above saw Gloo's error)."""
+    import types
+
+    from fastrl.runner.supervisor import Child, ChildError, Supervisor
+
+    sup = object.__new__(Supervisor)
+    rank0 = Child("fastrl-learner", "learner", 0, 1, None, types.SimpleNamespace(exitcode=1))
+    rank1 = Child("fastrl-learner-1", "learner", 1, 1, None, types.SimpleNamespace(exitcode=-9))
+    sup.children = {"fastrl-learner": rank0, "fastrl-learner-1": rank1}
+    sup.cfg = types.SimpleNamespace(worker_timeout=60.0)
+    handled = []
+
+    def on_death(child, how, reported):
+        handled.append((child.name, how))
+        raise ChildError(f"{child.name} {how}")
+
+    sup._on_death = on_death
+    with pytest.raises(ChildError, match="fastrl-learner-1 died unexpectedly"):
+        sup.check_children()
+    assert handled == [("fastrl-learner-1", "died unexpectedly (signal SIGKILL)")]

@@ -64,6 +64,12 @@ STOP_TIME = 10.0
 STOP_GRACE = 3.0
 
 
+
+def _signalled(child: Child) -> bool:
+    """``child`` has ended, killed by a signal."""
+    code = None if child.proc is None else child.proc.exitcode
+    return code is not None and code < 0
+
 class ChildError(RuntimeError):
     """A worker process failed; the message names it and its exception."""
 
@@ -266,7 +272,10 @@ class Supervisor:
         """Notice dead or hung children; restart workers or stop the run (raises ChildError)."""
         now = time.monotonic()
         timeout = self.cfg.worker_timeout
-        for child in list(self.children.values()):
+        # A child killed by a signal first: its peers' failures (a learner rank's collective
+        # broken by the other rank's death) follow from it, and the first death handled is
+        # the one the run reports.
+        for child in sorted(self.children.values(), key=lambda c: not _signalled(c)):
             if self.check_exit(child):
                 continue
             if child.kind != "learner" and now - self.wiring.heartbeat[self.slot(child)] > timeout:
