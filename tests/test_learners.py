@@ -258,3 +258,28 @@ def test_a_rank_killed_by_a_signal_is_reported_before_the_peer_its_death_broke()
     with pytest.raises(ChildError, match="fastrl-learner-1 died unexpectedly"):
         sup.check_children()
     assert handled == [("fastrl-learner-1", "died unexpectedly (signal SIGKILL)")]
+
+
+def test_a_worker_killed_by_a_signal_does_not_hide_a_learner_s_own_failure():
+    """Only learner ranks are reordered: a rollout worker SIGKILLed (the OOM killer, say) at
+    the time a learner failed with its own exception does not replace the learner's error as
+    the run's cause (workers are not restarted here)."""
+    import types
+
+    from fastrl.runner.supervisor import Child, ChildError, Supervisor
+
+    sup = object.__new__(Supervisor)
+    learner = Child("fastrl-learner", "learner", 0, 1, None, types.SimpleNamespace(exitcode=1))
+    worker = Child("fastrl-rollout-0", "rollout", 0, 1, None, types.SimpleNamespace(exitcode=-9))
+    sup.children = {"fastrl-learner": learner, "fastrl-rollout-0": worker}
+    sup.cfg = types.SimpleNamespace(worker_timeout=60.0)
+    handled = []
+
+    def on_death(child, how, reported):
+        handled.append(child.name)
+        raise ChildError(f"{child.name} {how}")
+
+    sup._on_death = on_death
+    with pytest.raises(ChildError, match="fastrl-learner died unexpectedly"):
+        sup.check_children()
+    assert handled == ["fastrl-learner"]

@@ -64,11 +64,11 @@ STOP_TIME = 10.0
 STOP_GRACE = 3.0
 
 
-
-def _signalled(child: Child) -> bool:
-    """``child`` has ended, killed by a signal."""
+def _rank_signalled(child: Child) -> bool:
+    """``child`` is a learner rank that has ended, killed by a signal."""
     code = None if child.proc is None else child.proc.exitcode
-    return code is not None and code < 0
+    return child.kind == "learner" and code is not None and code < 0
+
 
 class ChildError(RuntimeError):
     """A worker process failed; the message names it and its exception."""
@@ -272,10 +272,10 @@ class Supervisor:
         """Notice dead or hung children; restart workers or stop the run (raises ChildError)."""
         now = time.monotonic()
         timeout = self.cfg.worker_timeout
-        # A child killed by a signal first: its peers' failures (a learner rank's collective
-        # broken by the other rank's death) follow from it, and the first death handled is
-        # the one the run reports.
-        for child in sorted(self.children.values(), key=lambda c: not _signalled(c)):
+        # A learner rank killed by a signal first: the other ranks' failures (their collective
+        # broken by its death) follow from it, and the first death handled is the one the run
+        # reports. Only ranks: a worker's signal does not outrank a learner's own exception.
+        for child in sorted(self.children.values(), key=lambda c: not _rank_signalled(c)):
             if self.check_exit(child):
                 continue
             if child.kind != "learner" and now - self.wiring.heartbeat[self.slot(child)] > timeout:
