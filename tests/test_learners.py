@@ -235,43 +235,16 @@ def test_every_rank_decays_on_the_run_frames_rank_0_read(tmp_path):
     assert trained == [("rank 0", 480), ("rank 1", 480)]
 
 
-def test_a_rank_killed_by_a_signal_is_reported_before_the_peer_its_death_broke():
-    """When both learner ranks have ended, the one killed by a signal is handled first: the
-    other's failure (its collective broken by the death) is a consequence, and the first
-    death handled is what the run reports (the real-process test above saw Gloo's error)."""
+def _first_death_handled(*children: tuple[str, str, int]) -> tuple[str, list[str]]:
+    """A supervisor whose children (name, kind, exit code) have all ended: the error
+    ``check_children`` raises and the children it handled, in order (each death stops it)."""
     import types
 
     from fastrl.runner.supervisor import Child, ChildError, Supervisor
 
     sup = object.__new__(Supervisor)
-    rank0 = Child("fastrl-learner", "learner", 0, 1, None, types.SimpleNamespace(exitcode=1))
-    rank1 = Child("fastrl-learner-1", "learner", 1, 1, None, types.SimpleNamespace(exitcode=-9))
-    sup.children = {"fastrl-learner": rank0, "fastrl-learner-1": rank1}
-    sup.cfg = types.SimpleNamespace(worker_timeout=60.0)
-    handled = []
-
-    def on_death(child, how, reported):
-        handled.append((child.name, how))
-        raise ChildError(f"{child.name} {how}")
-
-    sup._on_death = on_death
-    with pytest.raises(ChildError, match="fastrl-learner-1 died unexpectedly"):
-        sup.check_children()
-    assert handled == [("fastrl-learner-1", "died unexpectedly (signal SIGKILL)")]
-
-
-def test_a_worker_killed_by_a_signal_does_not_hide_a_learner_s_own_failure():
-    """Only learner ranks are reordered: a rollout worker SIGKILLed (the OOM killer, say) at
-    the time a learner failed with its own exception does not replace the learner's error as
-    the run's cause (workers are not restarted here)."""
-    import types
-
-    from fastrl.runner.supervisor import Child, ChildError, Supervisor
-
-    sup = object.__new__(Supervisor)
-    learner = Child("fastrl-learner", "learner", 0, 1, None, types.SimpleNamespace(exitcode=1))
-    worker = Child("fastrl-rollout-0", "rollout", 0, 1, None, types.SimpleNamespace(exitcode=-9))
-    sup.children = {"fastrl-learner": learner, "fastrl-rollout-0": worker}
+    sup.children = {name: Child(name, kind, 0, 1, None, types.SimpleNamespace(exitcode=code))
+                    for name, kind, code in children}
     sup.cfg = types.SimpleNamespace(worker_timeout=60.0)
     handled = []
 
@@ -280,6 +253,26 @@ def test_a_worker_killed_by_a_signal_does_not_hide_a_learner_s_own_failure():
         raise ChildError(f"{child.name} {how}")
 
     sup._on_death = on_death
-    with pytest.raises(ChildError, match="fastrl-learner died unexpectedly"):
+    with pytest.raises(ChildError) as err:
         sup.check_children()
+    return str(err.value), handled
+
+
+def test_a_rank_killed_by_a_signal_is_reported_before_the_peer_its_death_broke():
+    """When both learner ranks have ended, the one killed by a signal is handled first: the
+    other's failure (its collective broken by the death) is a consequence, and the first
+    death handled is what the run reports (the real-process test above saw Gloo's error)."""
+    error, handled = _first_death_handled(("fastrl-learner", "learner", 1),
+                                          ("fastrl-learner-1", "learner", -9))
+    assert error == "fastrl-learner-1 died unexpectedly (signal SIGKILL)"
+    assert handled == ["fastrl-learner-1"]
+
+
+def test_a_worker_killed_by_a_signal_does_not_hide_a_learner_s_own_failure():
+    """Only learner ranks are reordered: a rollout worker SIGKILLed (the OOM killer, say) at
+    the time a learner failed with its own exception does not replace the learner's error as
+    the run's cause (workers are not restarted here)."""
+    error, handled = _first_death_handled(("fastrl-learner", "learner", 1),
+                                          ("fastrl-rollout-0", "rollout", -9))
+    assert error.startswith("fastrl-learner died unexpectedly")
     assert handled == ["fastrl-learner"]
