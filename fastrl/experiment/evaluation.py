@@ -289,17 +289,16 @@ def play_match(
                         actions.append(opponents[a](obs[a]))
                         continue
                     obs_t = obs_to_tensors(obs_dict, device)
+                    noise = None
                     if a in held:
                         logits, _, states[a], features = model.forward_step(
                             obs_t, states[a], with_features=True)
-                        dist = ActionDistribution(logits, model.action_spec)
-                        action = dist.sample(held[a].standard_noise(features, model.sde_log_std,
-                                                                    one_slot))
+                        noise = held[a].standard_noise(features, model.sde_log_std, one_slot)
                     else:
                         logits, _, states[a] = model.forward_step(obs_t, states[a])
-                        dist = ActionDistribution(logits, model.action_spec)
-                        action = dist.mode() if deterministic else dist.sample()
-                    actions.append(to_env_action(action, model.action_spec))
+                    dist = ActionDistribution(logits, model.action_spec)
+                    actions.append(to_env_action(dist.mode() if deterministic
+                                                 else dist.sample(noise), model.action_spec))
                 obs, rewards, terminated, truncated, infos = env.step(actions)
                 for a in range(n):
                     if infos[a].get(INACTIVE):
