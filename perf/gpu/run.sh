@@ -16,6 +16,11 @@
 #                                 run.sh train's settings (needs .sfsite, perf/gpu/sf_site.sh)
 #   bash perf/gpu/run.sh free     the pipeline's own cost: perf/sampler_fps.py with a policy that
 #                                 does no model work, against perf/env_fps.py on the same cores
+#   bash perf/gpu/run.sh ceiling  issue 42's H100 ratios: the free policy against bare DoomGames,
+#                                 and sampling with the real policy (graphs, 2 policy workers)
+#                                 against the fastrl envs alone, on the same cores
+#   bash perf/gpu/run.sh pw       training with graphs: 2 against 3 policy workers (14 workers)
+#                                 and 2 policy workers with 16 workers, side by side
 #   bash perf/gpu/run.sh sde      a short CUDA run of --action_log_std sde with 2 policy workers
 #   bash perf/gpu/run.sh bundle   pack everything under $OUT into one all.tgz (the device
 #                                 tool brings back at most 8 files)
@@ -164,6 +169,25 @@ free)
         --warmup 10 --free_policy --against_env 2>&1 | tee -a "$log" | tail -1 \
         > "$OUT/free_policy_$((CORES - 2))x8.json"
     ;;
+ceiling)
+    "$PY" perf/sampler_fps.py --env doom_basic --device cuda --num_workers $((CORES - 2)) \
+        --num_envs_per_worker 8 --num_policy_workers 2 --seconds "$SECONDS_MEASURED" \
+        --warmup 10 --free_policy --against_env bare 2>&1 | tee -a "$log" | tail -1 \
+        > "$OUT/free_policy_bare_$((CORES - 2))x8.json"
+    "$PY" perf/sampler_fps.py --env doom_basic --device cuda --num_workers $((CORES - 2)) \
+        --num_envs_per_worker 8 --num_policy_workers 2 --policy_cuda_graphs True \
+        --seconds "$SECONDS_MEASURED" --warmup 15 --against_env 2>&1 | tee -a "$log" \
+        | tail -1 > "$OUT/sampling_graphs_$((CORES - 2))x8.json"
+    ;;
+pw)
+    for run in "$((CORES - 2)) 2" "$((CORES - 2)) 3" "$CORES 2"; do
+        set -- $run
+        "$PY" perf/train_fps.py --no_limit --env doom_basic --device cuda --precision fp32 \
+            --num_workers "$1" --num_envs_per_worker 8 --num_policy_workers "$2" \
+            --policy_cuda_graphs True --seconds "$SECONDS_MEASURED" --warmup 20 2>&1 \
+            | tee -a "$log" | tail -1 > "$OUT/train_fps_graphs_${1}w_${2}pw.json"
+    done
+    ;;
 sde)
     # The held noise (fastrl/sampling/sde.py) shared by two policy workers, on CUDA.
     rm -rf /tmp/fastrl-sde
@@ -178,7 +202,7 @@ bundle)
     ;;
 *)
     echo "unknown stage '$stage': check, resume, envs, sample, train, infer, graphs," \
-        "graphs-train, graphs-infer, graphs-test, sf, free, sde or bundle" >&2
+        "graphs-train, graphs-infer, graphs-test, sf, free, ceiling, pw, sde or bundle" >&2
     exit 2
     ;;
 esac
