@@ -10,7 +10,9 @@ mean episode return against env frames and wall time, next to Sample Factory's f
 Any flag this script does not know goes to train.py unchanged. Each run's curve is its
 TensorBoard scalar ``episode/mean_return`` (the mean of the last 100 episodes, written every
 5 s, step = env frames); from it each run's best and final value, and the largest fall after
-the target was first reached (``learning_curves.holding``). Writes
+the target was first reached (``learning_curves.holding``), and the standard error of the
+last value (from every episode's return, ``episode/return``: ``learning_curves.end_noise``),
+against which the fall from the best is read. Writes
 ``learning.json`` and ``learning.png`` (needs matplotlib: ``pip install -e .[perf]``) into
 ``--out``, each run's log into ``<out>/runs/``; the last line printed is one JSON object.
 """
@@ -29,9 +31,11 @@ from typing import Any
 
 import numpy as np
 from learning_curves import (
+    EPISODES_TAG,
     SF_LABEL,
     aggregate,
     curve_arrays,
+    end_noise,
     first_crossing,
     holding,
     mean_or_none,
@@ -84,6 +88,20 @@ def train_command(args: argparse.Namespace, seed: int, extra: list[str]) -> list
     return cmd + extra
 
 
+def stats_window(extra: list[str], default: int = 100) -> int:
+    """The episodes each curve value averages: train.py's ``--stats_avg`` among the flags
+    passed through (``--stats_avg N`` or ``--stats_avg=N``), else its default of 100."""
+    for i, arg in enumerate(extra):
+        value = (arg.split("=", 1)[1] if arg.startswith("--stats_avg=") else
+                 extra[i + 1] if arg == "--stats_avg" and i + 1 < len(extra) else None)
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return default  # train.py refuses it in one line; nothing to measure
+    return default
+
+
 def run_name(env: str, seed: int | None = None) -> str:
     """A file and experiment name for ``env`` (an id like ``ALE/Pong-v5`` has a slash)."""
     name = env.replace("/", "_")
@@ -109,13 +127,18 @@ def run_seed(args: argparse.Namespace, seed: int, extra: list[str]) -> dict[str,
             code = proc.wait()
             args.interrupted = True
     run_minutes = (time.time() - start) / 60.0
-    frames, minutes, values = curve_arrays(read_curve(os.path.join(runs, experiment, "tb")), start)
+    tb = os.path.join(runs, experiment, "tb")
+    frames, minutes, values = curve_arrays(read_curve(tb), start)
+    window = stats_window(extra)
+    end_returns = [v for _, _, v in read_curve(tb, EPISODES_TAG)][-window:] if window > 0 else []
     result: dict[str, Any] = {
         "seed": seed,
         "exit_code": code,
         "log": log_path,
         "run_minutes": round(run_minutes, 3),
         **holding(frames, values, args.target),
+        **end_noise(end_returns, window),
+        "end_returns": end_returns,
         "final_frames": int(frames[-1]) if len(frames) else 0,
         "frames_to_target": None,
         "minutes_to_target": None,
@@ -139,8 +162,10 @@ def holding_text(r: dict[str, Any], target: float | None) -> str:
     ``target`` and the largest fall after that, for its line of the report."""
     if r["final_return"] is None:
         return "no episode reported"
-    text = (f"mean return at the end {r['final_return']:.3f}, best {r['best_return']:.3f} at "
-            f"{r['best_frames']:,.0f} frames")
+    se = r.get("end_std_error")
+    text = (f"mean return at the end {r['final_return']:.3f}"
+            + ("" if se is None else f" (standard error {se:.3f})")
+            + f", best {r['best_return']:.3f} at {r['best_frames']:,.0f} frames")
     if target is None:
         return text
     if r["frames_to_target"] is None:

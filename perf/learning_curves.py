@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 TAG = "episode/mean_return"
+EPISODES_TAG = "episode/return"  # every episode's return, at the env frames it was reported
 SF_LABEL = "Sample Factory 2.1.1"
 
 
@@ -108,6 +109,20 @@ def holding(xs, values, target: float | None) -> dict[str, float | None]:
     out["largest_fall"] = float(falls[low])
     out["fall_frames"] = float(xs[hits[0] + low]) if falls[low] > 0 else None
     return out
+
+
+def end_noise(returns, window: int = 100) -> dict[str, float | int | None]:
+    """How far the curve's last value can be trusted: the standard error of the mean of the
+    last ``window`` episode returns (``end_episodes`` of them, fewer if the run had fewer),
+    ``std / sqrt(n)`` with the sample std (ddof 1). The curve's values are such means, so a
+    run whose policy no longer changes still moves by about this much between windows, and
+    its best window sits about two of these above its level over a run of some tens of
+    windows: a fall from the best smaller than that is not evidence of unlearning.
+    ``end_std_error`` is None with fewer than two episodes."""
+    tail = np.asarray(returns, dtype=np.float64)[-window:] if window > 0 else np.array([])
+    n = int(len(tail))
+    se = float(tail.std(ddof=1) / np.sqrt(n)) if n >= 2 else None
+    return {"end_episodes": n, "end_std_error": se}
 
 
 def aggregate(curves: list[tuple[np.ndarray, np.ndarray]], points: int = 50) -> dict[str, list]:

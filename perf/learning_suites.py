@@ -23,7 +23,7 @@ import os
 import sys
 from typing import Any, NamedTuple
 
-from learning_curves import holding
+from learning_curves import end_noise, holding
 
 
 class SuiteEnv(NamedTuple):
@@ -168,15 +168,20 @@ def run_row(env: str, target: float | None, r: dict[str, Any]) -> dict[str, Any]
     """A table row of one seed's run (``r``: what ``learning.run_seed`` returns, or a run of a
     stored learning.json); the best, final and largest fall computed from its curve."""
     curve = r.get("curve") or {"frames": [], "return": []}
+    end_returns = r.get("end_returns")  # absent from results stored before it was recorded
+    noise = (end_noise(end_returns, len(end_returns)) if end_returns
+             else {"end_episodes": 0, "end_std_error": None})
     return {"env": env, "seed": r["seed"], "target": target, "exit_code": r["exit_code"],
             "final_frames": r["final_frames"],
-            **holding(curve["frames"], curve["return"], target),
+            **holding(curve["frames"], curve["return"], target), **noise,
+            "end_returns": list(end_returns or []),
             "frames_to_target": r["frames_to_target"],
             "minutes_to_target": r["minutes_to_target"], "run_minutes": r["run_minutes"]}
 
 
-HEADER = ("| env | seed | frames | return at the end | best | target | frames to target | "
-          "largest fall after it | minutes |\n|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| env | seed | frames | return at the end (standard error) | best | target | "
+          "frames to target | largest fall after it | minutes |\n"
+          "|---|---|---|---|---|---|---|---|---|")
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
@@ -196,8 +201,10 @@ def table_line(row: dict[str, Any]) -> str:
     fall_txt = ("-" if fall is None else "0" if not fall else
                 f"{fall:.3f} at {num(row.get('fall_frames'), '{:,.0f}')}")
     target = "-" if row["target"] is None else f"{row['target']:g}"
+    se = row.get("end_std_error")
+    end = num(row["final_return"]) + ("" if se is None else f" ({se:.3f})")
     return (f"| {row['env']} | {row['seed']} | {row['final_frames']:,} | "
-            f"{num(row['final_return'])} | {num(row['best_return'])} | {target} | "
+            f"{end} | {num(row['best_return'])} | {target} | "
             f"{num(row['frames_to_target'], '{:,.0f}')} | {fall_txt} | "
             f"{row['run_minutes']:.1f} |")
 

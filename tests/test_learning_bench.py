@@ -111,6 +111,57 @@ def test_stored_results_are_tabled_from_their_curves(tmp_path, capsys):
                           "learning.json (env and runs)"
 
 
+def test_end_noise_against_a_slow_reference():
+    """The standard error of the last ``window`` returns, by the textbook sums."""
+    rng = np.random.default_rng(0)
+    returns = list(rng.normal(200.0, 100.0, size=350))
+    for window in (100, 7, 2, 1000):
+        tail = returns[-window:]
+        n = len(tail)
+        mean = sum(tail) / n
+        var = sum((x - mean) ** 2 for x in tail) / (n - 1)
+        got = lc.end_noise(returns, window)
+        assert got["end_episodes"] == n
+        assert got["end_std_error"] == pytest.approx((var / n) ** 0.5, rel=1e-12)
+    # N(200, 100) over 100 episodes: about 10, which a 5% band around 200 barely holds
+    assert 7.0 < lc.end_noise(returns)["end_std_error"] < 13.0
+    assert lc.end_noise([5.0]) == {"end_episodes": 1, "end_std_error": None}
+    assert lc.end_noise([]) == {"end_episodes": 0, "end_std_error": None}
+    assert lc.end_noise([1.0, 2.0], 0) == {"end_episodes": 0, "end_std_error": None}
+    assert lc.end_noise([3.0, 3.0, 3.0])["end_std_error"] == 0.0
+
+
+def test_the_window_follows_stats_avg_passed_to_train_py():
+    import learning
+
+    assert learning.stats_window([]) == 100
+    assert learning.stats_window(["--serial_mode", "True", "--stats_avg", "20"]) == 20
+    assert learning.stats_window(["--stats_avg=30", "--seed", "1"]) == 30
+    assert learning.stats_window(["--stats_avg"]) == 100  # train.py says what is wrong
+    assert learning.stats_window(["--stats_avg", "many"]) == 100
+
+
+def test_the_tables_carry_the_ends_standard_error():
+    """A stored run with its last returns gets ``end (standard error)``; one stored before
+    they were recorded gets the end alone."""
+    import learning_suites as ls
+
+    curve = {"frames": CURVE_FRAMES, "minutes": [0.1] * 10, "return": CURVE_RETURNS}
+    run = {"seed": 1, "exit_code": 0, "final_frames": 90_000, "frames_to_target": 30_000.0,
+           "minutes_to_target": 0.5, "run_minutes": 1.5, "end_returns": [440.0, 460.0] * 50}
+    row = ls.run_row("CartPole-v1", 475.0, {**run, "curve": curve})
+    se = float(np.std([440.0, 460.0] * 50, ddof=1) / 10.0)
+    assert row["end_episodes"] == 100 and row["end_std_error"] == pytest.approx(se)
+    assert f"| 450.000 ({se:.3f}) | 500.000 |" in ls.table_line(row)
+    suite = {"suite": "classic", "curves": {"CartPole-v1": [curve]},
+             "rows": [{"env": "CartPole-v1", "target": 475.0, **run}]}
+    (stored,) = ls.stored_rows(suite)
+    assert stored["end_std_error"] == pytest.approx(se)
+    old = ls.run_row("CartPole-v1", 475.0, {**run, "end_returns": None, "curve": curve})
+    assert old["end_std_error"] is None and "| 450.000 | 500.000 |" in ls.table_line(old)
+    assert "return at the end (standard error)" in ls.markdown_table([row])
+
+
 def test_reference_table():
     (basic,) = lc.references("doom_basic")
     assert (basic.ret, basic.frames, basic.minutes) == (79.0, 550_000, 4.0)
@@ -136,6 +187,13 @@ def test_read_curve_from_tensorboard(tmp_path):
     assert frames.tolist() == [100, 200, 300] and values.tolist() == [1.0, 2.5, 4.0]
     assert minutes[0] == pytest.approx(1.0) and all(np.diff(minutes) >= 0)
     assert lc.read_curve(str(tmp_path / "missing")) == []
+    # Every episode's return: several at one step stay, in the order they were written.
+    writer = SummaryWriter(log_dir=str(tmp_path / "episodes"))
+    for step, value in ((100, 3.0), (100, 1.0), (100, 2.0), (200, -4.0)):
+        writer.add_scalar(lc.EPISODES_TAG, value, step)
+    writer.close()
+    episodes = lc.read_curve(str(tmp_path / "episodes"), lc.EPISODES_TAG)
+    assert [v for _, _, v in episodes] == [3.0, 1.0, 2.0, -4.0]
     assert lc.curve_arrays([], 0.0)[0].shape == (0,)
 
 
@@ -167,6 +225,10 @@ def test_tiny_cartpole_run_writes_json_and_plot(tmp_path):
     assert run["curve"]["return"] and run["final_return"] == last["final_return"]["1"]
     assert run["frames_to_target"] is not None  # random CartPole episodes last 10+ steps
     assert run["best_return"] >= run["final_return"] and run["largest_fall"] >= 0.0
+    # the last (up to) 100 episodes' returns and the end's standard error from them
+    assert run["end_episodes"] == len(run["end_returns"]) == min(100, len(run["end_returns"]))
+    assert run["end_episodes"] >= 2 and run["end_std_error"] > 0.0
+    assert "standard error" in proc.stdout
     assert "| largest fall after it |" in proc.stdout  # the seeds' table before the JSON line
     assert report["host"]["cpu_flags"].keys() == {"avx512f", "avx512_bf16", "amx_bf16"}
     assert report["reference"]["points"][0]["ret"] == 500.0
