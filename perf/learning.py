@@ -90,16 +90,18 @@ def train_command(args: argparse.Namespace, seed: int, extra: list[str]) -> list
 
 def stats_window(extra: list[str], default: int = 100) -> int:
     """The episodes each curve value averages: train.py's ``--stats_avg`` among the flags
-    passed through (``--stats_avg N`` or ``--stats_avg=N``), else its default of 100."""
+    passed through (``--stats_avg N`` or ``--stats_avg=N``; the last one given, as train.py
+    takes it), else its default of 100."""
+    window = default
     for i, arg in enumerate(extra):
         value = (arg.split("=", 1)[1] if arg.startswith("--stats_avg=") else
                  extra[i + 1] if arg == "--stats_avg" and i + 1 < len(extra) else None)
         if value is not None:
             try:
-                return int(value)
+                window = int(value)
             except ValueError:
-                return default  # train.py refuses it in one line; nothing to measure
-    return default
+                window = default  # train.py refuses it in one line; nothing to measure
+    return window
 
 
 def run_name(env: str, seed: int | None = None) -> str:
@@ -130,7 +132,8 @@ def run_seed(args: argparse.Namespace, seed: int, extra: list[str]) -> dict[str,
     tb = os.path.join(runs, experiment, "tb")
     frames, minutes, values = curve_arrays(read_curve(tb), start)
     window = stats_window(extra)
-    end_returns = [v for _, _, v in read_curve(tb, EPISODES_TAG)][-window:] if window > 0 else []
+    end_returns = ([float(f"{v:.7g}") for _, _, v in read_curve(tb, EPISODES_TAG)][-window:]
+                   if window > 0 else [])  # float32 in the events: 7 digits are all there is
     result: dict[str, Any] = {
         "seed": seed,
         "exit_code": code,

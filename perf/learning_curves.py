@@ -114,10 +114,11 @@ def holding(xs, values, target: float | None) -> dict[str, float | None]:
 def end_noise(returns, window: int = 100) -> dict[str, float | int | None]:
     """How far the curve's last value can be trusted: the standard error of the mean of the
     last ``window`` episode returns (``end_episodes`` of them, fewer if the run had fewer),
-    ``std / sqrt(n)`` with the sample std (ddof 1). The curve's values are such means, so a
-    run whose policy no longer changes still moves by about this much between windows, and
-    its best window sits about two of these above its level over a run of some tens of
-    windows: a fall from the best smaller than that is not evidence of unlearning.
+    ``std / sqrt(n)`` with the sample std (ddof 1). The curve's values are such means, so
+    two windows of ``n`` episodes apart of a policy that no longer changes differ by about
+    ``sqrt(2)`` of these, and the best of a run's many windows sits above the policy's level
+    by more than one: a fall from the best of one or two of these is not evidence of
+    unlearning.
     ``end_std_error`` is None with fewer than two episodes."""
     tail = np.asarray(returns, dtype=np.float64)[-window:] if window > 0 else np.array([])
     n = int(len(tail))

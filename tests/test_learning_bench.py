@@ -137,6 +137,7 @@ def test_the_window_follows_stats_avg_passed_to_train_py():
     assert learning.stats_window([]) == 100
     assert learning.stats_window(["--serial_mode", "True", "--stats_avg", "20"]) == 20
     assert learning.stats_window(["--stats_avg=30", "--seed", "1"]) == 30
+    assert learning.stats_window(["--stats_avg", "50", "--stats_avg", "7"]) == 7  # the last
     assert learning.stats_window(["--stats_avg"]) == 100  # train.py says what is wrong
     assert learning.stats_window(["--stats_avg", "many"]) == 100
 
