@@ -63,10 +63,14 @@ def test_every_recipe_is_a_choice_and_names_real_settings():
 
 
 def test_a_bare_command_gets_the_recipe_of_its_kind(tmp_path):
-    acrobot = parse(tmp_path, "--env", "Acrobot-v1")  # no registry entry: its spaces decide
-    assert acrobot.recipe == "classic"
+    mountain_car = parse(tmp_path, "--env", "MountainCar-v0")  # no registry entry: its spaces
+    assert mountain_car.recipe == "classic"                     # decide
     for key, value in recipes.RECIPES["classic"].items():
-        assert getattr(acrobot, key) == value, key
+        assert getattr(mountain_car, key) == value, key
+    # Acrobot's entry puts its ten epochs over the recipe; the rest is the recipe's.
+    acrobot = parse(tmp_path, "--env", "Acrobot-v1", "--experiment", "a")
+    assert acrobot.recipe == "classic" and acrobot.num_epochs == 10
+    assert acrobot.batch_size == recipes.RECIPES["classic"]["batch_size"]
     pendulum = parse(tmp_path, "--env", "Pendulum-v1", "--experiment", "p")
     assert pendulum.recipe == "continuous" and pendulum.with_vtrace is False
     assert pendulum.num_epochs == 10 and pendulum.async_rl is False
@@ -82,7 +86,7 @@ def test_precedence_flag_over_entry_over_recipe(tmp_path):
                  recommended={"recipe": "classic", "num_epochs": 3})
     cfg = parse(tmp_path, "--env", "counting_with_recipe", "--experiment", "y")
     assert (cfg.recipe, cfg.num_epochs, cfg.batch_size) == ("classic", 3, 256)
-    pixels = parse(tmp_path, "--env", "Acrobot-v1", "--recipe", "pixels", "--experiment", "z")
+    pixels = parse(tmp_path, "--env", "MountainCar-v0", "--recipe", "pixels", "--experiment", "z")
     assert pixels.recipe == "pixels" and pixels.use_rnn is True and pixels.num_epochs == 1
 
 
@@ -96,26 +100,26 @@ def test_builtin_families_name_their_recipe_without_starting_an_engine(tmp_path,
     # A resumed experiment keeps the recipe it was trained with, and is not probed either.
     exp = tmp_path / "old"
     exp.mkdir()
-    (exp / "config.json").write_text(json.dumps({"env": "Acrobot-v1", "recipe": "classic"}))
+    (exp / "config.json").write_text(json.dumps({"env": "MountainCar-v0", "recipe": "classic"}))
     assert parse(tmp_path, "--experiment", "old").recipe == "classic"
 
 
 def test_an_old_config_trained_with_the_defaults_keeps_them(tmp_path):
     exp = tmp_path / "x"
     exp.mkdir()
-    (exp / "config.json").write_text(json.dumps({"env": "Acrobot-v1", "use_rnn": True}))
+    (exp / "config.json").write_text(json.dumps({"env": "MountainCar-v0", "use_rnn": True}))
     cfg = parse(tmp_path)
     assert cfg.recipe == "pixels" and cfg.use_rnn is True and cfg.num_epochs == 1
 
 
 def test_a_bad_recipe_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as flag:  # on the command line: argparse's one line
-        parse(tmp_path, "--env", "Acrobot-v1", "--recipe", "fast")
+        parse(tmp_path, "--env", "MountainCar-v0", "--recipe", "fast")
     assert flag.value.code == 2
     assert "argument --recipe: invalid choice: 'fast'" in capsys.readouterr().err
     exp = tmp_path / "x"  # in a config.json: the checks' one line
     exp.mkdir()
-    (exp / "config.json").write_text(json.dumps({"env": "Acrobot-v1", "recipe": "fast"}))
+    (exp / "config.json").write_text(json.dumps({"env": "MountainCar-v0", "recipe": "fast"}))
     with pytest.raises(ConfigError) as err:
         parse(tmp_path)
     assert err.value.errors == [
@@ -148,11 +152,11 @@ def test_the_recipe_is_decided_from_plain_facts_without_an_env():
 
 
 def test_the_run_says_which_recipe_and_why():
-    line = env_probe.recipe_line("Acrobot-v1", "classic", Box(-1, 1, (6,), np.float32),
+    line = env_probe.recipe_line("MountainCar-v0", "classic", Box(-1, 1, (6,), np.float32),
                                Discrete(3))
     assert line.startswith("recipe classic (vector observations (6,), discrete actions): ")
     assert "num_epochs=4" in line and "--recipe chooses another" in line
-    asked = env_probe.recipe_line("Acrobot-v1", "pixels", Box(-1, 1, (6,), np.float32),
+    asked = env_probe.recipe_line("MountainCar-v0", "pixels", Box(-1, 1, (6,), np.float32),
                                 Discrete(3))
     assert asked.startswith("recipe pixels (--recipe pixels; the spaces call for classic)")
     entry = env_probe.recipe_line("CartPole-v1", "classic", VECTOR, Discrete(2))
