@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from types import SimpleNamespace
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -99,3 +100,36 @@ def test_metrics_reach_tensorboard_summary_json_and_the_final_summary(tmp_path, 
     assert "episode/return" in scalars  # beside the return, as before
     print_final_summary(summary)
     assert "episode metrics frags 0.50, placing 1.50" in capsys.readouterr().out
+
+
+class _LateQueue:
+    """A runner queue whose one report arrives ``after`` seconds from its creation."""
+
+    def __init__(self, report, after: float):
+        self.report, self.at = report, time.monotonic() + after
+
+    def get_many(self, timeout: float):
+        now = time.monotonic()
+        if self.report is not None and now >= self.at:
+            report, self.report = self.report, None
+            return [report]
+        time.sleep(max(0.0, min(timeout, self.at - now)))
+        return []
+
+
+def test_the_loop_settles_for_reports_that_come_after_the_budget():
+    """A rollout worker reports its episodes every 0.5 s: a run whose budget is spent sooner
+    still counts them (train.py with two policies ended with 0 episodes on a quiet machine)."""
+    from fastrl.runner.children import REPORT_EVERY
+
+    stats = _stats()
+    queue = _LateQueue(RolloutReport([EpisodeStats(3, 2.0, 50, True, {})], 0, 0, {}), 0.3)
+    turns = []
+    loop = RunLoop(SimpleNamespace(cfg=Config(), runner_queue=queue), stats, reporter=None,
+                   turn=lambda: turns.append(1), poll_timeout=0.05)
+    start = time.monotonic()
+    loop.settle(REPORT_EVERY["rollout"] + 0.1)
+    took = time.monotonic() - start
+    assert stats.episodes == 1 and stats.mean_return() == 2.0
+    assert 0.6 <= took < 3.0 and len(turns) >= 5  # it watched the children meanwhile
+    loop.settle(0.0)  # nothing to wait for: returns at once

@@ -38,7 +38,7 @@ from fastrl.experiment.reporter import Reporter, ReportSettings, print_final_sum
 from fastrl.experiment.stats import StatsSettings, TrainingStats
 from fastrl.experiment.wandb_run import WandbRun, start_wandb
 from fastrl.log import log
-from fastrl.runner.children import POLL, start_learners, start_sampling
+from fastrl.runner.children import POLL, REPORT_EVERY, start_learners, start_sampling
 from fastrl.runner.link import NodeLink, host_store, publish_config
 from fastrl.runner.memory import MemoryBudget, buffers_per_env, memory_budget
 from fastrl.runner.process_setup import seed_everything
@@ -198,6 +198,9 @@ class ParallelRunner:
             self.supervisor.restart_workers = cfg.max_worker_restarts > 0
             save_due = loop.run()
             self.supervisor.restart_workers = False
+            # The rollout workers' last reports (up to one period old) before the counters
+            # are saved and summed up.
+            loop.settle(REPORT_EVERY["rollout"] + 2 * POLL)
             if save_due:
                 learners = [c for c in self.supervisor.children.values() if c.kind == "learner"]
                 loop.final_save(lambda: [self.supervisor.check_exit(c) for c in learners])

@@ -162,6 +162,17 @@ class RunLoop:
         stats.end_measurement()
         return not cfg.sampling_only and stats.env_frames > frames_at_start
 
+    def settle(self, seconds: float) -> None:
+        """After the budget: read the runner queue for ``seconds`` more, so that what the
+        workers report at their own pace (a rollout worker's episodes every
+        ``REPORT_EVERY["rollout"]`` s) reaches the statistics, the final checkpoint's
+        counters and the summary. A run shorter than that period otherwise ended with none
+        of its episodes counted."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.turn()
+            self.drain(min(self.poll_timeout, max(0.0, deadline - time.monotonic())))
+
     def ask_to_save(self, final: bool) -> None:
         """Ask every policy's learner for a checkpoint with the run's counters."""
         msg = SaveCheckpoint(self.stats.counters(), final)
