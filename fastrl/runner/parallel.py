@@ -38,7 +38,7 @@ from fastrl.experiment.reporter import Reporter, ReportSettings, print_final_sum
 from fastrl.experiment.stats import StatsSettings, TrainingStats
 from fastrl.experiment.wandb_run import WandbRun, start_wandb
 from fastrl.log import log
-from fastrl.runner.children import POLL, REPORT_EVERY, start_learners, start_sampling
+from fastrl.runner.children import POLL, start_learners, start_sampling
 from fastrl.runner.link import NodeLink, host_store, publish_config
 from fastrl.runner.memory import MemoryBudget, buffers_per_env, memory_budget
 from fastrl.runner.process_setup import seed_everything
@@ -63,6 +63,10 @@ __all__ = ["ChildError", "ParallelRunner", "run_parallel"]
 
 
 # --- the runner -------------------------------------------------------------------------
+
+# How long the runner waits for the rollout workers' last reports after the budget (a worker
+# answers between two env steps: one stuck in a slow env call is not waited for).
+LAST_REPORTS_TIMEOUT = 5.0
 
 
 class ParallelRunner:
@@ -198,9 +202,14 @@ class ParallelRunner:
             self.supervisor.restart_workers = cfg.max_worker_restarts > 0
             save_due = loop.run()
             self.supervisor.restart_workers = False
-            # The rollout workers' last reports (up to one period old) before the counters
-            # are saved and summed up.
-            loop.settle(REPORT_EVERY["rollout"] + 2 * POLL)
+            if (save_due or cfg.sampling_only) and not cfg.num_sampler_nodes:
+                # The rollout workers' last episodes (up to a report period's) before the
+                # counters are saved and summed up.
+                silent = loop.collect_last_reports(range(cfg.num_workers), LAST_REPORTS_TIMEOUT)
+                if silent:
+                    log(f"rollout worker(s) {', '.join(map(str, silent))} did not send their "
+                        f"last episodes within {LAST_REPORTS_TIMEOUT:.0f} s; the summary "
+                        "counts those reported before")
             if save_due:
                 learners = [c for c in self.supervisor.children.values() if c.kind == "learner"]
                 loop.final_save(lambda: [self.supervisor.check_exit(c) for c in learners])

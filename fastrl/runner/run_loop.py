@@ -27,6 +27,7 @@ from fastrl.transport.messages import (
     NodeReport,
     PbtReplaced,
     PolicyReport,
+    ReportNow,
     RolloutReport,
     SaveCheckpoint,
 )
@@ -162,16 +163,26 @@ class RunLoop:
         stats.end_measurement()
         return not cfg.sampling_only and stats.env_frames > frames_at_start
 
-    def settle(self, seconds: float) -> None:
-        """After the budget: read the runner queue for ``seconds`` more, so that what the
-        workers report at their own pace (a rollout worker's episodes every
-        ``REPORT_EVERY["rollout"]`` s) reaches the statistics, the final checkpoint's
-        counters and the summary. A run shorter than that period otherwise ended with none
-        of its episodes counted."""
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            self.turn()
-            self.drain(min(self.poll_timeout, max(0.0, deadline - time.monotonic())))
+    def collect_last_reports(self, workers: range, timeout: float) -> list[int]:
+        """Once the budget is spent: ask each rollout worker in ``workers`` for the episodes
+        it holds (it reports every ``REPORT_EVERY["rollout"]`` s; a run shorter than that
+        ended with none counted) and read the runner queue until each has answered, or
+        ``timeout`` s passed; return those that did not (dead, or stuck in an env call).
+        Every message read meanwhile is handled as in the run; the children are not checked
+        here (a worker that dies now costs the wait, not the finished run)."""
+        waiting = set(workers)
+        for w in waiting:
+            self.wiring.worker_queues[w].put(ReportNow(time.monotonic()))
+        deadline = time.monotonic() + timeout
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            for msg in self.wiring.runner_queue.get_many(min(self.poll_timeout, left)):
+                if isinstance(msg, RolloutReport) and msg.final:
+                    waiting.discard(msg.worker)
+                self.handle(msg)
+        return sorted(waiting)
 
     def ask_to_save(self, final: bool) -> None:
         """Ask every policy's learner for a checkpoint with the run's counters."""

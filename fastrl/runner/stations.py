@@ -41,6 +41,7 @@ from fastrl.transport.messages import (
     PbtReplaced,
     PolicyReport,
     Reissue,
+    ReportNow,
     Resume,
     RolloutReport,
     SaveCheckpoint,
@@ -123,6 +124,7 @@ class RolloutStation:
         worker = self.worker
         msgs = self.inbox.get_many(timeout)
         start = time.perf_counter()
+        report_now = False
         for msg in msgs:
             if isinstance(msg, ActionsReady):
                 if worker.accepts(msg):
@@ -135,6 +137,8 @@ class RolloutStation:
                     self._route(worker.resume())
             elif isinstance(msg, Reissue):
                 self._route(worker.reissue(msg.epoch))
+            elif isinstance(msg, ReportNow):
+                report_now = True
             else:
                 raise TypeError(f"{self.name}: unexpected message {msg!r}")
         released = 0
@@ -146,13 +150,15 @@ class RolloutStation:
         if msgs:
             report = self._report = report._replace(
                 busy_seconds=report.busy_seconds + time.perf_counter() - start)
-        if ((report.episodes or report.env_restarts or report.faults or report.busy_seconds)
-                and time.monotonic() - self._last_report >= self.report_every):
+        if report_now or ((report.episodes or report.env_restarts or report.faults
+                           or report.busy_seconds)
+                          and time.monotonic() - self._last_report >= self.report_every):
             held, begun = worker.backlog.take_counts()
             recycles, self._recycles_told = (worker.env_recycles - self._recycles_told,
                                              worker.env_recycles)
-            self.wiring.runner_queue.put(report._replace(splits_held=held, splits_begun=begun,
-                                                         env_recycles=recycles))
+            self.wiring.runner_queue.put(report._replace(
+                splits_held=held, splits_begun=begun, env_recycles=recycles,
+                worker=self.worker_id, final=report_now))
             self._report = RolloutReport([], 0, 0, {})
             self._last_report = time.monotonic()
         self.fault_log.flush()

@@ -63,6 +63,14 @@ class BuffersFreed(NamedTuple):
     generation: int  # of the rollout worker the slots belong to
 
 
+class ReportNow(NamedTuple):
+    """Runner -> rollout worker, once the budget is spent: send the episodes you hold now (a
+    ``RolloutReport`` with ``final`` set, even an empty one), without waiting for the report
+    period, so that the summary and the final checkpoint count them."""
+
+    asked_at: float = 0.0  # the runner's clock, for its log
+
+
 class Resume(NamedTuple):
     """Learner -> rollout worker, sync mode: new weights are published; start the next round."""
 
@@ -225,6 +233,8 @@ class RolloutReport(NamedTuple):
     splits_held: int = 0
     splits_begun: int = 0
     env_recycles: int = 0  # envs made anew at an episode boundary (--env_recycle_episodes|mb)
+    worker: int = -1  # the reporting rollout worker (set on a ``final`` report)
+    final: bool = False  # the answer to ``ReportNow``: everything held until then is in it
 
 
 class EnvCheckFailed(NamedTuple):
