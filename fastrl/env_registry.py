@@ -138,8 +138,8 @@ _GYM_RECOMMENDED: dict[str, dict[str, Any]] = {
     "CartPole-v1": {"recipe": "classic", "reward_scale": 0.1},
     # Ten passes over each batch (the classic recipe's 4): in parallel mode 6 of 6 seeds passed
     # the suite's -80 within 300K steps (best -73.8 to -79.9), 2 of 6 with 4 side by side;
-    # serial mode 1 of 3 with either (perf/log/RESULTS.md, "Acrobot with ten epochs",
-    # 2026-11-28).
+    # serial mode 3 of 6 (1 of 3 with either on seeds 1-3) (perf/log/RESULTS.md, "Acrobot
+    # with ten epochs", 2026-11-28).
     "Acrobot-v1": {"num_epochs": 10},
 }
 # MuJoCo control tasks (the optional extra fastrl[mujoco]): the continuous recipe, measured
