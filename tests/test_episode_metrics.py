@@ -151,3 +151,8 @@ def test_the_last_reports_are_asked_for_and_waited_for_after_the_budget():
     start = time.monotonic()
     assert loop.collect_last_reports(range(1), timeout=5.0) == []
     assert time.monotonic() - start < 1.0
+    # A dead worker is not waited for (its answer cannot come), and is named.
+    wiring.runner_queue = _LateQueue([answer], 0.1)
+    start = time.monotonic()
+    assert loop.collect_last_reports(range(2), timeout=5.0, alive=lambda w: w != 1) == [1]
+    assert time.monotonic() - start < 1.0

@@ -64,9 +64,10 @@ __all__ = ["ChildError", "ParallelRunner", "run_parallel"]
 
 # --- the runner -------------------------------------------------------------------------
 
-# How long the runner waits for the rollout workers' last reports after the budget (a worker
-# answers between two env steps: one stuck in a slow env call is not waited for).
-LAST_REPORTS_TIMEOUT = 5.0
+# How long the runner waits for the rollout workers' last reports after the budget. A worker
+# answers before its next env step (within a poll of 0.05 s when its envs are quick); one in a
+# slow env call is not waited for longer, since the learners train on meanwhile.
+LAST_REPORTS_TIMEOUT = 1.0
 
 
 class ParallelRunner:
@@ -205,11 +206,12 @@ class ParallelRunner:
             if (save_due or cfg.sampling_only) and not cfg.num_sampler_nodes:
                 # The rollout workers' last episodes (up to a report period's) before the
                 # counters are saved and summed up.
-                silent = loop.collect_last_reports(range(cfg.num_workers), LAST_REPORTS_TIMEOUT)
+                silent = loop.collect_last_reports(range(cfg.num_workers), LAST_REPORTS_TIMEOUT,
+                                                   self._rollout_alive)
                 if silent:
                     log(f"rollout worker(s) {', '.join(map(str, silent))} did not send their "
-                        f"last episodes within {LAST_REPORTS_TIMEOUT:.0f} s; the summary "
-                        "counts those reported before")
+                        f"last episodes (gone, or busy for over {LAST_REPORTS_TIMEOUT:g} s); "
+                        "the summary counts those reported before")
             if save_due:
                 learners = [c for c in self.supervisor.children.values() if c.kind == "learner"]
                 loop.final_save(lambda: [self.supervisor.check_exit(c) for c in learners])
@@ -232,6 +234,12 @@ class ParallelRunner:
     def _turn(self) -> None:
         self.supervisor.check_children()
         self.loop.stats.worker_restarts = self.supervisor.restarts
+
+    def _rollout_alive(self, worker_id: int) -> bool:
+        """Whether rollout worker ``worker_id``'s process is running (not dead or being
+        restarted)."""
+        child = self.supervisor.children.get(f"fastrl-rollout-{worker_id}")
+        return child is not None and child.proc is not None and child.proc.is_alive()
 
     def _pump(self, timeout: float) -> None:
         """Read the runner queue once (the supervisor calls this while it waits)."""

@@ -163,18 +163,25 @@ class RunLoop:
         stats.end_measurement()
         return not cfg.sampling_only and stats.env_frames > frames_at_start
 
-    def collect_last_reports(self, workers: range, timeout: float) -> list[int]:
+    def collect_last_reports(self, workers: range, timeout: float,
+                             alive: Callable[[int], bool] = lambda w: True) -> list[int]:
         """Once the budget is spent: ask each rollout worker in ``workers`` for the episodes
         it holds (it reports every ``REPORT_EVERY["rollout"]`` s; a run shorter than that
         ended with none counted) and read the runner queue until each has answered, or
         ``timeout`` s passed; return those that did not (dead, or stuck in an env call).
-        Every message read meanwhile is handled as in the run; the children are not checked
-        here (a worker that dies now costs the wait, not the finished run)."""
-        waiting = set(workers)
+        A worker that is not ``alive`` is not waited for. Every message read meanwhile is
+        handled as in the run; the children are not checked here (a worker that died at the
+        end does not fail the finished run). The learners go on training while this waits,
+        which is why the wait is short."""
+        waiting, dead = set(workers), set()
         for w in waiting:
             self.wiring.worker_queues[w].put(ReportNow(time.monotonic()))
         deadline = time.monotonic() + timeout
         while waiting:
+            dead |= {w for w in waiting if not alive(w)}
+            waiting -= dead
+            if not waiting:
+                break
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -182,7 +189,7 @@ class RunLoop:
                 if isinstance(msg, RolloutReport) and msg.final:
                     waiting.discard(msg.worker)
                 self.handle(msg)
-        return sorted(waiting)
+        return sorted(waiting | dead)
 
     def ask_to_save(self, final: bool) -> None:
         """Ask every policy's learner for a checkpoint with the run's counters."""

@@ -124,7 +124,11 @@ class RolloutStation:
         worker = self.worker
         msgs = self.inbox.get_many(timeout)
         start = time.perf_counter()
-        report_now = False
+        # The runner's ask for the last episodes is answered before any env is stepped again
+        # (a split's step can take seconds in a slow env; what it ends goes in a later report).
+        report_now = any(isinstance(msg, ReportNow) for msg in msgs)
+        if report_now:
+            self._send_report(final=True)
         for msg in msgs:
             if isinstance(msg, ActionsReady):
                 if worker.accepts(msg):
@@ -138,7 +142,7 @@ class RolloutStation:
             elif isinstance(msg, Reissue):
                 self._route(worker.reissue(msg.epoch))
             elif isinstance(msg, ReportNow):
-                report_now = True
+                pass  # answered above
             else:
                 raise TypeError(f"{self.name}: unexpected message {msg!r}")
         released = 0
@@ -150,19 +154,24 @@ class RolloutStation:
         if msgs:
             report = self._report = report._replace(
                 busy_seconds=report.busy_seconds + time.perf_counter() - start)
-        if report_now or ((report.episodes or report.env_restarts or report.faults
-                           or report.busy_seconds)
-                          and time.monotonic() - self._last_report >= self.report_every):
-            held, begun = worker.backlog.take_counts()
-            recycles, self._recycles_told = (worker.env_recycles - self._recycles_told,
-                                             worker.env_recycles)
-            self.wiring.runner_queue.put(report._replace(
-                splits_held=held, splits_begun=begun, env_recycles=recycles,
-                worker=self.worker_id, final=report_now))
-            self._report = RolloutReport([], 0, 0, {})
-            self._last_report = time.monotonic()
+        if ((report.episodes or report.env_restarts or report.faults or report.busy_seconds)
+                and time.monotonic() - self._last_report >= self.report_every):
+            self._send_report(final=False)
         self.fault_log.flush()
         return len(msgs) + released
+
+    def _send_report(self, final: bool) -> None:
+        """What happened since the last report, to the runner (``final``: the answer to its
+        ``ReportNow``, sent even when empty)."""
+        worker = self.worker
+        held, begun = worker.backlog.take_counts()
+        recycles, self._recycles_told = (worker.env_recycles - self._recycles_told,
+                                         worker.env_recycles)
+        self.wiring.runner_queue.put(self._report._replace(
+            splits_held=held, splits_begun=begun, env_recycles=recycles,
+            worker=self.worker_id, final=final))
+        self._report = RolloutReport([], 0, 0, {})
+        self._last_report = time.monotonic()
 
     def close(self) -> None:
         for env in self.envs:
