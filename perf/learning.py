@@ -20,6 +20,8 @@ against which the fall from the best is read. Writes
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import platform
@@ -33,13 +35,14 @@ import numpy as np
 from learning_curves import (
     EPISODES_TAG,
     SF_LABEL,
+    TAG,
     aggregate,
     curve_arrays,
     end_noise,
     first_crossing,
     holding,
     mean_or_none,
-    read_curve,
+    read_curves,
     references,
     value_at,
 )
@@ -88,20 +91,18 @@ def train_command(args: argparse.Namespace, seed: int, extra: list[str]) -> list
     return cmd + extra
 
 
-def stats_window(extra: list[str], default: int = 100) -> int:
-    """The episodes each curve value averages: train.py's ``--stats_avg`` among the flags
-    passed through (``--stats_avg N`` or ``--stats_avg=N``; the last one given, as train.py
-    takes it), else its default of 100."""
-    window = default
-    for i, arg in enumerate(extra):
-        value = (arg.split("=", 1)[1] if arg.startswith("--stats_avg=") else
-                 extra[i + 1] if arg == "--stats_avg" and i + 1 < len(extra) else None)
-        if value is not None:
-            try:
-                window = int(value)
-            except ValueError:
-                window = default  # train.py refuses it in one line; nothing to measure
-    return window
+def stats_window(extra: list[str]) -> int:
+    """The episodes each curve value averages: ``--stats_avg`` as train.py's own parser reads
+    it from the flags passed through (its default when none is given, or when they do not
+    parse: train.py has then refused them in one line already)."""
+    from fastrl.config.flags import build_parser
+    from fastrl.config.settings import Config
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            return int(build_parser().parse_known_args(extra)[0].stats_avg)
+    except SystemExit:
+        return Config.stats_avg
 
 
 def run_name(env: str, seed: int | None = None) -> str:
@@ -129,10 +130,10 @@ def run_seed(args: argparse.Namespace, seed: int, extra: list[str]) -> dict[str,
             code = proc.wait()
             args.interrupted = True
     run_minutes = (time.time() - start) / 60.0
-    tb = os.path.join(runs, experiment, "tb")
-    frames, minutes, values = curve_arrays(read_curve(tb), start)
+    curves = read_curves(os.path.join(runs, experiment, "tb"), (TAG, EPISODES_TAG))
+    frames, minutes, values = curve_arrays(curves[TAG], start)
     window = stats_window(extra)
-    end_returns = ([float(f"{v:.7g}") for _, _, v in read_curve(tb, EPISODES_TAG)][-window:]
+    end_returns = ([float(f"{v:.7g}") for _, _, v in curves[EPISODES_TAG]][-window:]
                    if window > 0 else [])  # float32 in the events: 7 digits are all there is
     result: dict[str, Any] = {
         "seed": seed,

@@ -42,21 +42,28 @@ def references(env: str) -> list[Reference]:
     return list(SF_REFERENCE.get(env, []))
 
 
-def read_curve(event_dir: str, tag: str = TAG) -> list[tuple[int, float, float]]:
-    """``(env_frames, wall_time, value)`` of every ``tag`` scalar in ``event_dir``, by frames.
+def read_curves(event_dir: str, tags: tuple[str, ...] = (TAG,)
+                ) -> dict[str, list[tuple[int, float, float]]]:
+    """``(env_frames, wall_time, value)`` of every scalar of each of ``tags`` in ``event_dir``,
+    by frames (ties in the order written), from one reading of the events.
 
-    Empty when the folder or the tag does not exist (a run that died before its first
-    summary)."""
+    A tag's list is empty when the folder or the tag does not exist (a run that died before
+    its first summary)."""
     if not os.path.isdir(event_dir):
-        return []
+        return {tag: [] for tag in tags}
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(event_dir, size_guidance={"scalars": 0})
     acc.Reload()
-    if tag not in acc.Tags().get("scalars", []):
-        return []
-    points = [(int(e.step), float(e.wall_time), float(e.value)) for e in acc.Scalars(tag)]
-    return sorted(points, key=lambda p: (p[0], p[1]))
+    present = acc.Tags().get("scalars", [])
+    return {tag: sorted(((int(e.step), float(e.wall_time), float(e.value))
+                         for e in acc.Scalars(tag)), key=lambda p: (p[0], p[1]))
+            if tag in present else [] for tag in tags}
+
+
+def read_curve(event_dir: str, tag: str = TAG) -> list[tuple[int, float, float]]:
+    """:func:`read_curves` of one tag."""
+    return read_curves(event_dir, (tag,))[tag]
 
 
 def curve_arrays(

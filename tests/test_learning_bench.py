@@ -195,6 +195,9 @@ def test_read_curve_from_tensorboard(tmp_path):
     writer.close()
     episodes = lc.read_curve(str(tmp_path / "episodes"), lc.EPISODES_TAG)
     assert [v for _, _, v in episodes] == [3.0, 1.0, 2.0, -4.0]
+    both = lc.read_curves(str(tmp_path / "episodes"), (lc.EPISODES_TAG, lc.TAG))
+    assert both == {lc.EPISODES_TAG: episodes, lc.TAG: []}  # one reading; a missing tag: []
+    assert lc.read_curves(str(tmp_path / "missing"), (lc.TAG,)) == {lc.TAG: []}
     assert lc.curve_arrays([], 0.0)[0].shape == (0,)
 
 
