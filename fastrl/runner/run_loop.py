@@ -175,7 +175,7 @@ class RunLoop:
         which is why the wait is short."""
         waiting, dead = set(workers), set()
         for w in waiting:
-            self.wiring.worker_queues[w].put(ReportNow(time.monotonic()))
+            self.wiring.worker_queues[w].put(ReportNow())
         deadline = time.monotonic() + timeout
         while waiting:
             dead |= {w for w in waiting if not alive(w)}

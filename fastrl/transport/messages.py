@@ -68,8 +68,6 @@ class ReportNow(NamedTuple):
     ``RolloutReport`` with ``final`` set, even an empty one), without waiting for the report
     period, so that the summary and the final checkpoint count them."""
 
-    asked_at: float = 0.0  # the runner's clock, for its log
-
 
 class Resume(NamedTuple):
     """Learner -> rollout worker, sync mode: new weights are published; start the next round."""
