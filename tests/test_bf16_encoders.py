@@ -79,12 +79,17 @@ def test_a_bf16_policy_worker_acts_as_the_float32_model_under_autocast():
     worker = PolicyWorker(acting[0], spaces.Discrete(4), buffers, rnn, CPU, sources[0],
                           precision="bf16", cuda_graphs=False, action_noise_every=64,
                           others=[(acting[1], sources[1])])
+    # Each model's core keeps its matrices in bf16 (their products take bf16 operands under
+    # bf16 on a CPU: fastrl/policy/recurrent.py), its biases float32.
+    for m in acting:
+        assert m.rnn.weight_ih_l0.dtype == m.rnn.weight_hh_l0.dtype == torch.bfloat16
+        assert m.rnn.bias_hh_l0.dtype == torch.float32
     request = InferenceRequest(0, 0, 0, tuple(range(8)), tuple(range(8)), 0, 0,
                                (0, 1, 1, 0, 1, 0, 0, 1))
     for version in (0, 1):
         for k, m in enumerate(learners):
             with torch.no_grad():
-                for p in m.encoders.parameters():
+                for p in [*m.encoders.parameters(), *m.rnn.parameters()]:
                     p.add_(0.01 * (version + 1))
             sources[k].publish(m, version)
         rnn.zero_()  # the reference below starts from zeros too
@@ -95,3 +100,13 @@ def test_a_bf16_policy_worker_acts_as_the_float32_model_under_autocast():
                 _, values, _ = m.forward_step({"obs": buffers.obs["obs"][rows, 0]},
                                               torch.zeros(len(rows), rnn.shape[1]))
             assert torch.equal(buffers.values[rows, 0], values.float()), (version, k)
+
+
+def test_a_bf16_policy_worker_in_serial_mode_leaves_the_learners_core_in_float32():
+    space = spaces.Dict({"obs": spaces.Box(0, 255, (3, 24, 32), "uint8")})
+    model = ActorCritic(space, spaces.Discrete(4), _settings())
+    layout = BufferLayout.from_spaces(space, spaces.Discrete(4), 2, 4, model.rnn_state_size)
+    PolicyWorker(model, spaces.Discrete(4), TrajectoryBuffers(layout),
+                 torch.zeros(2, model.rnn_state_size), CPU, LocalWeights(model),
+                 precision="bf16", cuda_graphs=False, action_noise_every=64)
+    assert model.rnn.weight_ih_l0.dtype == model.rnn.weight_hh_l0.dtype == torch.float32

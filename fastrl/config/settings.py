@@ -46,8 +46,9 @@ class Config:
                           "serial run is reproducible", "experiment")
     device: str = _f("auto", "Torch device for inference and learning: auto (cuda if available), "
                      "cpu, cuda, cuda:N", "experiment")
-    precision: str = _f("auto", "Autocast precision of the encoders (the recurrent core, the "
-                        "heads, weights, optimizer and loss stay fp32): bf16, fp32, or auto = "
+    precision: str = _f("auto", "Autocast precision of the encoders (and, on a CPU, of the "
+                        "recurrent core's matrix products; the core's state, the heads, "
+                        "weights, optimizer and loss stay fp32): bf16, fp32, or auto = "
                         "bf16 where the device computes it natively (a GPU of compute "
                         "capability 8.0 or more, a CPU with AVX512-BF16 or AMX where a "
                         "first-run probe finds bf16 faster), else fp32",

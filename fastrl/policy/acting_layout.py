@@ -31,7 +31,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-RECURRENT_WEIGHTS = ("weight_ih_l0", "weight_hh_l0")
+from fastrl.policy.recurrent import RECURRENT_WEIGHTS
+
 SMALL_ELU_MAX = 1 << 20  # elements: the exp form's passes stay in cache below this
 
 

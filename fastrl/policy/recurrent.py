@@ -5,10 +5,21 @@ policy workers and checkpoints): ``h`` for a GRU (``S = H``), ``h`` then ``c`` f
 (``S = 2H``). These functions convert between that vector and what ``nn.GRU`` / ``nn.LSTM``
 take, so the rest of fastrl never needs to know which core it runs.
 
-The core runs in float32 with autocast off, whatever ``--precision`` says (its input is cast
-up): autocast sends GRU/LSTM to low-precision kernels, cuDNN has no bf16 GRU on every GPU
-(a slow fallback), and on an H100 bf16 autocast measured slower than fp32 for the conv+GRU
-model (perf/log/RESULTS.md, the GPU sessions of 2026-11-25), so nothing shows it faster.
+The core's state and gate arithmetic run in float32 with autocast off, whatever
+``--precision`` says (its input is cast up): autocast sends GRU/LSTM to low-precision
+kernels, cuDNN has no bf16 GRU on every GPU (a slow fallback), and on an H100 bf16 autocast
+measured slower than fp32 for the conv+GRU model (perf/log/RESULTS.md, the GPU sessions of
+2026-11-25).
+
+One exception, on a CPU under bf16 autocast (``--precision bf16``, which ``auto`` picks on a
+CPU whose bf16 it measured faster): there the core's matrix products take bf16 operands
+(``lowp_core``), as autocast gives the encoders' layers, while the state, the gates and the
+biases stay float32. On such a CPU a bf16 GEMM at the core's shapes runs 3.5-4.7x as fast as
+a float32 one, and doom's GRU over a 32 x 33 batch took 55 ms forward and backward against
+127 (perf/log/RESULTS.md, "the recurrent core's products in bf16"). The loop over time is
+then this module's own (:func:`_unroll_lowp`): the input's products for every step in one
+GEMM, then one GEMM per step, so resets cost nothing extra. Acting and learning take the same
+path (both run under the policy's autocast), so the behaviour and target policies agree.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ from torch import Tensor, nn
 from fastrl.device import autocast_off
 
 RNN_TYPES = ("gru", "lstm")
+RECURRENT_WEIGHTS = ("weight_ih_l0", "weight_hh_l0")
 
 
 def make_rnn(rnn_type: str, input_size: int, hidden_size: int) -> nn.Module:
@@ -74,6 +86,15 @@ def rnn_step(rnn: nn.Module, x: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
     # 0.26 ms on an H100 machine, perf/log/RESULTS.md "where an inference call's time goes"),
     # and no cuDNN RNN to capture in a CUDA graph.
     weights = (rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0, rnn.bias_hh_l0)
+    if lowp_core(x):
+        with autocast_off(x.device):
+            x, state = x.float(), state.float()
+            gates_x = _lowp_linear(x, weights[0], weights[2])
+            if isinstance(rnn, nn.LSTM):
+                h, c = _lstm_cell_lowp(gates_x, *state.chunk(2, dim=-1), weights[1], weights[3])
+                return h, torch.cat([h, c], dim=-1)
+            h = _gru_cell_lowp(gates_x, state, weights[1], weights[3])
+        return h, h
     with autocast_off(x.device):
         x, state = x.float(), state.float()
         if isinstance(rnn, nn.LSTM):
@@ -120,6 +141,8 @@ def rnn_unroll(rnn: nn.Module, x: Tensor, state0: Tensor, resets: Tensor,
     if cuts is None:
         cuts = find_cuts(resets.detach().ne(0).cpu().numpy(),
                          None if capture is None else capture.cpu().numpy())
+    if lowp_core(x):
+        return _unroll_lowp(rnn, x, state0, resets, capture, cuts)
     ends = {step + 1 for step in cuts.captures}  # segment ends where states are captured
     x, state0 = x.float(), state0.float()
     keep = 1.0 - resets.float()
@@ -137,3 +160,83 @@ def rnn_unroll(rnn: nn.Module, x: Tensor, state0: Tensor, resets: Tensor,
                 rows = capture.eq(end - 1).unsqueeze(1)
                 captured = torch.where(rows, _pack(hidden), captured)
     return (outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)), captured
+
+
+def lowp_core(x: Tensor) -> bool:
+    """Whether the core's products run in bf16 for ``x``: on a CPU under bf16 autocast (see
+    the module docstring)."""
+    return (x.device.type == "cpu" and torch.is_autocast_enabled("cpu")
+            and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+
+
+def _lowp_linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """``x @ weight.T + bias`` with the product's operands in bf16, out in float32 (``x``
+    float32 ``[N, in]``; ``weight`` ``[out, in]``, float32, or bf16 already in a policy
+    worker's acting copy, :func:`lowp_acting_core`; ``bias`` float32)."""
+    product = torch.mm(x.to(torch.bfloat16), weight.to(torch.bfloat16).t())
+    return torch.add(bias, product)  # float32: the bias's dtype wins over bf16's
+
+
+def _gru_cell_lowp(gates_x: Tensor, h: Tensor, weight_hh: Tensor, bias_hh: Tensor) -> Tensor:
+    """One GRU step (``nn.GRU``'s gates r, z, n in that order) from the input's gate
+    pre-activations ``gates_x`` ``[B, 3H]`` (its bias included) and the state ``h`` ``[B, H]``,
+    float32."""
+    hsize = h.shape[1]
+    gates_h = _lowp_linear(h, weight_hh, bias_hh)
+    rz = torch.sigmoid(gates_x[:, :2 * hsize] + gates_h[:, :2 * hsize])
+    r, z = rz[:, :hsize], rz[:, hsize:]
+    n = torch.tanh(gates_x[:, 2 * hsize:] + r * gates_h[:, 2 * hsize:])
+    return n + z * (h - n)  # (1 - z) * n + z * h
+
+
+def _lstm_cell_lowp(gates_x: Tensor, h: Tensor, c: Tensor, weight_hh: Tensor,
+                    bias_hh: Tensor) -> tuple[Tensor, Tensor]:
+    """One LSTM step (``nn.LSTM``'s gates i, f, g, o in that order), float32 -> ``(h, c)``."""
+    gates = gates_x + _lowp_linear(h, weight_hh, bias_hh)
+    i, f, g, o = gates.chunk(4, dim=1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c
+
+
+def _unroll_lowp(rnn: nn.Module, x: Tensor, state0: Tensor, resets: Tensor,
+                 capture: Tensor | None, cuts: Cuts) -> tuple[Tensor, Tensor | None]:
+    """:func:`rnn_unroll` with the products in bf16 (:func:`lowp_core`): the input's gate
+    pre-activations for every step in one GEMM, then the loop over time."""
+    b, t = resets.shape
+    lstm = isinstance(rnn, nn.LSTM)
+    with autocast_off(x.device):
+        x, state0 = x.float(), state0.float()
+        gates_x = _lowp_linear(x.reshape(b * t, -1), rnn.weight_ih_l0, rnn.bias_ih_l0)
+        gates_x = gates_x.view(b, t, -1)
+        weight_hh = rnn.weight_hh_l0.to(torch.bfloat16)  # cast once for every step
+        h, c = state0.chunk(2, dim=-1) if lstm else (state0, None)
+        keep = 1.0 - resets.float()
+        reset_set = set(cuts.resets)
+        captures = set(cuts.captures)
+        captured = state0.new_zeros(state0.shape) if capture is not None else None
+        outputs = []
+        for step in range(t):
+            if step in reset_set:
+                k = keep[:, step:step + 1]
+                h = h * k
+                c = None if c is None else c * k
+            if lstm:
+                h, c = _lstm_cell_lowp(gates_x[:, step], h, c, weight_hh, rnn.bias_hh_l0)
+            else:
+                h = _gru_cell_lowp(gates_x[:, step], h, weight_hh, rnn.bias_hh_l0)
+            outputs.append(h)
+            if step in captures:
+                state = torch.cat([h, c], dim=-1) if lstm else h
+                captured = torch.where(capture.eq(step).unsqueeze(1), state, captured)
+    return torch.stack(outputs, dim=1), captured
+
+
+@torch.no_grad()
+def lowp_acting_core(rnn: nn.Module) -> None:
+    """Keep ``rnn``'s two weight matrices in bf16, in place: for a CPU policy worker's own
+    acting copy under bf16, whose every step would otherwise cast them (2 x 3 MB of float32
+    for doom's GRU, read on each call). Loading weights into them (``Tensor.copy_``) casts;
+    the biases stay float32. Only :func:`rnn_step` under bf16 autocast may then run it."""
+    for name in RECURRENT_WEIGHTS:
+        param = getattr(rnn, name)
+        param.data = param.data.to(torch.bfloat16)

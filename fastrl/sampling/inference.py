@@ -22,6 +22,7 @@ from fastrl.policy.bf16_encoders import lowp_encoders, refresh
 from fastrl.policy.distributions import ActionDistribution
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.obs import lowest_obs
+from fastrl.policy.recurrent import lowp_acting_core
 from fastrl.sampling.buffers import TrajectoryBuffers
 from fastrl.sampling.graphed import GraphedActor
 from fastrl.sampling.sde import HeldNoise
@@ -95,9 +96,13 @@ class PolicyWorker:
             # Small batches' GEMMs: weights stored column by column (fastrl/policy/
             # acting_layout.py), in the models this worker owns: not in serial mode's, which
             # is the learner's own.
+            # Under bf16 the recurrent core's products take bf16 weights: kept so, rather
+            # than cast at every call (fastrl/policy/recurrent.py, lowp_acting_core).
             for m, source in zip(self.models, self.sources, strict=True):
                 if getattr(source, "model", None) is not m:
                     for_small_batches(m)
+                    if precision == "bf16" and m.rnn is not None:
+                        lowp_acting_core(m.rnn)
         self._flat_obs = {k: v.view(-1, *v.shape[2:]) for k, v in buffers.obs.items()}
         self._steps = buffers.layout.rollout + 1  # observation rows per slot
         # --action_log_std sde: every env slot's exploration matrix, held for a while.
