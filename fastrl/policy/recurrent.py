@@ -182,10 +182,12 @@ def _gru_cell_lowp(gates_x: Tensor, h: Tensor, weight_hh: Tensor, bias_hh: Tenso
     pre-activations ``gates_x`` ``[B, 3H]`` (its bias included) and the state ``h`` ``[B, H]``,
     float32."""
     hsize = h.shape[1]
-    gates_h = _lowp_linear(h, weight_hh, bias_hh)
-    rz = torch.sigmoid(gates_x[:, :2 * hsize] + gates_h[:, :2 * hsize])
-    r, z = rz[:, :hsize], rz[:, hsize:]
-    n = torch.tanh(gates_x[:, 2 * hsize:] + r * gates_h[:, 2 * hsize:])
+    # split and chunk, not slices: their backward is one cat, a slice's a zero-filled
+    # gradient of the whole tensor each.
+    x_rz, x_n = gates_x.split([2 * hsize, hsize], dim=1)
+    h_rz, h_n = _lowp_linear(h, weight_hh, bias_hh).split([2 * hsize, hsize], dim=1)
+    r, z = torch.sigmoid(x_rz + h_rz).chunk(2, dim=1)
+    n = torch.tanh(x_n + r * h_n)
     return n + z * (h - n)  # (1 - z) * n + z * h
 
 
@@ -206,8 +208,10 @@ def _unroll_lowp(rnn: nn.Module, x: Tensor, state0: Tensor, resets: Tensor,
     lstm = isinstance(rnn, nn.LSTM)
     with autocast_off(x.device):
         x, state0 = x.float(), state0.float()
-        gates_x = _lowp_linear(x.reshape(b * t, -1), rnn.weight_ih_l0, rnn.bias_ih_l0)
-        gates_x = gates_x.view(b, t, -1)
+        # Time-major, then one tensor per step: unbind's backward is one stack, where
+        # indexing step by step would build a zero gradient of the whole sequence per step.
+        x = x.transpose(0, 1).reshape(t * b, -1)
+        gates_x = _lowp_linear(x, rnn.weight_ih_l0, rnn.bias_ih_l0).view(t, b, -1).unbind(0)
         weight_hh = rnn.weight_hh_l0.to(torch.bfloat16)  # cast once for every step
         h, c = state0.chunk(2, dim=-1) if lstm else (state0, None)
         keep = 1.0 - resets.float()
@@ -221,9 +225,9 @@ def _unroll_lowp(rnn: nn.Module, x: Tensor, state0: Tensor, resets: Tensor,
                 h = h * k
                 c = None if c is None else c * k
             if lstm:
-                h, c = _lstm_cell_lowp(gates_x[:, step], h, c, weight_hh, rnn.bias_hh_l0)
+                h, c = _lstm_cell_lowp(gates_x[step], h, c, weight_hh, rnn.bias_hh_l0)
             else:
-                h = _gru_cell_lowp(gates_x[:, step], h, weight_hh, rnn.bias_hh_l0)
+                h = _gru_cell_lowp(gates_x[step], h, weight_hh, rnn.bias_hh_l0)
             outputs.append(h)
             if step in captures:
                 state = torch.cat([h, c], dim=-1) if lstm else h
