@@ -94,7 +94,8 @@ def cpu_info() -> tuple[str, set[str]]:
     return model, flags
 
 
-def _cpu_has_native_bf16() -> bool:
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX)."""
     return bool(cpu_info()[1] & {"avx512_bf16", "amx_bf16"})
 
 
@@ -185,7 +186,7 @@ def resolve_precision(name: str, device: torch.device) -> str:
         return name
     if device.type == "cuda":
         return "bf16" if cuda_capability(device) >= NATIVE_BF16_CAPABILITY else "fp32"
-    if device.type == "cpu" and _cpu_has_native_bf16():
+    if device.type == "cpu" and cpu_has_native_bf16():
         return "bf16" if cpu_bf16_is_faster() else "fp32"
     return "fp32"
 

@@ -10,6 +10,7 @@ import torch
 from gymnasium import spaces
 
 from fastrl.device import autocast
+from fastrl.policy import recurrent
 from fastrl.policy.bf16_encoders import lowp_encoders, refresh
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.spaces import ObsPlan
@@ -63,9 +64,12 @@ def test_the_bf16_copy_encodes_bit_for_bit_as_autocast_does(settings):
                                                      strict=True))
 
 
-def test_a_bf16_policy_worker_acts_as_the_float32_model_under_autocast():
+def test_a_bf16_policy_worker_acts_as_the_float32_model_under_autocast(monkeypatch):
     """Several policies, new weights loaded between calls: the values the worker writes are
     those of each policy's own model under autocast."""
+    # The bf16 core at this test's size, on any CPU (fastrl/policy/recurrent.py).
+    monkeypatch.setattr(recurrent, "LOWP_MIN_HIDDEN", 0)
+    monkeypatch.setattr(recurrent, "_native_bf16", lambda: True)
     space = spaces.Dict({"obs": spaces.Box(0, 255, (3, 24, 32), "uint8")})
     settings = _settings()
     torch.manual_seed(1)
@@ -102,7 +106,9 @@ def test_a_bf16_policy_worker_acts_as_the_float32_model_under_autocast():
             assert torch.equal(buffers.values[rows, 0], values.float()), (version, k)
 
 
-def test_a_bf16_policy_worker_in_serial_mode_leaves_the_learners_core_in_float32():
+def test_a_bf16_policy_worker_in_serial_mode_leaves_the_learners_core_in_float32(monkeypatch):
+    monkeypatch.setattr(recurrent, "LOWP_MIN_HIDDEN", 0)
+    monkeypatch.setattr(recurrent, "_native_bf16", lambda: True)
     space = spaces.Dict({"obs": spaces.Box(0, 255, (3, 24, 32), "uint8")})
     model = ActorCritic(space, spaces.Discrete(4), _settings())
     layout = BufferLayout.from_spaces(space, spaces.Discrete(4), 2, 4, model.rnn_state_size)
@@ -110,3 +116,21 @@ def test_a_bf16_policy_worker_in_serial_mode_leaves_the_learners_core_in_float32
                  torch.zeros(2, model.rnn_state_size), CPU, LocalWeights(model),
                  precision="bf16", cuda_graphs=False, action_noise_every=64)
     assert model.rnn.weight_ih_l0.dtype == model.rnn.weight_hh_l0.dtype == torch.float32
+
+
+def test_a_bf16_policy_worker_with_a_small_core_keeps_it_float32_and_acts():
+    """Review 50's follow-up: a core under LOWP_MIN_HIDDEN runs float32 under autocast, so a
+    worker that made its matrices bf16 anyway failed its first call (dtype mismatch)."""
+    space = spaces.Dict({"obs": spaces.Box(0, 255, (3, 24, 32), "uint8")})
+    learner = ActorCritic(space, spaces.Discrete(4), _settings())
+    acting = ActorCritic(space, spaces.Discrete(4), _settings())
+    source = LocalWeights(learner)
+    layout = BufferLayout.from_spaces(space, spaces.Discrete(4), 2, 4, acting.rnn_state_size)
+    buffers = TrajectoryBuffers(layout)
+    worker = PolicyWorker(acting, spaces.Discrete(4), buffers,
+                          torch.zeros(2, acting.rnn_state_size), CPU, source,
+                          precision="bf16", cuda_graphs=False, action_noise_every=64)
+    assert acting.rnn.weight_hh_l0.dtype == torch.float32
+    source.publish(learner, 0)
+    worker.infer([InferenceRequest(0, 0, 0, (0, 1), (0, 1), 0, 0)])
+    assert torch.isfinite(buffers.values[:, 0]).all()

@@ -181,7 +181,7 @@ def _cpu_with_bf16(monkeypatch, tmp_path, fp32: float, bf16: float) -> list[int]
         return fp32, bf16
 
     monkeypatch.setenv("FASTRL_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(device, "_cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: True)
     monkeypatch.setattr(device, "_probe_cpu_bf16", probe)
     return calls
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
+from fastrl.policy import recurrent
 from fastrl.policy.model import ActorCritic
 from fastrl.policy.recurrent import RNN_TYPES, make_rnn, rnn_step, rnn_unroll, state_size
 from tests.test_model import small_settings
@@ -82,6 +83,14 @@ def test_the_core_under_bf16_autocast_is_float32_and_equals_the_fp32_core(rnn_ty
         torch.testing.assert_close(got, want, rtol=0.0, atol=1e-6)
 
 
+@pytest.fixture
+def lowp_anywhere(monkeypatch):
+    """The bf16 core on any CPU and at the tests' small sizes (a CPU without native bf16
+    computes bf16 GEMMs too, slowly)."""
+    monkeypatch.setattr(recurrent, "LOWP_MIN_HIDDEN", 0)
+    monkeypatch.setattr(recurrent, "_native_bf16", lambda: True)
+
+
 def _bf16(t: torch.Tensor) -> torch.Tensor:
     return t.bfloat16().double()
 
@@ -116,7 +125,8 @@ def _reference_core(rnn, xs, state, resets, capture):
 
 
 @pytest.mark.parametrize("rnn_type", RNN_TYPES)
-def test_on_a_cpu_the_core_under_bf16_autocast_takes_bf16_operands_and_keeps_float32(rnn_type):
+def test_on_a_cpu_the_core_under_bf16_autocast_takes_bf16_operands_and_keeps_float32(
+        rnn_type, lowp_anywhere):
     """--precision bf16 on a CPU: the core's products take bf16 operands (3.5-4.7x faster
     GEMMs there), its state, gates and biases stay float32; step and unroll agree, resets
     and captures included."""
@@ -148,7 +158,8 @@ def test_on_a_cpu_the_core_under_bf16_autocast_takes_bf16_operands_and_keeps_flo
 
 
 @pytest.mark.parametrize("rnn_type", RNN_TYPES)
-def test_on_a_cpu_the_bf16_core_trains_every_parameter_like_the_float32_core(rnn_type):
+def test_on_a_cpu_the_bf16_core_trains_every_parameter_like_the_float32_core(
+        rnn_type, lowp_anywhere):
     g = torch.Generator().manual_seed(6)
     rnn = make_rnn(rnn_type, 24, 32)
     b, t, size = 5, 12, state_size(rnn_type, 32)
@@ -169,6 +180,62 @@ def test_on_a_cpu_the_bf16_core_trains_every_parameter_like_the_float32_core(rnn
     for got, want in zip(grads(True), grads(False), strict=True):
         assert got.dtype == torch.float32
         assert (got - want).norm() <= 0.03 * want.norm()
+
+
+def test_the_bf16_core_sums_the_state_weights_gradient_over_the_steps_in_float32(
+        lowp_anywhere):
+    """Review 50: every step's product used one bf16 copy of W_hh, so autograd added the
+    steps' gradients of it in bf16: 1.15% off a float64 reference at 81 steps (0.42% for one
+    rounding of each step's)."""
+    g = torch.Generator().manual_seed(8)
+    rnn = make_rnn("gru", 128, 128)
+    b, t = 32, 81
+    xs = torch.randn(b, t, 128, generator=g)
+    weights = torch.randn(b, t, 128, generator=g)
+    ref = make_rnn("gru", 128, 128).double()
+    ref.load_state_dict({k: v.double() for k, v in rnn.state_dict().items()})
+    out, _ = ref(xs.double(), torch.zeros(1, b, 128, dtype=torch.float64))
+    (out * weights.double()).sum().backward()
+    with bf16_autocast():
+        out, _ = rnn_unroll(rnn, xs, torch.zeros(b, 128), torch.zeros(b, t))
+    (out * weights).sum().backward()
+    for name in ("weight_hh_l0", "weight_ih_l0", "bias_hh_l0"):
+        want = getattr(ref, name).grad.float()
+        got = getattr(rnn, name).grad
+        assert got.dtype == torch.float32
+        assert (got - want).norm() <= 0.006 * want.norm(), name
+
+
+@pytest.mark.parametrize("rnn_type", RNN_TYPES)
+def test_the_bf16_core_takes_no_rows_and_no_steps(rnn_type, lowp_anywhere):
+    rnn = make_rnn(rnn_type, 8, 16)
+    size = state_size(rnn_type, 16)
+    with bf16_autocast():
+        out, captured = rnn_unroll(rnn, torch.randn(0, 5, 8), torch.zeros(0, size),
+                                   torch.zeros(0, 5), torch.zeros(0, dtype=torch.int64))
+        assert out.shape == (0, 5, 16) and captured.shape == (0, size)
+        out, _ = rnn_unroll(rnn, torch.randn(3, 0, 8), torch.zeros(3, size), torch.zeros(3, 0))
+        assert out.shape == (3, 0, 16)
+
+
+@pytest.mark.parametrize("why", ["small core", "no native bf16"])
+def test_the_core_stays_float32_on_a_cpu_where_bf16_would_not_pay(why, monkeypatch):
+    """Review 50: below 256 units a step's small ops cost more than the bf16 GEMMs save
+    (LSTM 128 2.6x slower in a serial CartPole run), and on a CPU without native bf16 the
+    GEMMs themselves are slower (1.5x at doom's sizes with oneDNN held to AVX512)."""
+    hidden = 128 if why == "small core" else 256
+    monkeypatch.setattr(recurrent, "_native_bf16", lambda: why != "no native bf16")
+    rnn = make_rnn("gru", 8, hidden)
+    xs = torch.randn(4, 6, 8).bfloat16()
+    state = torch.randn(4, hidden)
+    resets = torch.zeros(4, 6)
+    want = rnn_unroll(rnn, xs.float(), state, resets)[0]
+    with bf16_autocast():
+        assert not recurrent.lowp_core(rnn, xs)
+        got = rnn_unroll(rnn, xs, state, resets)[0]
+    torch.testing.assert_close(got, want, rtol=0.0, atol=1e-6)
+    assert not recurrent.lowp_acting_core(rnn, torch.device("cpu"))
+    assert rnn.weight_hh_l0.dtype == torch.float32
 
 
 def test_a_recurrent_model_under_autocast_hands_back_a_float32_state():

@@ -340,3 +340,27 @@ def test_a_saved_sequence_store_of_another_rollout_starts_empty():
     wider = SequenceStore({"obs": (3,)}, {"obs": torch.float32}, T, 1, torch.int64,
                           6 * T, alpha=0.6, rnn_size=3, seed=0)
     assert "rnn_states" in wider.mismatch(state) and not wider.load_state_dict(state)
+
+
+def test_the_burn_in_runs_under_the_autocast_of_the_trained_unroll(tmp_path, monkeypatch):
+    """Review 50: R2D2's burn-in (final_state) ran outside autocast: on a CPU under bf16 the
+    float32 core (and encoders) while the trained unroll and the actors ran bf16's."""
+    from fastrl.policy import model as model_module
+    from fastrl.policy import recurrent
+
+    monkeypatch.setattr(recurrent, "LOWP_MIN_HIDDEN", 0)
+    monkeypatch.setattr(recurrent, "_native_bf16", lambda: True)
+    learner = _learner(tmp_path, "--precision", "bf16")
+    learner.insert(_rows(2, env=0, first=0, s=8))
+    data = learner.store.sequences(np.array([1]))
+    assert data["has_prev"].tolist() == [True]
+    seen = []
+    unroll = model_module.rnn_unroll
+
+    def spy(rnn, x, *args, **kwargs):
+        seen.append(recurrent.lowp_core(rnn, x))
+        return unroll(rnn, x, *args, **kwargs)
+
+    monkeypatch.setattr(model_module, "rnn_unroll", spy)
+    learner._q_and_targets(data)
+    assert len(seen) == 4 and all(seen), seen  # online and target, burn-in and unroll

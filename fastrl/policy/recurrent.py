@@ -12,18 +12,22 @@ measured slower than fp32 for the conv+GRU model (perf/log/RESULTS.md, the GPU s
 2026-11-25).
 
 One exception, on a CPU under bf16 autocast (``--precision bf16``, which ``auto`` picks on a
-CPU whose bf16 it measured faster): there the core's matrix products take bf16 operands
-(``lowp_core``), as autocast gives the encoders' layers, while the state, the gates and the
-biases stay float32. On such a CPU a bf16 GEMM at the core's shapes runs 3.5-4.7x as fast as
-a float32 one, and doom's GRU over a 32 x 33 batch took 55 ms forward and backward against
-127 (perf/log/RESULTS.md, "the recurrent core's products in bf16"). The loop over time is
-then this module's own (:func:`_unroll_lowp`): the input's products for every step in one
-GEMM, then one GEMM per step, so resets cost nothing extra. Acting and learning take the same
-path (both run under the policy's autocast), so the behaviour and target policies agree.
+CPU whose bf16 it measured faster): there, on a CPU with native bf16 and for a core of 256
+units or more, the core's matrix products take bf16 operands (:func:`lowp_core`), as
+autocast gives the encoders' layers, while the state, the gates, the biases and the weights'
+gradients stay float32. On such a CPU a bf16 GEMM at the core's shapes runs 3.5-4.7x as fast
+as a float32 one, and doom's GRU over a 32 x 33 batch took 40 ms forward and backward against
+133 (perf/log/RESULTS.md, "the recurrent core's products in bf16"); below 256 units the
+loop's small ops cost more than that saves. The loop over time is then this module's own
+(:func:`_unroll_lowp`): the input's products for every step in one GEMM, then one GEMM per
+step, so resets cost nothing extra, and the state weights' gradient in one GEMM at the end
+(:class:`_StateProducts`). Acting, learning and R2D2's burn-in all run under the policy's
+autocast, so they take the same path.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -31,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fastrl.device import autocast_off
+from fastrl.device import autocast_off, cpu_has_native_bf16
 
 RNN_TYPES = ("gru", "lstm")
 RECURRENT_WEIGHTS = ("weight_ih_l0", "weight_hh_l0")
@@ -86,14 +90,15 @@ def rnn_step(rnn: nn.Module, x: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
     # 0.26 ms on an H100 machine, perf/log/RESULTS.md "where an inference call's time goes"),
     # and no cuDNN RNN to capture in a CUDA graph.
     weights = (rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0, rnn.bias_hh_l0)
-    if lowp_core(x):
+    if lowp_core(rnn, x):
         with autocast_off(x.device):
             x, state = x.float(), state.float()
             gates_x = _lowp_linear(x, weights[0], weights[2])
             if isinstance(rnn, nn.LSTM):
-                h, c = _lstm_cell_lowp(gates_x, *state.chunk(2, dim=-1), weights[1], weights[3])
+                h, c = state.chunk(2, dim=-1)
+                h, c = _lstm_cell_lowp(gates_x, c, _lowp_linear(h, weights[1], weights[3]))
                 return h, torch.cat([h, c], dim=-1)
-            h = _gru_cell_lowp(gates_x, state, weights[1], weights[3])
+            h = _gru_cell_lowp(gates_x, state, _lowp_linear(state, weights[1], weights[3]))
         return h, h
     with autocast_off(x.device):
         x, state = x.float(), state.float()
@@ -141,7 +146,7 @@ def rnn_unroll(rnn: nn.Module, x: Tensor, state0: Tensor, resets: Tensor,
     if cuts is None:
         cuts = find_cuts(resets.detach().ne(0).cpu().numpy(),
                          None if capture is None else capture.cpu().numpy())
-    if lowp_core(x):
+    if lowp_core(rnn, x):
         return _unroll_lowp(rnn, x, state0, resets, capture, cuts)
     ends = {step + 1 for step in cuts.captures}  # segment ends where states are captured
     x, state0 = x.float(), state0.float()
@@ -162,11 +167,28 @@ def rnn_unroll(rnn: nn.Module, x: Tensor, state0: Tensor, resets: Tensor,
     return (outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)), captured
 
 
-def lowp_core(x: Tensor) -> bool:
-    """Whether the core's products run in bf16 for ``x``: on a CPU under bf16 autocast (see
-    the module docstring)."""
+# The bf16 core's floor: below it a step's dozen small ops cost more than the GEMMs save
+# (perf/log/RESULTS.md, "the recurrent core's products in bf16").
+LOWP_MIN_HIDDEN = 256
+
+
+@functools.cache
+def _native_bf16() -> bool:
+    return cpu_has_native_bf16()
+
+
+def lowp_capable(rnn: nn.Module, device: torch.device) -> bool:
+    """Whether ``rnn``'s products may run in bf16 on ``device``: a CPU that computes bf16
+    natively, and a core of at least ``LOWP_MIN_HIDDEN``."""
+    return device.type == "cpu" and rnn.hidden_size >= LOWP_MIN_HIDDEN and _native_bf16()
+
+
+def lowp_core(rnn: nn.Module, x: Tensor) -> bool:
+    """Whether the core's products run in bf16 for ``x``: where :func:`lowp_capable`, under
+    bf16 autocast (see the module docstring)."""
     return (x.device.type == "cpu" and torch.is_autocast_enabled("cpu")
-            and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+            and torch.get_autocast_dtype("cpu") == torch.bfloat16
+            and lowp_capable(rnn, x.device))
 
 
 def _lowp_linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
@@ -177,25 +199,84 @@ def _lowp_linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     return torch.add(bias, product)  # float32: the bias's dtype wins over bf16's
 
 
-def _gru_cell_lowp(gates_x: Tensor, h: Tensor, weight_hh: Tensor, bias_hh: Tensor) -> Tensor:
-    """One GRU step (``nn.GRU``'s gates r, z, n in that order) from the input's gate
-    pre-activations ``gates_x`` ``[B, 3H]`` (its bias included) and the state ``h`` ``[B, H]``,
-    float32."""
+class _StateProducts:
+    """The state's products ``h @ W_hh.T`` of one unroll, step by step, in bf16; with a
+    gradient, ``W_hh``'s as one GEMM over every step's (:class:`_StateWeightGradient`).
+
+    Autograd would otherwise add up the steps' bf16 gradients of the one bf16 copy of
+    ``W_hh`` in bf16 (an error growing with the steps: 0.8% at 33, 1.2% at 81 against 0.4%
+    for one rounding), or, with a cast per step, cast and add 3 MB per step in float32."""
+
+    def __init__(self, weight_hh: Tensor, steps: int):
+        self.weight = weight_hh.detach().to(torch.bfloat16)
+        self.inputs: list[Tensor | None] = [None] * steps
+        self.grads: list[Tensor | None] = [None] * steps
+        self.token = (_StateWeightGradient.apply(weight_hh, self)
+                      if torch.is_grad_enabled() and weight_hh.requires_grad else None)
+
+    def __call__(self, h: Tensor, step: int) -> Tensor:
+        if self.token is None:
+            return torch.mm(h.to(torch.bfloat16), self.weight.t())
+        return _StateProduct.apply(h, self.token, self, step)
+
+
+class _StateWeightGradient(torch.autograd.Function):
+    """A zero token every step's product takes, so that its backward runs after theirs: the
+    gradient of ``W_hh``, ``sum_t grad_t.T @ h_t``, as one GEMM."""
+
+    @staticmethod
+    def forward(ctx, weight_hh: Tensor, products: _StateProducts) -> Tensor:
+        ctx.products = products
+        return weight_hh.new_zeros(())
+
+    @staticmethod
+    def backward(ctx, _token_grad: Tensor):
+        p = ctx.products
+        steps = [i for i, g in enumerate(p.grads) if g is not None]
+        if not steps:
+            return None, None
+        grads = torch.cat([p.grads[i] for i in steps])
+        inputs = torch.cat([p.inputs[i] for i in steps])
+        return torch.mm(grads.t(), inputs).float(), None
+
+
+class _StateProduct(torch.autograd.Function):
+    """One step's ``h @ W_hh.T`` (bf16 out); its backward keeps the step's gradient for
+    :class:`_StateWeightGradient` and returns the state's."""
+
+    @staticmethod
+    def forward(ctx, h: Tensor, token: Tensor, products: _StateProducts, step: int) -> Tensor:
+        hb = h.to(torch.bfloat16)
+        products.inputs[step] = hb
+        ctx.products, ctx.step, ctx.h_dtype = products, step, h.dtype
+        return torch.mm(hb, products.weight.t())
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        p = ctx.products
+        grad = grad.to(torch.bfloat16)
+        p.grads[ctx.step] = grad
+        grad_h = torch.mm(grad, p.weight).to(ctx.h_dtype) if ctx.needs_input_grad[0] else None
+        return grad_h, torch.zeros((), device=grad.device), None, None
+
+
+def _gru_cell_lowp(gates_x: Tensor, h: Tensor, gates_h: Tensor) -> Tensor:
+    """One GRU step (``nn.GRU``'s gates r, z, n in that order) from the input's and the
+    state's gate pre-activations ``[B, 3H]`` (their biases included) and the state ``h``
+    ``[B, H]``, float32."""
     hsize = h.shape[1]
     # split and chunk, not slices: their backward is one cat, a slice's a zero-filled
     # gradient of the whole tensor each.
     x_rz, x_n = gates_x.split([2 * hsize, hsize], dim=1)
-    h_rz, h_n = _lowp_linear(h, weight_hh, bias_hh).split([2 * hsize, hsize], dim=1)
+    h_rz, h_n = gates_h.split([2 * hsize, hsize], dim=1)
     r, z = torch.sigmoid(x_rz + h_rz).chunk(2, dim=1)
     n = torch.tanh(x_n + r * h_n)
     return n + z * (h - n)  # (1 - z) * n + z * h
 
 
-def _lstm_cell_lowp(gates_x: Tensor, h: Tensor, c: Tensor, weight_hh: Tensor,
-                    bias_hh: Tensor) -> tuple[Tensor, Tensor]:
+def _lstm_cell_lowp(gates_x: Tensor, c: Tensor, gates_h: Tensor) -> tuple[Tensor, Tensor]:
     """One LSTM step (``nn.LSTM``'s gates i, f, g, o in that order), float32 -> ``(h, c)``."""
-    gates = gates_x + _lowp_linear(h, weight_hh, bias_hh)
-    i, f, g, o = gates.chunk(4, dim=1)
+    i, f, g, o = (gates_x + gates_h).chunk(4, dim=1)
     c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
     return torch.sigmoid(o) * torch.tanh(c), c
 
@@ -210,9 +291,11 @@ def _unroll_lowp(rnn: nn.Module, x: Tensor, state0: Tensor, resets: Tensor,
         x, state0 = x.float(), state0.float()
         # Time-major, then one tensor per step: unbind's backward is one stack, where
         # indexing step by step would build a zero gradient of the whole sequence per step.
-        x = x.transpose(0, 1).reshape(t * b, -1)
-        gates_x = _lowp_linear(x, rnn.weight_ih_l0, rnn.bias_ih_l0).view(t, b, -1).unbind(0)
-        weight_hh = rnn.weight_hh_l0.to(torch.bfloat16)  # cast once for every step
+        x = x.transpose(0, 1).reshape(t * b, x.shape[-1])
+        gates_x = _lowp_linear(x, rnn.weight_ih_l0, rnn.bias_ih_l0)
+        gates_x = gates_x.view(t, b, gates_x.shape[-1]).unbind(0)
+        products = _StateProducts(rnn.weight_hh_l0, t)
+        bias_hh = rnn.bias_hh_l0
         h, c = state0.chunk(2, dim=-1) if lstm else (state0, None)
         keep = 1.0 - resets.float()
         reset_set = set(cuts.resets)
@@ -224,23 +307,30 @@ def _unroll_lowp(rnn: nn.Module, x: Tensor, state0: Tensor, resets: Tensor,
                 k = keep[:, step:step + 1]
                 h = h * k
                 c = None if c is None else c * k
+            gates_h = torch.add(bias_hh, products(h, step))
             if lstm:
-                h, c = _lstm_cell_lowp(gates_x[step], h, c, weight_hh, rnn.bias_hh_l0)
+                h, c = _lstm_cell_lowp(gates_x[step], c, gates_h)
             else:
-                h = _gru_cell_lowp(gates_x[step], h, weight_hh, rnn.bias_hh_l0)
+                h = _gru_cell_lowp(gates_x[step], h, gates_h)
             outputs.append(h)
             if step in captures:
                 state = torch.cat([h, c], dim=-1) if lstm else h
                 captured = torch.where(capture.eq(step).unsqueeze(1), state, captured)
+    if not outputs:
+        return x.new_zeros(b, 0, rnn.hidden_size), captured
     return torch.stack(outputs, dim=1), captured
 
 
 @torch.no_grad()
-def lowp_acting_core(rnn: nn.Module) -> None:
-    """Keep ``rnn``'s two weight matrices in bf16, in place: for a CPU policy worker's own
-    acting copy under bf16, whose every step would otherwise cast them (2 x 3 MB of float32
-    for doom's GRU, read on each call). Loading weights into them (``Tensor.copy_``) casts;
-    the biases stay float32. Only :func:`rnn_step` under bf16 autocast may then run it."""
+def lowp_acting_core(rnn: nn.Module, device: torch.device) -> bool:
+    """Where :func:`lowp_capable`, keep ``rnn``'s two weight matrices in bf16, in place, and
+    say so: for a CPU policy worker's own acting copy under bf16, whose every step would
+    otherwise cast them (2 x 3 MB of float32 for doom's GRU, read on each call). Loading
+    weights into them (``Tensor.copy_``) casts; the biases stay float32. Only
+    :func:`rnn_step` under bf16 autocast may then run it."""
+    if not lowp_capable(rnn, device):
+        return False
     for name in RECURRENT_WEIGHTS:
         param = getattr(rnn, name)
         param.data = param.data.to(torch.bfloat16)
+    return True

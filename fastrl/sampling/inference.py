@@ -102,7 +102,7 @@ class PolicyWorker:
                 if getattr(source, "model", None) is not m:
                     for_small_batches(m)
                     if precision == "bf16" and m.rnn is not None:
-                        lowp_acting_core(m.rnn)
+                        lowp_acting_core(m.rnn, self.device)
         self._flat_obs = {k: v.view(-1, *v.shape[2:]) for k, v in buffers.obs.items()}
         self._steps = buffers.layout.rollout + 1  # observation rows per slot
         # --action_log_std sde: every env slot's exploration matrix, held for a while.

@@ -109,11 +109,12 @@ class R2D2Learner(ApexLearner):
     def _start_states(self, net: ActorCritic, data: dict, on_dev: dict) -> torch.Tensor:
         """The state each sequence starts from: after the burn-in over its predecessor where
         it has one (zeroed when the predecessor's last step ended its episode), else its own
-        stored state."""
+        stored state. Under the autocast of the trained unroll and the actors, so that the
+        burn-in runs the same core (on a CPU under bf16, the core's bf16 products)."""
         own = on_dev["rnn_states"]
         if "prev_obs" not in data:
             return own
-        with torch.no_grad():
+        with torch.no_grad(), autocast(self.precision, own.device):
             burned = net.final_state(on_dev["prev_obs"], on_dev["prev_rnn_states"],
                                      on_dev["prev_resets"], on_dev["prev_cuts"])
             burned = burned * (1.0 - on_dev["prev_last_done"])
