@@ -451,3 +451,24 @@ def test_learner_updates_the_statistics_and_shared_weights_carry_them():
     for key, value in model.state_dict().items():
         read = reader.state_dict()[key]
         torch.testing.assert_close(read, value.to(read.dtype))
+
+
+@pytest.mark.parametrize("shape", [(3, 72, 128), (3, 16, 16)], ids=["convnet_simple", "small"])
+def test_the_image_encoders_last_map_is_nchw_before_its_nonlinearity(shape):
+    """The gradient Flatten hands back is NCHW; the nonlinearity's backward against a
+    channels-last saved output took 40x as long (perf/log/RESULTS.md). The parameters keep
+    their names, so checkpoints saved before still load."""
+    from fastrl.policy.encoders import ImageEncoder
+
+    enc = ImageEncoder("obs", spaces.Box(0, 255, shape, np.uint8), 32, "elu", normalize=True)
+    convs = [name for name, _ in enc.named_parameters() if name.startswith("convs.")]
+    assert convs[0] == "convs.0.weight" and convs[2] == "convs.2.weight"
+    assert all(int(name.split(".")[1]) % 2 == 0 for name in convs)
+    seen = []
+    last = [m for m in enc.convs if isinstance(m, torch.nn.ELU)][-1]
+    last.register_forward_hook(lambda m, inp, out: seen.append((inp[0].is_contiguous(),
+                                                                 out.is_contiguous())))
+    x = torch.randint(0, 256, (5, *shape), dtype=torch.uint8)
+    enc(x).sum().backward()
+    assert seen == [(True, True)]
+    assert all(p.grad is not None for p in enc.parameters())

@@ -97,6 +97,13 @@ def conv_stack(h: int, w: int) -> tuple[str, list[tuple[int, int, int]]]:
     return "convnet_small", layers
 
 
+class _Contiguous(nn.Module):
+    """``x.contiguous()``: a channels-last map in NCHW order."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.contiguous()
+
+
 class ImageEncoder(nn.Module):
     """Images ``[B, C, H, W]`` (uint8, or float pixel values in ``[0, scale]``) -> features
     ``[B, fc_size]``."""
@@ -127,6 +134,11 @@ class ImageEncoder(nn.Module):
                 make_nonlinearity(nonlinearity),
             ]
             in_ch = out_ch
+        # The last map back to NCHW before its nonlinearity, whose output Flatten then only
+        # views: the gradient Flatten hands back is NCHW, and an elementwise backward with
+        # its saved output channels-last took 13.4 ms against 0.3 for doom's 1,056 x 128 x 3 x
+        # 6 maps in bf16 (one thread). The parameters keep their names (convs.0, .2, .4).
+        layers.insert(len(layers) - 1, _Contiguous())
         layers.append(nn.Flatten())
         self.convs = nn.Sequential(*layers)
         with torch.no_grad():
