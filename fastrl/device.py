@@ -99,6 +99,10 @@ def cpu_has_native_bf16() -> bool:
     return bool(cpu_info()[1] & {"avx512_bf16", "amx_bf16"})
 
 
+# Part of the cache's key: a new probe (another encoder layout) measures again.
+_PROBE_VERSION = 2
+
+
 def _probe_cpu_bf16() -> tuple[float, float]:
     """Seconds of one thread for a forward and backward pass of a Doom-sized conv encoder laid
     out as fastrl's (fastrl.policy.encoders.ImageEncoder: channels last, the last map back to
@@ -147,7 +151,8 @@ def cpu_bf16_is_faster() -> bool:
     Intel Xeon VM with AVX512-BF16 the learner ran 1.24 s a batch in bf16 against 0.98 in
     fp32 (perf/log/RESULTS.md, 2026-11-27 morning), where an AMD EPYC with the same flags gained."""
     model, flags = cpu_info()
-    key = f"{model} | {' '.join(sorted(flags & {'avx512_bf16', 'amx_bf16'}))} | {torch.__version__}"
+    key = (f"{model} | {' '.join(sorted(flags & {'avx512_bf16', 'amx_bf16'}))} | "
+           f"{torch.__version__} | probe {_PROBE_VERSION}")
     path = _cache_path()
     try:
         with open(path) as fh:

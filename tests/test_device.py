@@ -215,3 +215,14 @@ def test_the_cpu_probe_measures_both_precisions():
     fp32, bf16 = _probe_cpu_bf16()
     assert 0 < fp32 < 5 and 0 < bf16 < 5
     assert torch.get_num_threads() == threads  # one thread while it measures, then as before
+
+
+def test_a_new_probe_measures_again_over_an_old_cached_decision(monkeypatch, tmp_path):
+    """The cache's key names the probe's version: a decision measured with another encoder
+    layout is not reused."""
+    import fastrl.device as device
+
+    calls = _cpu_with_bf16(monkeypatch, tmp_path, fp32=0.020, bf16=0.012)
+    assert resolve_precision("auto", torch.device("cpu")) == "bf16" and len(calls) == 1
+    monkeypatch.setattr(device, "_PROBE_VERSION", device._PROBE_VERSION + 1)
+    assert resolve_precision("auto", torch.device("cpu")) == "bf16" and len(calls) == 2
