@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import time
@@ -94,8 +95,10 @@ def cpu_info() -> tuple[str, set[str]]:
     return model, flags
 
 
+@functools.cache
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX)."""
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX); read once a process
+    (the recurrent core asks at every step)."""
     return bool(cpu_info()[1] & {"avx512_bf16", "amx_bf16"})
 
 

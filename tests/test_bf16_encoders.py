@@ -69,7 +69,7 @@ def test_a_bf16_policy_worker_acts_as_the_float32_model_under_autocast(monkeypat
     those of each policy's own model under autocast."""
     # The bf16 core at this test's size, on any CPU (fastrl/policy/recurrent.py).
     monkeypatch.setattr(recurrent, "LOWP_MIN_HIDDEN", 0)
-    monkeypatch.setattr(recurrent, "_native_bf16", lambda: True)
+    monkeypatch.setattr(recurrent, "cpu_has_native_bf16", lambda: True)
     space = spaces.Dict({"obs": spaces.Box(0, 255, (3, 24, 32), "uint8")})
     settings = _settings()
     torch.manual_seed(1)
@@ -108,7 +108,7 @@ def test_a_bf16_policy_worker_acts_as_the_float32_model_under_autocast(monkeypat
 
 def test_a_bf16_policy_worker_in_serial_mode_leaves_the_learners_core_in_float32(monkeypatch):
     monkeypatch.setattr(recurrent, "LOWP_MIN_HIDDEN", 0)
-    monkeypatch.setattr(recurrent, "_native_bf16", lambda: True)
+    monkeypatch.setattr(recurrent, "cpu_has_native_bf16", lambda: True)
     space = spaces.Dict({"obs": spaces.Box(0, 255, (3, 24, 32), "uint8")})
     model = ActorCritic(space, spaces.Discrete(4), _settings())
     layout = BufferLayout.from_spaces(space, spaces.Discrete(4), 2, 4, model.rnn_state_size)

@@ -88,7 +88,7 @@ def lowp_anywhere(monkeypatch):
     """The bf16 core on any CPU and at the tests' small sizes (a CPU without native bf16
     computes bf16 GEMMs too, slowly)."""
     monkeypatch.setattr(recurrent, "LOWP_MIN_HIDDEN", 0)
-    monkeypatch.setattr(recurrent, "_native_bf16", lambda: True)
+    monkeypatch.setattr(recurrent, "cpu_has_native_bf16", lambda: True)
 
 
 def _bf16(t: torch.Tensor) -> torch.Tensor:
@@ -224,7 +224,7 @@ def test_the_core_stays_float32_on_a_cpu_where_bf16_would_not_pay(why, monkeypat
     (LSTM 128 2.6x slower in a serial CartPole run), and on a CPU without native bf16 the
     GEMMs themselves are slower (1.5x at doom's sizes with oneDNN held to AVX512)."""
     hidden = 128 if why == "small core" else 256
-    monkeypatch.setattr(recurrent, "_native_bf16", lambda: why != "no native bf16")
+    monkeypatch.setattr(recurrent, "cpu_has_native_bf16", lambda: why != "no native bf16")
     rnn = make_rnn("gru", 8, hidden)
     xs = torch.randn(4, 6, 8).bfloat16()
     state = torch.randn(4, hidden)

@@ -349,7 +349,7 @@ def test_the_burn_in_runs_under_the_autocast_of_the_trained_unroll(tmp_path, mon
     from fastrl.policy import recurrent
 
     monkeypatch.setattr(recurrent, "LOWP_MIN_HIDDEN", 0)
-    monkeypatch.setattr(recurrent, "_native_bf16", lambda: True)
+    monkeypatch.setattr(recurrent, "cpu_has_native_bf16", lambda: True)
     learner = _learner(tmp_path, "--precision", "bf16")
     learner.insert(_rows(2, env=0, first=0, s=8))
     data = learner.store.sequences(np.array([1]))

@@ -27,7 +27,6 @@ autocast, so they take the same path.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -90,22 +89,22 @@ def rnn_step(rnn: nn.Module, x: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
     # 0.26 ms on an H100 machine, perf/log/RESULTS.md "where an inference call's time goes"),
     # and no cuDNN RNN to capture in a CUDA graph.
     weights = (rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0, rnn.bias_hh_l0)
-    if lowp_core(rnn, x):
-        with autocast_off(x.device):
-            x, state = x.float(), state.float()
-            gates_x = _lowp_linear(x, weights[0], weights[2])
-            if isinstance(rnn, nn.LSTM):
-                h, c = state.chunk(2, dim=-1)
-                h, c = _lstm_cell_lowp(gates_x, c, _lowp_linear(h, weights[1], weights[3]))
-                return h, torch.cat([h, c], dim=-1)
-            h = _gru_cell_lowp(gates_x, state, _lowp_linear(state, weights[1], weights[3]))
-        return h, h
+    lowp = lowp_core(rnn, x)
     with autocast_off(x.device):
         x, state = x.float(), state.float()
         if isinstance(rnn, nn.LSTM):
-            h, c = torch.lstm_cell(x, state.chunk(2, dim=-1), *weights)
+            h, c = state.chunk(2, dim=-1)
+            if lowp:
+                h, c = _lstm_cell_lowp(_lowp_linear(x, weights[0], weights[2]), c,
+                                       _lowp_linear(h, weights[1], weights[3]))
+            else:
+                h, c = torch.lstm_cell(x, (h, c), *weights)
             return h, torch.cat([h, c], dim=-1)
-        h = torch.gru_cell(x, state, *weights)
+        if lowp:
+            h = _gru_cell_lowp(_lowp_linear(x, weights[0], weights[2]), state,
+                               _lowp_linear(state, weights[1], weights[3]))
+        else:
+            h = torch.gru_cell(x, state, *weights)
     return h, h
 
 
@@ -172,22 +171,16 @@ def rnn_unroll(rnn: nn.Module, x: Tensor, state0: Tensor, resets: Tensor,
 LOWP_MIN_HIDDEN = 256
 
 
-@functools.cache
-def _native_bf16() -> bool:
-    return cpu_has_native_bf16()
-
-
 def lowp_capable(rnn: nn.Module, device: torch.device) -> bool:
     """Whether ``rnn``'s products may run in bf16 on ``device``: a CPU that computes bf16
     natively, and a core of at least ``LOWP_MIN_HIDDEN``."""
-    return device.type == "cpu" and rnn.hidden_size >= LOWP_MIN_HIDDEN and _native_bf16()
+    return device.type == "cpu" and rnn.hidden_size >= LOWP_MIN_HIDDEN and cpu_has_native_bf16()
 
 
 def lowp_core(rnn: nn.Module, x: Tensor) -> bool:
     """Whether the core's products run in bf16 for ``x``: where :func:`lowp_capable`, under
     bf16 autocast (see the module docstring)."""
-    return (x.device.type == "cpu" and torch.is_autocast_enabled("cpu")
-            and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    return (torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
             and lowp_capable(rnn, x.device))
 
 
