@@ -17,7 +17,9 @@ from fastrl.algo.batcher import PendingSlots
 from fastrl.algo.learner import Learner
 from fastrl.errors import EnvOutputError
 from fastrl.experiment.checkpoint import checkpoint_state, save_checkpoint
+from fastrl.log import log
 from fastrl.runner.fault_log import FaultLog
+from fastrl.runner.process_setup import keep_on_core, worker_core
 from fastrl.runner.wiring import Wiring
 from fastrl.sampling.agents import MultiAgentRolloutWorker
 from fastrl.sampling.backlog import Backlog, backlog_cells
@@ -79,6 +81,7 @@ class RolloutStation:
                 w.beat_or_stop(self.worker_id)
                 self.activity(CREATING, i)
                 self.envs.append(interruptible(create_env, env_settings))
+            self._keep_on_core()
         else:
             self.envs = envs
         first = self.worker_id * w.per_worker_buffers
@@ -105,6 +108,26 @@ class RolloutStation:
             self._route(interruptible(self.worker.start, lambda: w.beat_or_stop(self.worker_id)))
         except EnvOutputError as exc:
             self._stop_run(exc)
+
+    def _keep_on_core(self) -> None:
+        """--worker_cpu_affinity: this worker and the processes its envs started on its core
+        (fastrl.runner.process_setup), said once for the run (and by any worker it fails)."""
+        cfg = self.wiring.cfg
+        core = worker_core(cfg, self.wiring.node, self.worker_id)
+        if core is None:
+            return
+        pinned, why = keep_on_core(core, cfg.worker_cpu_affinity == "on")
+        if why is not None:
+            log(f"{self.name}: --worker_cpu_affinity {cfg.worker_cpu_affinity}: could not keep "
+                f"it on core {core} ({why}); it runs on any core")
+        elif self.worker_id == 0 and self.generation == 0 and self.wiring.node == 0:
+            if pinned < 0:
+                log("rollout workers on any core (--worker_cpu_affinity auto: their envs start "
+                    "no process of their own)")
+            else:
+                log(f"rollout workers on one core each, with the {pinned} process(es) their "
+                    f"envs started (--worker_cpu_affinity {cfg.worker_cpu_affinity}): worker 0 "
+                    f"on core {core}, the next on the next core")
 
     def poll(self, timeout: float) -> int:
         """Handle what waits in the inbox (waiting up to ``timeout`` s for something);
