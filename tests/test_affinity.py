@@ -66,6 +66,12 @@ def test_a_workers_core_counts_the_workers_of_the_nodes_before_it(monkeypatch):
     assert worker_core(cfg("--num_workers", "2"), 0, 1) is None  # 4 processes on 8 cores
 
 
+def test_serial_mode_never_pins_its_one_process():
+    # Its stations of workers 1.. make their envs themselves, in the run's only process.
+    serial = cfg("--serial_mode", "True", "--worker_cpu_affinity", "on")
+    assert [worker_core(serial, 0, w) for w in range(2)] == [None, None]
+
+
 def test_the_flag_refuses_other_values():
     with pytest.raises(SystemExit) as refused:
         cfg("--worker_cpu_affinity", "yes")

@@ -73,7 +73,10 @@ def machine_processes(cfg: Config) -> tuple[int, int]:
 
 def worker_core(cfg: Config, node: int, worker_id: int) -> int | None:
     """The core rollout worker ``worker_id`` (of sampler node ``node``; 0 without nodes) may
-    keep to under ``--worker_cpu_affinity``, or None."""
+    keep to under ``--worker_cpu_affinity``, or None (always in serial mode, whose one process
+    is the whole run)."""
+    if cfg.serial_mode:
+        return None
     processes, nodes = machine_processes(cfg)
     first = node * cfg.num_workers if nodes > 1 else 0
     cores = rollout_cores(cfg.worker_cpu_affinity, processes, first + worker_id + 1)
