@@ -1,7 +1,7 @@
-"""A CountingEnv that writes down where it runs, at its first step: the cores its process may
-use and those of a process it starts then, into ``$FASTRL_TEST_AFFINITY_DIR``; with
-``engine=True`` it also starts a long-lived process when made (as VizDoom starts its engine)
-and writes that one's cores too."""
+"""A CountingEnv that writes down where it runs, at its first step, into
+``$FASTRL_TEST_AFFINITY_DIR``: the cores of every thread of its process, those of a process it
+starts then, and with ``engine=True`` those of every thread of a process it started when made
+(as VizDoom starts its engine; this one runs a second thread, as an engine does)."""
 
 from __future__ import annotations
 
@@ -13,18 +13,23 @@ import gymnasium as gym
 
 from tests.counting_env import CountingEnv
 
-CHILD = "import os; print(' '.join(map(str, sorted(os.sched_getaffinity(0)))))"
+CHILD = "import os; print(','.join(map(str, sorted(os.sched_getaffinity(0)))))"
+ENGINE = ("import threading, time; threading.Thread(target=time.sleep, args=(600,), "
+          "daemon=True).start(); time.sleep(600)")
 
 
-def cores_of(pid: int) -> str:
-    return " ".join(map(str, sorted(os.sched_getaffinity(pid))))
+def thread_cores(pid: int | str) -> str:
+    """The cores of each thread of ``pid``, the distinct ones joined by '|'."""
+    found = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        found.add(",".join(map(str, sorted(os.sched_getaffinity(int(tid))))))
+    return "|".join(sorted(found))
 
 
 class CoreCountingEnv(CountingEnv):
     def __init__(self, engine: bool = False, **kwargs):
         super().__init__(**kwargs)
-        self.engine = (subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-                       if engine else None)
+        self.engine = subprocess.Popen([sys.executable, "-c", ENGINE]) if engine else None
         self.written = False
 
     def step(self, action):
@@ -33,11 +38,11 @@ class CoreCountingEnv(CountingEnv):
             self.written = True
             new = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
                                  timeout=30).stdout.strip()
-            engine = "-" if self.engine is None else cores_of(self.engine.pid)
+            engine = "-" if self.engine is None else thread_cores(self.engine.pid)
             with open("/proc/self/cmdline") as f:  # the title setproctitle gave it
                 name = f.read().split("\0")[0].strip() or "?"
             with open(os.path.join(folder, f"{os.getpid()}-{id(self)}"), "w") as f:
-                f.write(f"{name}\n{cores_of(0)}\n{new}\n{engine}\n")
+                f.write(f"{name}\n{thread_cores('self')}\n{new}\n{engine}\n")
         return super().step(action)
 
     def close(self):

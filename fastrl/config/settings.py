@@ -92,15 +92,16 @@ class Config:
                                     "bound)", "sampling")
     policy_threads: int = _f(1, "Torch threads of each policy worker process", "sampling")
     worker_cpu_affinity: str = _f("auto", "Keep rollout worker w, and the processes its envs "
-                                  "start (VizDoom's engines), on one core: the w-th of the "
-                                  "cores this run may use, round the list, so that a step's "
-                                  "round trips between worker and engine stay there (on 2 "
-                                  "cores doom_basic trains 10%% faster); policy workers and "
-                                  "learners stay free. auto = where the envs start processes "
-                                  "of their own and the run's processes (rollout and policy "
-                                  "workers, learners) are at least as many as the cores, so "
-                                  "that smaller runs side by side do not pile onto the same "
-                                  "cores; on = always; off = never", "sampling",
+                                  "start (VizDoom's engines), every thread of them, on one "
+                                  "core: the w-th of the cores this run may use, round the "
+                                  "list, so that a step's round trips between worker and "
+                                  "engine stay there (on 2 cores doom_basic trains 10%% "
+                                  "faster); policy workers and learners stay free. auto = "
+                                  "where the envs start processes of their own and the "
+                                  "machine's rollout workers are a whole multiple of its cores "
+                                  "(fewer would let runs side by side pile onto the same "
+                                  "cores; a remainder would load some cores more); on = "
+                                  "always; off = never", "sampling",
                                   choices=("auto", "on", "off"))
     policy_cuda_graphs: bool = _f(True, "On CUDA, the policy workers replay their acting step "
                                   "from CUDA graphs (not apex/r2d2; False: eager)", "sampling")

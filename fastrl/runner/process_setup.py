@@ -8,8 +8,9 @@ may run on any core, the wake-up often lands on another core, which then preempt
 there (an inter-processor interrupt, costly in a VM) and starts cold. A ``perf record`` of a
 rollout worker in a 2-core doom_basic run found 44% of its CPU in the kernel's context switches
 and wake-ups. Pinning worker w and the engines it starts (they inherit the affinity) to one core
-keeps each round trip there: on 2 cores the engines' cost per agent step fell 12%, the workers'
-15%, and training ran 13% faster (perf/log/RESULTS.md, "rollout workers on one core each"). The
+keeps each round trip there: on 2 cores the engines' cost per agent step fell 2-12%, the workers'
+8-18%, and doom_basic trained 10% faster (perf/log/RESULTS.md, 2026-11-28, "rollout workers on
+one core each"). The
 policy workers and learners stay free, so the scheduler fills the cores around the workers. A
 worker whose envs start no process (CartPole, ale-py, MuJoCo) stays free under ``auto``: it has
 no round trip to keep on a core, and pinned it could not move to an idle one (CartPole trained
@@ -43,87 +44,122 @@ from fastrl.config.settings import Config
 AFFINITIES = ("auto", "on", "off")  # --worker_cpu_affinity
 
 
-def rollout_cores(setting: str, processes: int, workers: int,
-                  cores: list[int] | None = None) -> list[int] | None:
-    """The core of each of ``workers`` rollout workers (worker w on the w-th of ``cores``,
-    round the list: default, those this process may use), or None where they stay free:
-    ``setting`` "off"; "auto" with fewer ``processes`` (the run's rollout and policy workers
-    and learners on the machine) than cores, where several runs side by side would otherwise
-    pile their workers onto the first cores while the others idle."""
+def allowed_cores() -> list[int]:
+    """The cores this process may run on, in order (empty where the OS cannot say)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # (no such call off Linux)
+        return []
+
+
+def rollout_cores(setting: str, workers: int, cores: list[int] | None = None
+                  ) -> tuple[list[int] | None, str]:
+    """The core of each of the machine's ``workers`` rollout workers (worker w on the w-th of
+    ``cores``, round the list: default, those this process may use), or None where they stay
+    free; and why, in words. ``setting`` "off": never; "on": always; "auto": only where the
+    workers are a whole multiple of the cores, so that every core holds as many of them: with
+    fewer, several runs side by side would pile their workers and engines onto the first
+    cores while the others idle; with a remainder, some cores hold one worker more, which the
+    others then wait for (3 workers on 2 cores in sync mode trained 5-7% slower pinned)."""
     if setting not in AFFINITIES:
         raise ValueError(f"--worker_cpu_affinity={setting!r}: must be one of {AFFINITIES}")
-    cores = sorted(os.sched_getaffinity(0)) if cores is None else sorted(cores)
-    if setting == "off" or not cores or (setting == "auto" and processes < len(cores)):
-        return None
-    return [cores[w % len(cores)] for w in range(workers)]
+    cores = allowed_cores() if cores is None else sorted(cores)
+    if setting == "off":
+        return None, "--worker_cpu_affinity off"
+    if not cores:
+        return None, "this OS does not say which cores a process may use"
+    if setting == "auto" and (workers < len(cores) or workers % len(cores)):
+        return None, (f"--worker_cpu_affinity auto: {workers} rollout worker(s) on "
+                      f"{len(cores)} cores, not a whole multiple of them")
+    return [cores[w % len(cores)] for w in range(workers)], ""
 
 
-def machine_processes(cfg: Config) -> tuple[int, int]:
-    """The run's busy processes on the machine that samples (rollout and policy workers, and
-    the learners where they share it), and how many sampler nodes share it (node k's workers
-    come after those of nodes 0 to k-1)."""
-    sampling = cfg.num_workers + cfg.num_policy_workers
-    learners = cfg.num_policies * cfg.num_learners
-    if not cfg.num_sampler_nodes:
-        return sampling + learners, 1
-    if cfg.start_sampler_nodes:
-        return sampling * cfg.num_sampler_nodes + learners, cfg.num_sampler_nodes
-    return sampling, 1  # a node on a machine of its own, as far as the run knows
+def machine_workers(cfg: Config) -> tuple[int, int]:
+    """The rollout workers on the machine that samples, and how many sampler nodes share it
+    (node k's workers come after those of nodes 0 to k-1)."""
+    if cfg.num_sampler_nodes and cfg.start_sampler_nodes:
+        return cfg.num_workers * cfg.num_sampler_nodes, cfg.num_sampler_nodes
+    return cfg.num_workers, 1  # (a node started elsewhere: a machine of its own, as far as
+    # the run knows)
 
 
-def worker_core(cfg: Config, node: int, worker_id: int) -> int | None:
+def worker_core(cfg: Config, node: int, worker_id: int) -> tuple[int | None, str]:
     """The core rollout worker ``worker_id`` (of sampler node ``node``; 0 without nodes) may
-    keep to under ``--worker_cpu_affinity``, or None (always in serial mode, whose one process
-    is the whole run)."""
+    keep to under ``--worker_cpu_affinity``, or None and why not (always None in serial
+    mode, whose one process is the whole run)."""
     if cfg.serial_mode:
+        return None, "serial mode: one process"
+    workers, nodes = machine_workers(cfg)
+    cores, why = rollout_cores(cfg.worker_cpu_affinity, workers)
+    if cores is None:
+        return None, why
+    return cores[(node * cfg.num_workers if nodes > 1 else 0) + worker_id], ""
+
+
+def _parent(pid: str) -> int | None:
+    """The parent of process ``pid``; None for one that is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return None
-    processes, nodes = machine_processes(cfg)
-    first = node * cfg.num_workers if nodes > 1 else 0
-    cores = rollout_cores(cfg.worker_cpu_affinity, processes, first + worker_id + 1)
-    return None if cores is None else cores[-1]
+    return None if fields[0] in "ZX" else int(fields[1])
 
 
 def descendants(pid: int) -> list[int]:
-    """Every process ``pid`` started that still runs, and theirs (empty where /proc does not
-    list children)."""
+    """Every live process that ``pid`` started, and theirs (from each process's parent in
+    /proc; empty where there is no /proc)."""
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return []
+    children: dict[int, list[int]] = {}
+    for p in pids:
+        parent = _parent(p)
+        if parent is not None:
+            children.setdefault(parent, []).append(int(p))
     found, todo = [], [pid]
     while todo:
-        parent = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{task}/children") as f:
-                    kids = [int(k) for k in f.read().split()]
-            except (OSError, ValueError):
-                continue
-            found += kids
-            todo += kids
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
     return found
 
 
+def _pin_process(pid: int, core: int) -> None:
+    """Every thread of process ``pid`` on ``core`` (an affinity is a thread's own: the threads
+    a process already runs do not follow its main thread's)."""
+    try:
+        threads = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        threads = [pid]
+    for tid in threads:
+        try:
+            os.sched_setaffinity(tid, {core})
+        except ProcessLookupError:  # (one that has just ended)
+            pass
+
+
 def keep_on_core(core: int, always: bool) -> tuple[int, str | None]:
-    """Keep this process and the processes it has started (VizDoom's engines) on ``core``,
-    and so every process it starts from now on; unless ``always``, only where it has started
-    some (an env that runs in the worker's own process gains nothing: the worker could no
-    longer move to an idle core). Return how many processes were pinned besides this one (-1:
-    none, not even this one), and why not where the call failed (no such call on this OS, a
-    core outside the allowed set)."""
+    """Keep this process and the processes it has started (VizDoom's engines), every thread
+    of each, on ``core``, and so every process and thread they start from now on; unless
+    ``always``, only where it has started some (an env that runs in the worker's own process
+    gains nothing: the worker could no longer move to an idle core). Return how many
+    processes were pinned besides this one (-1: none, not even this one), and why not where
+    the call failed (no such call on this OS, a core outside the allowed set)."""
     started = descendants(os.getpid())
     if not (always or started):
         return -1, None
     try:
-        os.sched_setaffinity(0, {core})
+        _pin_process(os.getpid(), core)
     except (AttributeError, OSError, ValueError) as exc:
         return -1, f"{type(exc).__name__}: {exc}"
     pinned = 0
     for pid in started:
         try:
-            os.sched_setaffinity(pid, {core})
+            _pin_process(pid, core)
             pinned += 1
-        except OSError:  # (one that has just exited)
+        except OSError:  # (one that is not ours to move)
             pass
     return pinned, None
 

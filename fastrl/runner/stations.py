@@ -19,7 +19,7 @@ from fastrl.errors import EnvOutputError
 from fastrl.experiment.checkpoint import checkpoint_state, save_checkpoint
 from fastrl.log import log
 from fastrl.runner.fault_log import FaultLog
-from fastrl.runner.process_setup import keep_on_core, worker_core
+from fastrl.runner.process_setup import allowed_cores, keep_on_core, worker_core
 from fastrl.runner.wiring import Wiring
 from fastrl.sampling.agents import MultiAgentRolloutWorker
 from fastrl.sampling.backlog import Backlog, backlog_cells
@@ -111,23 +111,31 @@ class RolloutStation:
 
     def _keep_on_core(self) -> None:
         """--worker_cpu_affinity: this worker and the processes its envs started on its core
-        (fastrl.runner.process_setup), said once for the run (and by any worker it fails)."""
+        (fastrl.runner.process_setup); worker 0 says what was done, once for the run, and any
+        worker says where it failed."""
         cfg = self.wiring.cfg
-        core = worker_core(cfg, self.wiring.node, self.worker_id)
-        if core is None:
-            return
-        pinned, why = keep_on_core(core, cfg.worker_cpu_affinity == "on")
-        if why is not None:
-            log(f"{self.name}: --worker_cpu_affinity {cfg.worker_cpu_affinity}: could not keep "
-                f"it on core {core} ({why}); it runs on any core")
-        elif self.worker_id == 0 and self.generation == 0 and self.wiring.node == 0:
+        setting = cfg.worker_cpu_affinity
+        cores = allowed_cores()  # (before this process keeps to one of them)
+        core, why = worker_core(cfg, self.wiring.node, self.worker_id)
+        pinned = -1
+        if core is not None:
+            pinned, failed = keep_on_core(core, setting == "on")
+            if failed is not None:
+                log(f"{self.name}: --worker_cpu_affinity {setting}: could not keep it on core "
+                    f"{core} ({failed}); it runs on any core")
+                return
             if pinned < 0:
-                log("rollout workers on any core (--worker_cpu_affinity auto: their envs start "
-                    "no process of their own)")
-            else:
-                log(f"rollout workers on one core each, with the {pinned} process(es) their "
-                    f"envs started (--worker_cpu_affinity {cfg.worker_cpu_affinity}): worker 0 "
-                    f"on core {core}, the next on the next core")
+                why = f"--worker_cpu_affinity {setting}: their envs start no process of their own"
+        if self.worker_id or self.generation or self.wiring.node:
+            return
+        if pinned < 0:
+            log(f"rollout workers on any core ({why})")
+            return
+        where = (f"all on core {core}" if len(cores) == 1 else
+                 f"worker w on the w-th of cores {','.join(map(str, cores))}, round the list")
+        log(f"rollout workers on one core each, with the processes their envs started "
+            f"(--worker_cpu_affinity {setting}): {where}; worker 0 and its {pinned} on core "
+            f"{core}")
 
     def poll(self, timeout: float) -> int:
         """Handle what waits in the inbox (waiting up to ``timeout`` s for something);
