@@ -111,7 +111,7 @@ def test_an_ended_child_not_yet_waited_for_is_no_process_to_pin():
         child.wait()
 
 
-CORES = sorted(os.sched_getaffinity(0))
+CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 TWO = CORES[:2]
 two_cores = pytest.mark.skipif(len(CORES) < 2, reason="needs two cores")
 
@@ -129,7 +129,7 @@ def run_and_read_cores(tmp_path, env: str, setting: str, workers: int = 2
          "--train_dir", str(tmp_path), "--experiment", "x", "--device", "cpu",
          "--use_rnn", "False", "--num_workers", str(workers), "--num_envs_per_worker", "2",
          "--rollout", "8", "--batch_size", "32", "--encoder_mlp_layers", "16",
-         "--train_for_env_steps", "600", "--worker_cpu_affinity", setting, "--recipe", "pixels"],
+         "--train_for_env_steps", "1500", "--worker_cpu_affinity", setting, "--recipe", "pixels"],
         cwd=REPO, env=env_vars, capture_output=True, text=True, timeout=240,
         preexec_fn=lambda: os.sched_setaffinity(0, TWO))  # the same test on any machine
     assert out.returncode == 0, out.stderr[-3000:]
@@ -148,8 +148,15 @@ def test_auto_keeps_workers_and_their_engines_on_their_cores(tmp_path):
     # Worker w on core w, every thread of it and of the engine its envs had started, and any
     # process it starts later.
     assert seen == {f"fastrl-rollout-{w}": {(str(TWO[w]),) * 3} for w in range(2)}
-    assert (f"worker w on the w-th of cores {TWO[0]},{TWO[1]}, round the list; worker 0 and "
-            f"its 2 on core {TWO[0]}") in said
+    assert (f"the machine's k-th worker on the k-th of cores {TWO[0]},{TWO[1]}, round the "
+            f"list; worker 0 and the 2 process(es) its envs started on core {TWO[0]}") in said
+
+
+@pytest.mark.multiprocess
+@two_cores
+def test_auto_keeps_engines_started_at_the_first_reset_too(tmp_path):
+    seen, _ = run_and_read_cores(tmp_path, "CoreLazyEngineCountingEnv-v0", "auto")
+    assert seen == {f"fastrl-rollout-{w}": {(str(TWO[w]),) * 3} for w in range(2)}
 
 
 @pytest.mark.multiprocess
@@ -158,7 +165,8 @@ def test_auto_leaves_workers_free_whose_envs_start_no_process(tmp_path):
     seen, said = run_and_read_cores(tmp_path, "CoreCountingEnv-v0", "auto")
     both = ",".join(map(str, TWO))
     assert seen == {f"fastrl-rollout-{w}": {(both, both, "-")} for w in range(2)}
-    assert "rollout workers on any core (--worker_cpu_affinity auto: their envs start no" in said
+    assert ("rollout workers on any core (--worker_cpu_affinity auto: their envs had started no "
+            "process") in said
 
 
 @pytest.mark.multiprocess
@@ -175,3 +183,31 @@ def test_auto_leaves_free_workers_that_would_load_one_core_more(tmp_path):
 def test_on_pins_workers_whatever_their_envs(tmp_path):
     seen, _ = run_and_read_cores(tmp_path, "CoreCountingEnv-v0", "on", workers=3)
     assert seen == {f"fastrl-rollout-{w}": {(str(TWO[w % 2]),) * 2 + ("-",)} for w in range(3)}
+
+
+@pytest.mark.slow
+def test_a_thread_that_refuses_leaves_the_process_as_it_was(monkeypatch):
+    # In a child process of its own: the test pins and restores the process that runs it.
+    code = """
+import os, threading, time
+from fastrl.runner import process_setup
+stop = threading.Event()
+threads = [threading.Thread(target=stop.wait) for _ in range(3)]
+for t in threads: t.start()
+tids = sorted(int(t) for t in os.listdir('/proc/self/task'))
+refuse = tids[2]
+real = os.sched_setaffinity
+def setaffinity(tid, cores):
+    if tid == refuse and len(cores) == 1:
+        raise PermissionError(1, 'Operation not permitted')
+    real(tid, cores)
+os.sched_setaffinity = setaffinity
+before = sorted(os.sched_getaffinity(0))
+print(process_setup.keep_on_core(before[-1], True)[0])
+print(all(sorted(os.sched_getaffinity(t)) == before for t in tids))
+stop.set()
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": REPO})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["-1", "True"]

@@ -118,26 +118,32 @@ def descendants(pid: int) -> list[int]:
         parent = _parent(p)
         if parent is not None:
             children.setdefault(parent, []).append(int(p))
-    found, todo = [], [pid]
+    found, todo, seen = [], [pid], {pid}
     while todo:
-        kids = children.get(todo.pop(), [])
+        kids = [k for k in children.get(todo.pop(), []) if k not in seen]  # (a reused pid
+        seen.update(kids)  # read mid-scan could make a cycle)
         found += kids
         todo += kids
     return found
 
 
-def _pin_process(pid: int, core: int) -> None:
-    """Every thread of process ``pid`` on ``core`` (an affinity is a thread's own: the threads
-    a process already runs do not follow its main thread's)."""
+def _pin_process(pid: int, cores: set[int]) -> OSError | None:
+    """Every thread of process ``pid`` on ``cores`` (an affinity is a thread's own: the threads
+    a process already runs do not follow its main thread's); the first refusal, if any (the
+    other threads are moved all the same)."""
     try:
         threads = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
     except OSError:
         threads = [pid]
+    refused = None
     for tid in threads:
         try:
-            os.sched_setaffinity(tid, {core})
+            os.sched_setaffinity(tid, cores)
         except ProcessLookupError:  # (one that has just ended)
             pass
+        except OSError as exc:
+            refused = refused or exc
+    return refused
 
 
 def keep_on_core(core: int, always: bool) -> tuple[int, str | None]:
@@ -151,16 +157,19 @@ def keep_on_core(core: int, always: bool) -> tuple[int, str | None]:
     if not (always or started):
         return -1, None
     try:
-        _pin_process(os.getpid(), core)
+        before = os.sched_getaffinity(0)
+        refused = _pin_process(os.getpid(), {core})
     except (AttributeError, OSError, ValueError) as exc:
-        return -1, f"{type(exc).__name__}: {exc}"
+        refused = exc
+        before = None
+    if refused is not None:  # all of it back as it was: no thread half moved
+        if before is not None:
+            _pin_process(os.getpid(), before)
+        return -1, f"{type(refused).__name__}: {refused}"
     pinned = 0
     for pid in started:
-        try:
-            _pin_process(pid, core)
+        if _pin_process(pid, {core}) is None:
             pinned += 1
-        except OSError:  # (one that is not ours to move)
-            pass
     return pinned, None
 
 

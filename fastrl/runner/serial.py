@@ -100,6 +100,9 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
             f"in {cfg.worker_num_splits} splits, "
             f"device {device} ({learner.precision}), model {n_params:,} parameters, "
             f"experiment {exp_dir}")
+        if cfg.worker_cpu_affinity == "on":
+            log("--worker_cpu_affinity on: serial mode runs everything in one process, which "
+                "stays free to use any core")
 
         def learn() -> int:
             return sum(station.poll(0.0) for station in learner_stations)

@@ -81,7 +81,6 @@ class RolloutStation:
                 w.beat_or_stop(self.worker_id)
                 self.activity(CREATING, i)
                 self.envs.append(interruptible(create_env, env_settings))
-            self._keep_on_core()
         else:
             self.envs = envs
         first = self.worker_id * w.per_worker_buffers
@@ -108,6 +107,8 @@ class RolloutStation:
             self._route(interruptible(self.worker.start, lambda: w.beat_or_stop(self.worker_id)))
         except EnvOutputError as exc:
             self._stop_run(exc)
+        if envs is None:  # after the first resets: an env may start its engine in its first
+            self._keep_on_core()
 
     def _keep_on_core(self) -> None:
         """--worker_cpu_affinity: this worker and the processes its envs started on its core
@@ -125,17 +126,19 @@ class RolloutStation:
                     f"{core} ({failed}); it runs on any core")
                 return
             if pinned < 0:
-                why = f"--worker_cpu_affinity {setting}: their envs start no process of their own"
+                why = (f"--worker_cpu_affinity {setting}: their envs had started no process of "
+                       "their own by their first reset")
         if self.worker_id or self.generation or self.wiring.node:
             return
         if pinned < 0:
             log(f"rollout workers on any core ({why})")
             return
         where = (f"all on core {core}" if len(cores) == 1 else
-                 f"worker w on the w-th of cores {','.join(map(str, cores))}, round the list")
+                 f"the machine's k-th worker on the k-th of cores {','.join(map(str, cores))}, "
+                 "round the list")
         log(f"rollout workers on one core each, with the processes their envs started "
-            f"(--worker_cpu_affinity {setting}): {where}; worker 0 and its {pinned} on core "
-            f"{core}")
+            f"(--worker_cpu_affinity {setting}): {where}; worker 0 and the {pinned} "
+            f"process(es) its envs started on core {core}")
 
     def poll(self, timeout: float) -> int:
         """Handle what waits in the inbox (waiting up to ``timeout`` s for something);
