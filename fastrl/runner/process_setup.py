@@ -8,13 +8,12 @@ may run on any core, the wake-up often lands on another core, which then preempt
 there (an inter-processor interrupt, costly in a VM) and starts cold. A ``perf record`` of a
 rollout worker in a 2-core doom_basic run found 44% of its CPU in the kernel's context switches
 and wake-ups. Pinning worker w and the engines it starts (they inherit the affinity) to one core
-keeps each round trip there: on 2 cores the engines' cost per agent step fell 2-12%, the workers'
-8-18%, and doom_basic trained 10% faster (perf/log/RESULTS.md, 2026-11-28, "rollout workers on
-one core each"). The
-policy workers and learners stay free, so the scheduler fills the cores around the workers. A
-worker whose envs start no process (CartPole, ale-py, MuJoCo) stays free under ``auto``: it has
-no round trip to keep on a core, and pinned it could not move to an idle one (CartPole trained
-3-7% slower pinned).
+keeps each round trip there: on 2 cores the engines' cost per agent step fell 2-12%, the
+workers' 8-18%, and doom_basic trained 10% faster (perf/log/RESULTS.md, 2026-11-28, "rollout
+workers on one core each"). The policy workers and learners stay free, so the scheduler fills
+the cores around the workers. A worker whose envs start no process (CartPole, ale-py, MuJoCo)
+stays free under ``auto``: it has no round trip to keep on a core, and pinned it could not
+move to an idle one (CartPole trained 3-7% slower pinned).
 
 **Keep freed memory** in the process for reuse (glibc malloc), so that big tensors do not
 page-fault on every allocation.
@@ -83,14 +82,16 @@ def machine_workers(cfg: Config) -> tuple[int, int]:
     # the run knows)
 
 
-def worker_core(cfg: Config, node: int, worker_id: int) -> tuple[int | None, str]:
+def worker_core(cfg: Config, node: int, worker_id: int, cores: list[int] | None = None
+                ) -> tuple[int | None, str]:
     """The core rollout worker ``worker_id`` (of sampler node ``node``; 0 without nodes) may
-    keep to under ``--worker_cpu_affinity``, or None and why not (always None in serial
-    mode, whose one process is the whole run)."""
+    keep to under ``--worker_cpu_affinity``, among ``cores`` (default: those this process may
+    use), or None and why not (always None in serial mode, whose one process is the whole
+    run)."""
     if cfg.serial_mode:
         return None, "serial mode: one process"
     workers, nodes = machine_workers(cfg)
-    cores, why = rollout_cores(cfg.worker_cpu_affinity, workers)
+    cores, why = rollout_cores(cfg.worker_cpu_affinity, workers, cores)
     if cores is None:
         return None, why
     return cores[(node * cfg.num_workers if nodes > 1 else 0) + worker_id], ""

@@ -107,7 +107,7 @@ class RolloutStation:
             self._route(interruptible(self.worker.start, lambda: w.beat_or_stop(self.worker_id)))
         except EnvOutputError as exc:
             self._stop_run(exc)
-        if envs is None:  # after the first resets: an env may start its engine in its first
+        if envs is None:  # after the first resets, where an env may start its engine
             self._keep_on_core()
 
     def _keep_on_core(self) -> None:
@@ -116,8 +116,8 @@ class RolloutStation:
         worker says where it failed."""
         cfg = self.wiring.cfg
         setting = cfg.worker_cpu_affinity
-        cores = allowed_cores()  # (before this process keeps to one of them)
-        core, why = worker_core(cfg, self.wiring.node, self.worker_id)
+        cores = allowed_cores()  # (read before this process keeps to one of them)
+        core, why = worker_core(cfg, self.wiring.node, self.worker_id, cores)
         pinned = -1
         if core is not None:
             pinned, failed = keep_on_core(core, setting == "on")
