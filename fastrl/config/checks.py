@@ -238,6 +238,9 @@ def _replay(cfg: Config) -> list[str]:
     if not 0.0 < cfg.apex_epsilon <= 1.0 or cfg.apex_epsilon_alpha < 0:
         errors.append(f"--apex_epsilon={cfg.apex_epsilon}, --apex_epsilon_alpha="
                       f"{cfg.apex_epsilon_alpha}: need 0 < apex_epsilon <= 1 and alpha >= 0")
+    mu = cfg.apex_epsilon_repeat_mu
+    if not (mu >= 0 and math.isfinite(mu)):
+        errors.append(f"--apex_epsilon_repeat_mu={mu}: must be 0 (off) or a positive number")
     return errors
 
 

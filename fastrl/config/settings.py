@@ -340,6 +340,10 @@ class Config:
     apex_epsilon: float = _f(0.4, "Env i of N explores with epsilon apex_epsilon ** (1 + "
                              "apex_epsilon_alpha * i / (N - 1)) (Ape-X)", "replay")
     apex_epsilon_alpha: float = _f(7.0, "See --apex_epsilon", "replay")
+    apex_epsilon_repeat_mu: float = _f(0.0, "Temporally-extended epsilon-greedy: an env that "
+                                       "explores holds its random action for n steps, P(n) "
+                                       "proportional to n^-mu, n at most 100 (0: a new "
+                                       "choice every step)", "replay")
     r2d2_burn_in: bool = _f(True, "--algo r2d2: unroll each sequence's predecessor (the same "
                             "env's previous --rollout steps) from its stored state, without "
                             "gradient, to refresh the state the sequence starts from (False: "

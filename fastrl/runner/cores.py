@@ -9,14 +9,14 @@ import torch
 from fastrl.algo.learner import Learner, LearnerSettings
 from fastrl.algo.learner_group import LearnerGroup
 from fastrl.algo.replay.apex import ApexLearner
-from fastrl.algo.replay.exploration import ape_x_epsilons
+from fastrl.algo.replay.exploration import RepeatedExploration, ape_x_epsilons
 from fastrl.algo.replay.r2d2 import R2D2Learner
 from fastrl.algo.replay.settings import ReplaySettings
 from fastrl.config.settings import REPLAY_ALGOS
 from fastrl.experiment.checkpoint import restore_learner
 from fastrl.log import log
 from fastrl.runner.run_start import build_model
-from fastrl.runner.wiring import Wiring, weighed_reward_terms
+from fastrl.runner.wiring import Wiring, action_dims, weighed_reward_terms
 from fastrl.sampling.env_setup import EnvInfo
 from fastrl.sampling.free_policy import FreePolicyWorker, free_policy_requested
 from fastrl.sampling.inference import PolicyWorker
@@ -30,11 +30,14 @@ def make_policy_worker(wiring: Wiring, model: torch.nn.Module, device: torch.dev
     (``--num_policies``), each fed by its own weights. ``FASTRL_PERF_FREE_POLICY=1`` with
     ``--sampling_only``: a :class:`FreePolicyWorker` (perf only; see its module)."""
     cfg = wiring.cfg
-    epsilons = None
+    epsilons = repeats = None
     if cfg.algo in REPLAY_ALGOS:
         n = wiring.num_envs
         epsilons = ape_x_epsilons(n * max(1, cfg.num_sampler_nodes), cfg.apex_epsilon,
                                   cfg.apex_epsilon_alpha)[wiring.node * n:(wiring.node + 1) * n]
+        if cfg.apex_epsilon_repeat_mu:
+            repeats = wiring.repeats or RepeatedExploration(
+                n, action_dims(wiring.info), cfg.apex_epsilon_repeat_mu)
     kind = PolicyWorker
     if free_policy_requested(cfg.sampling_only):
         kind = FreePolicyWorker
@@ -43,7 +46,7 @@ def make_policy_worker(wiring: Wiring, model: torch.nn.Module, device: torch.dev
                 device, weights=wiring.weights, precision=precision, epsilons=epsilons,
                 others=list(zip(others, wiring.policy_weights[1:], strict=True)),
                 cuda_graphs=cfg.policy_cuda_graphs, action_noise_every=cfg.action_noise_every,
-                held_noise=wiring.held_noise)
+                held_noise=wiring.held_noise, repeats=repeats)
 
 
 def make_learner(cfg, info: EnvInfo, device: torch.device, group: LearnerGroup | None = None,

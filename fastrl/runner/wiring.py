@@ -44,10 +44,12 @@ import torch
 
 from fastrl.algo.learner_group import free_port
 from fastrl.algo.replay.apex import build_store, shared_store_nbytes
+from fastrl.algo.replay.exploration import RepeatedExploration
 from fastrl.algo.replay.settings import ReplaySettings
 from fastrl.algo.run_frames import RunFrames
 from fastrl.config.settings import REPLAY_ALGOS, Config
 from fastrl.errors import ExperimentError
+from fastrl.policy.actions import ActionSpec
 from fastrl.runner.memory import buffers_per_env, shm_free
 from fastrl.sampling.backlog import backlog_limit
 from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
@@ -118,6 +120,10 @@ class Wiring:
     # exploration matrices, which every policy worker reads (fastrl/sampling/sde.py); None
     # where one policy worker keeps its own.
     held_noise: HeldNoise | None = None
+    # --apex_epsilon_repeat_mu with several policy workers in parallel mode: the env slots'
+    # held random actions, which every policy worker reads and writes
+    # (fastrl/algo/replay/exploration.py); None where one policy worker keeps its own.
+    repeats: RepeatedExploration | None = None
     # This process's own: whether its main thread has seen the stop flag (a child that has
     # not within a grace time is interrupted: fastrl.transport.stopping).
     stop_seen: bool = False
@@ -244,6 +250,10 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
     if exploration_matrices(cfg, model, num_envs, parallel):
         held_noise = HeldNoise(num_envs, *model.sde_log_std.shape, cfg.action_noise_every,
                                shared=True)
+    repeats = None
+    if exploration_repeats(cfg, info, num_envs, parallel):
+        repeats = RepeatedExploration(num_envs, action_dims(info), cfg.apex_epsilon_repeat_mu,
+                                      shared=True)
     policy_weights: list[WeightsSource] = (
         [SharedWeights(m, ctx) for m in models] if parallel else [LocalWeights(m) for m in models])
     replay_columns = (build_store(ReplaySettings.from_config(cfg), info.obs_space,
@@ -284,7 +294,7 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
         replay_columns=replay_columns, node=node or 0,
         run_frames=run_frames,
         assign_seed=cfg.seed if cfg.seed is not None else secrets.randbits(63),
-        held_noise=held_noise,
+        held_noise=held_noise, repeats=repeats,
     )
 
 
@@ -296,6 +306,20 @@ def exploration_matrices(cfg: Config, model: torch.nn.Module, num_envs: int,
     if sde is None or not parallel or cfg.num_policy_workers < 2:
         return 0
     return 4 * num_envs * sde.numel()
+
+
+def action_dims(info: EnvInfo) -> int:
+    """The categorical action dimensions of the env (what epsilon-greedy chooses)."""
+    return len(ActionSpec(info.action_space).nvec)
+
+
+def exploration_repeats(cfg: Config, info: EnvInfo, num_envs: int, parallel: bool) -> int:
+    """Bytes of the env slots' held random actions the wiring shares
+    (``--apex_epsilon_repeat_mu`` with several policy workers in parallel mode; 0 without)."""
+    if (cfg.algo not in REPLAY_ALGOS or not cfg.apex_epsilon_repeat_mu or not parallel
+            or cfg.num_policy_workers < 2):
+        return 0
+    return 8 * num_envs * (1 + action_dims(info))
 
 
 def _free_ports(n: int) -> list[int]:
@@ -321,6 +345,9 @@ def shared_memory_parts(cfg: Config, info: EnvInfo, layout: BufferLayout,
     matrices = exploration_matrices(cfg, models[0], num_envs, parallel=True)
     if matrices:
         parts["exploration matrices"] = matrices
+    repeats = exploration_repeats(cfg, info, num_envs, parallel=True)
+    if repeats:
+        parts["exploration repeats"] = repeats
     if with_store:
         parts["replay store"] = shared_store_nbytes(ReplaySettings.from_config(cfg),
                                                     info.obs_space, info.action_space)
@@ -340,6 +367,8 @@ SHARED_MEMORY_FLAGS = {
     "exploration matrices": "--num_policy_workers 1, --encoder_mlp_layers, --rnn_size or "
                             "--num_envs_per_worker (--action_log_std sde's exploration "
                             "matrices)",
+    "exploration repeats": "--num_policy_workers 1 or --num_envs_per_worker "
+                           "(--apex_epsilon_repeat_mu's held actions)",
 }
 
 

@@ -14,7 +14,7 @@ import functools
 import torch
 
 from fastrl.algo.replay.dueling import chosen_q, dueling_heads, greedy_q
-from fastrl.algo.replay.exploration import epsilon_greedy
+from fastrl.algo.replay.exploration import RepeatedExploration, epsilon_greedy
 from fastrl.device import autocast
 from fastrl.policy.acting_layout import for_small_batches
 from fastrl.policy.actions import ActionSpec
@@ -54,6 +54,9 @@ class PolicyWorker:
         epsilons: ``--algo apex``: ``[num_env_slots]``, each env slot's exploration rate
             (indexed like ``rnn_state``): the greedy action (``mode``), replaced by a uniform
             one with that probability (see :func:`ape_x_epsilons`).
+        repeats: with ``epsilons``, ``--apex_epsilon_repeat_mu``'s held random actions
+            (:class:`RepeatedExploration`: shared by several policy workers, or this worker's
+            own); None: plain epsilon-greedy.
         others: ``--num_policies`` > 1: ``(model, weights)`` of policies 1, 2, ...
             (``model`` and ``weights`` are policy 0's). Each model loads its own weights; a
             batch's rows are grouped by ``InferenceRequest.policies`` and each group is acted
@@ -70,7 +73,8 @@ class PolicyWorker:
                  action_noise_every: int,
                  deterministic: bool = False, epsilons: torch.Tensor | None = None,
                  others: list[tuple[ActorCritic, WeightsSource]] = (),
-                 held_noise: HeldNoise | None = None):
+                 held_noise: HeldNoise | None = None,
+                 repeats: RepeatedExploration | None = None):
         self.model = model
         self.buffers = buffers
         self.rnn_state = rnn_state
@@ -80,6 +84,7 @@ class PolicyWorker:
         self.precision = precision
         self.action_spec = ActionSpec(action_space)
         self.epsilons = epsilons
+        self.repeats = repeats if epsilons is not None else None
         # -1 until weights are loaded: the model's own initial weights are never used to act
         # (they are not the learner's, whatever their version says).
         self.policy_version = -1
@@ -219,8 +224,12 @@ class PolicyWorker:
                                                                      with_features=True)
             dist = ActionDistribution(logits, self.action_spec)
             if self.epsilons is not None:
-                actions = epsilon_greedy(dist.mode(), self.epsilons[e_idx].to(self.device),
-                                         self.action_spec.nvec)
+                if self.repeats is not None:
+                    actions = self.repeats.choose(dist.mode(), self.epsilons[e_idx],
+                                                  self.action_spec.nvec, e_idx)
+                else:
+                    actions = epsilon_greedy(dist.mode(), self.epsilons[e_idx].to(self.device),
+                                             self.action_spec.nvec)
                 # The replay algorithms keep no log-probs or state values: the slots' columns
                 # take the actor's Q(s, a) and max_a Q(s, a) instead (mean over the heads),
                 # which Ape-X's actor priorities read (sequences.actor_td_errors).
@@ -247,7 +256,7 @@ class PolicyWorker:
             rows = (pol == k).nonzero().squeeze(1)
             dev_rows = rows.to(self.device)
             sub = {key: value[dev_rows] for key, value in obs.items()}
-            slots = e_idx[rows] if self._held is not None else None
+            slots = e_idx[rows] if self._held is not None or self.epsilons is not None else None
             parts.append((dev_rows, self._act(k, sub, h[dev_rows], slots)))
         if len(parts) == 1:  # one policy acts for the whole batch
             return (*parts[0][1], versions)
