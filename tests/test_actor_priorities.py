@@ -82,10 +82,13 @@ def test_actor_td_errors_match_a_loop(rescale):
     torch.testing.assert_close(td * known, want_td, rtol=1e-5, atol=1e-5)
 
 
-def test_the_epsilon_greedy_policy_worker_reports_its_q_values():
-    obs, act = spaces.Box(-1.0, 1.0, (3,), np.float32), spaces.Discrete(3)
+def epsilon_worker(actions: int, rollout: int, **kwargs):
+    """A feed-forward policy worker over two env slots acting epsilon-greedily with epsilons
+    1 and 0 (``kwargs`` to :class:`PolicyWorker`), the model whose weights it loads, and
+    its buffers with random observations."""
+    obs, act = spaces.Box(-1.0, 1.0, (3,), np.float32), spaces.Discrete(actions)
     cfg = Config(use_rnn=False, encoder_mlp_layers=[8], device="cpu", precision="fp32")
-    layout = BufferLayout.from_spaces(as_dict_space(obs), act, num_buffers=2, rollout=4,
+    layout = BufferLayout.from_spaces(as_dict_space(obs), act, num_buffers=2, rollout=rollout,
                                       rnn_size=0)
     buffers = TrajectoryBuffers(layout)
     buffers.obs["obs"].uniform_(-1, 1)
@@ -95,7 +98,12 @@ def test_the_epsilon_greedy_policy_worker_reports_its_q_values():
     shared.publish(model, 0)
     worker = PolicyWorker(ActorCritic(obs, act, settings), act, buffers, torch.zeros(2, 0),
                           torch.device("cpu"), weights=shared, epsilons=torch.tensor([1.0, 0.0]),
-                          **ACTING)
+                          **ACTING, **kwargs)
+    return worker, model, buffers
+
+
+def test_the_epsilon_greedy_policy_worker_reports_its_q_values():
+    worker, model, buffers = epsilon_worker(3, 4)
     worker.infer([InferenceRequest(0, 0, 0, (0, 1), (0, 1), 0, 0)])
     with torch.no_grad():
         logits, values, _ = model.forward_step({"obs": buffers.obs["obs"][:, 0]},

@@ -5,8 +5,6 @@ length is 1, and the policy worker acting with it."""
 
 from __future__ import annotations
 
-import multiprocessing
-
 import numpy as np
 import pytest
 import torch
@@ -15,15 +13,10 @@ from gymnasium import spaces
 from fastrl.algo.replay.exploration import REPEAT_MAX, RepeatedExploration
 from fastrl.config.checks import validate
 from fastrl.config.settings import Config
-from fastrl.policy.model import ActorCritic, as_dict_space
-from fastrl.policy.model_settings import ModelSettings
 from fastrl.runner.wiring import SHARED_MEMORY_FLAGS, exploration_repeats
-from fastrl.sampling.buffers import BufferLayout, TrajectoryBuffers
 from fastrl.sampling.env_setup import EnvInfo
-from fastrl.sampling.inference import PolicyWorker
-from fastrl.sampling.weights import SharedWeights
 from fastrl.transport.messages import InferenceRequest
-from tests.test_inference import ACTING
+from tests.test_actor_priorities import epsilon_worker
 
 
 def _zeta_pmf(mu: float) -> np.ndarray:
@@ -128,21 +121,9 @@ def test_the_policy_worker_holds_an_exploring_slots_action():
     """Slot 0 explores at every chance (epsilon 1), slot 1 never: slot 0's action is the one
     its repeat holds, and slot 1's is greedy."""
     torch.manual_seed(3)
-    obs, act = spaces.Box(-1.0, 1.0, (3,), np.float32), spaces.Discrete(5)
-    cfg = Config(use_rnn=False, encoder_mlp_layers=[8], device="cpu", precision="fp32")
-    layout = BufferLayout.from_spaces(as_dict_space(obs), act, num_buffers=2, rollout=6,
-                                      rnn_size=0)
-    buffers = TrajectoryBuffers(layout)
-    buffers.obs["obs"].uniform_(-1, 1)
-    settings = ModelSettings.from_config(cfg)
-    model = ActorCritic(obs, act, settings)
-    shared = SharedWeights(model, multiprocessing.get_context("spawn"))
-    shared.publish(model, 0)
     rep = RepeatedExploration(2, 1, 2.0)
     rep.lengths = lambda count: torch.full((count,), 3, dtype=torch.int64)
-    worker = PolicyWorker(ActorCritic(obs, act, settings), act, buffers, torch.zeros(2, 0),
-                          torch.device("cpu"), weights=shared, epsilons=torch.tensor([1.0, 0.0]),
-                          repeats=rep, **ACTING)
+    worker, model, buffers = epsilon_worker(5, 6, repeats=rep)
     for t in range(6):
         worker.infer([InferenceRequest(0, 0, t, (0, 1), (0, 1), 0, 0)])
     with torch.no_grad():
