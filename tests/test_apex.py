@@ -105,8 +105,8 @@ def test_apex_settings_over_the_classic_recipe(tmp_path):
 def test_apex_settings_over_the_pixel_recipe(tmp_path):
     """doom_basic's measured Ape-X layer: small batches, few samples per insert."""
     cfg = parse_config(["--env", "doom_basic", "--algo", "apex", "--train_dir", str(tmp_path)])
-    assert (cfg.recipe, cfg.batch_size, cfg.replay_samples_per_insert, cfg.replay_min_size) == (
-        "pixels", 128, 2.0, 5_000)
+    assert (cfg.recipe, cfg.batch_size, cfg.replay_samples_per_insert, cfg.replay_min_size,
+            cfg.adam_eps, cfg.lr_schedule) == ("pixels", 128, 2.0, 5_000, 1e-4, "linear_decay")
     assert cfg.reward_scale == 0.01  # the env's entry stays under the algorithm's layer
     flag = parse_config(["--env", "doom_basic", "--algo", "apex", "--batch_size", "256",
                          "--train_dir", str(tmp_path), "--experiment", "f"])

@@ -17,6 +17,7 @@ from fastrl.runner.wiring import SHARED_MEMORY_FLAGS, exploration_repeats
 from fastrl.sampling.env_setup import EnvInfo
 from fastrl.transport.messages import InferenceRequest
 from tests.test_actor_priorities import epsilon_worker
+from tests.test_rollout import fake_policy, make_worker
 
 
 def _zeta_pmf(mu: float) -> np.ndarray:
@@ -104,17 +105,35 @@ def test_the_flag_is_checked_in_one_line(mu):
                                             apex_epsilon_repeat_mu=2.0)))
 
 
-def test_the_wiring_shares_the_repeats_only_between_several_policy_workers():
+def test_a_non_zero_exponent_with_appo_is_refused():
+    errors = validate(Config(apex_epsilon_repeat_mu=2.0))
+    assert "--apex_epsilon_repeat_mu=2.0: only --algo apex and r2d2 explore epsilon-greedily " \
+        "(this run is --algo appo)" in errors
+    assert not any("apex_epsilon_repeat_mu" in e for e in validate(Config()))
+
+
+def test_parallel_mode_shares_the_repeats_and_counts_them_in_dev_shm():
     info = EnvInfo(obs_space=spaces.Dict({"obs": spaces.Box(-1, 1, (3,))}),
                    action_space=spaces.MultiDiscrete([3, 2]), frameskip=1)
     base = dict(algo="r2d2", use_rnn=True, normalize_returns=False, apex_epsilon_repeat_mu=2.0)
-    assert exploration_repeats(Config(**base, num_policy_workers=2), info, 16, True) \
-        == 8 * 16 * 3
-    assert exploration_repeats(Config(**base, num_policy_workers=1), info, 16, True) == 0
-    assert exploration_repeats(Config(**base, num_policy_workers=2), info, 16, False) == 0
+    assert exploration_repeats(Config(**base), info, 16, True) == 8 * 16 * 3
+    assert exploration_repeats(Config(**base), info, 16, False) == 0  # serial: one process
     off = {**base, "apex_epsilon_repeat_mu": 0.0}
-    assert exploration_repeats(Config(**off, num_policy_workers=2), info, 16, True) == 0
+    assert exploration_repeats(Config(**off), info, 16, True) == 0
     assert "exploration repeats" in SHARED_MEMORY_FLAGS
+
+
+def test_a_repeat_ends_with_its_episode():
+    """The rollout worker zeroes a slot's steps left where it zeroes its recurrent state:
+    a new episode never starts inside the last one's random action."""
+    left = torch.zeros(2, dtype=torch.int64)
+    worker, _, buffers, _ = make_worker(num_envs=2, splits=1, repeats_left=left)
+    req = worker.start().requests[0]
+    for step in range(1, 8):  # CountingEnv's episodes last 7 steps
+        fake_policy(buffers, [req])
+        left[:] = 50  # a long repeat under way in both slots
+        req = worker.on_actions(req.split_id).requests[0]
+        assert left.tolist() == ([0, 0] if step == 7 else [50, 50])
 
 
 def test_the_policy_worker_holds_an_exploring_slots_action():

@@ -202,6 +202,9 @@ def _replay(cfg: Config) -> list[str]:
     """``--algo apex`` and ``r2d2``: the replay settings, and the modes they do not run in
     yet."""
     if cfg.algo not in REPLAY_ALGOS:
+        if cfg.apex_epsilon_repeat_mu:
+            return [f"--apex_epsilon_repeat_mu={cfg.apex_epsilon_repeat_mu}: only --algo apex "
+                    f"and r2d2 explore epsilon-greedily (this run is --algo {cfg.algo})"]
         return []
     errors = []
     algo = f"--algo {cfg.algo}"
@@ -240,7 +243,8 @@ def _replay(cfg: Config) -> list[str]:
                       f"{cfg.apex_epsilon_alpha}: need 0 < apex_epsilon <= 1 and alpha >= 0")
     mu = cfg.apex_epsilon_repeat_mu
     if not (mu >= 0 and math.isfinite(mu)):
-        errors.append(f"--apex_epsilon_repeat_mu={mu}: must be 0 (off) or a positive number")
+        errors.append(f"--apex_epsilon_repeat_mu={mu}: must be 0 (off) or a finite positive "
+                      "number")
     return errors
 
 

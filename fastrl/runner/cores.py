@@ -9,14 +9,14 @@ import torch
 from fastrl.algo.learner import Learner, LearnerSettings
 from fastrl.algo.learner_group import LearnerGroup
 from fastrl.algo.replay.apex import ApexLearner
-from fastrl.algo.replay.exploration import RepeatedExploration, ape_x_epsilons
+from fastrl.algo.replay.exploration import ape_x_epsilons
 from fastrl.algo.replay.r2d2 import R2D2Learner
 from fastrl.algo.replay.settings import ReplaySettings
 from fastrl.config.settings import REPLAY_ALGOS
 from fastrl.experiment.checkpoint import restore_learner
 from fastrl.log import log
 from fastrl.runner.run_start import build_model
-from fastrl.runner.wiring import Wiring, action_dims, weighed_reward_terms
+from fastrl.runner.wiring import Wiring, weighed_reward_terms
 from fastrl.sampling.env_setup import EnvInfo
 from fastrl.sampling.free_policy import FreePolicyWorker, free_policy_requested
 from fastrl.sampling.inference import PolicyWorker
@@ -35,9 +35,7 @@ def make_policy_worker(wiring: Wiring, model: torch.nn.Module, device: torch.dev
         n = wiring.num_envs
         epsilons = ape_x_epsilons(n * max(1, cfg.num_sampler_nodes), cfg.apex_epsilon,
                                   cfg.apex_epsilon_alpha)[wiring.node * n:(wiring.node + 1) * n]
-        if cfg.apex_epsilon_repeat_mu:
-            repeats = wiring.repeats or RepeatedExploration(
-                n, action_dims(wiring.info), cfg.apex_epsilon_repeat_mu)
+        repeats = wiring.repeats
     kind = PolicyWorker
     if free_policy_requested(cfg.sampling_only):
         kind = FreePolicyWorker

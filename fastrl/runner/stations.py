@@ -101,7 +101,8 @@ class RolloutStation:
             epoch=int(w.policy_epoch.value), num_policies=w.num_policies,
             policy_seed=w.assign_seed, activity=self.activity,
             backlog=Backlog(backlog_cells(w.backlog, w.num_workers), self.worker_id,
-                            w.backlog_limit))
+                            w.backlog_limit),
+            repeats_left=None if w.repeats is None else w.repeats.left)
         self.envs = self.worker.envs  # the worker replaces faulty envs in this very list
         try:
             self._route(interruptible(self.worker.start, lambda: w.beat_or_stop(self.worker_id)))

@@ -120,9 +120,9 @@ class Wiring:
     # exploration matrices, which every policy worker reads (fastrl/sampling/sde.py); None
     # where one policy worker keeps its own.
     held_noise: HeldNoise | None = None
-    # --apex_epsilon_repeat_mu with several policy workers in parallel mode: the env slots'
-    # held random actions, which every policy worker reads and writes
-    # (fastrl/algo/replay/exploration.py); None where one policy worker keeps its own.
+    # --apex_epsilon_repeat_mu: the env slots' held random actions, which the policy workers
+    # read and write and the rollout workers end with each episode
+    # (fastrl/algo/replay/exploration.py); shared memory in parallel mode.
     repeats: RepeatedExploration | None = None
     # This process's own: whether its main thread has seen the stop flag (a child that has
     # not within a grace time is interrupted: fastrl.transport.stopping).
@@ -251,9 +251,9 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
         held_noise = HeldNoise(num_envs, *model.sde_log_std.shape, cfg.action_noise_every,
                                shared=True)
     repeats = None
-    if exploration_repeats(cfg, info, num_envs, parallel):
+    if cfg.algo in REPLAY_ALGOS and cfg.apex_epsilon_repeat_mu:
         repeats = RepeatedExploration(num_envs, action_dims(info), cfg.apex_epsilon_repeat_mu,
-                                      shared=True)
+                                      shared=parallel)
     policy_weights: list[WeightsSource] = (
         [SharedWeights(m, ctx) for m in models] if parallel else [LocalWeights(m) for m in models])
     replay_columns = (build_store(ReplaySettings.from_config(cfg), info.obs_space,
@@ -315,9 +315,8 @@ def action_dims(info: EnvInfo) -> int:
 
 def exploration_repeats(cfg: Config, info: EnvInfo, num_envs: int, parallel: bool) -> int:
     """Bytes of the env slots' held random actions the wiring shares
-    (``--apex_epsilon_repeat_mu`` with several policy workers in parallel mode; 0 without)."""
-    if (cfg.algo not in REPLAY_ALGOS or not cfg.apex_epsilon_repeat_mu or not parallel
-            or cfg.num_policy_workers < 2):
+    (``--apex_epsilon_repeat_mu`` in parallel mode; 0 without)."""
+    if cfg.algo not in REPLAY_ALGOS or not cfg.apex_epsilon_repeat_mu or not parallel:
         return 0
     return 8 * num_envs * (1 + action_dims(info))
 
@@ -367,7 +366,7 @@ SHARED_MEMORY_FLAGS = {
     "exploration matrices": "--num_policy_workers 1, --encoder_mlp_layers, --rnn_size or "
                             "--num_envs_per_worker (--action_log_std sde's exploration "
                             "matrices)",
-    "exploration repeats": "--num_policy_workers 1 or --num_envs_per_worker "
+    "exploration repeats": "--num_envs_per_worker or --num_workers "
                            "(--apex_epsilon_repeat_mu's held actions)",
 }
 

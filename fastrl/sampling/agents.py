@@ -182,6 +182,8 @@ class MultiAgentRolloutWorker(RolloutWorker):
         self._ep_start[j] = first_step
         self._ep_version[j] = NO_VERSION
         self._policy_rnn_np[e] = 0.0
+        if self._repeats_left_np is not None:
+            self._repeats_left_np[e] = 0
 
     def _cut_env_episode(self, i: int, bufs: list[int], t: int, fault: Exception,
                          out: StepOutput) -> list[dict]:

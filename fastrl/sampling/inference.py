@@ -55,8 +55,9 @@ class PolicyWorker:
             (indexed like ``rnn_state``): the greedy action (``mode``), replaced by a uniform
             one with that probability (see :func:`ape_x_epsilons`).
         repeats: with ``epsilons``, ``--apex_epsilon_repeat_mu``'s held random actions
-            (:class:`RepeatedExploration`: shared by several policy workers, or this worker's
-            own); None: plain epsilon-greedy.
+            (:class:`RepeatedExploration`, the wiring's: every policy worker reads a slot's
+            one state, and the rollout workers end a repeat with its episode); None: plain
+            epsilon-greedy.
         others: ``--num_policies`` > 1: ``(model, weights)`` of policies 1, 2, ...
             (``model`` and ``weights`` are policy 0's). Each model loads its own weights; a
             batch's rows are grouped by ``InferenceRequest.policies`` and each group is acted

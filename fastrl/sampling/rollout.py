@@ -94,6 +94,9 @@ class RolloutWorker(EnvStartup):
             the same for every worker of a run); a trajectory goes to its policy's learner.
         activity: where it records what it is doing (``fastrl.sampling.startup.Activity``).
         backlog: holds splits while enough trajectories wait (``fastrl.sampling.backlog``).
+        repeats_left: ``--apex_epsilon_repeat_mu``: every env slot's steps left of its held
+            random action (``RepeatedExploration.left``); this worker zeroes a slot's with its
+            recurrent state when an episode begins, so a repeat ends with its episode.
 
     A time limit (``truncated`` without ``terminated``) ends the episode for the learner like
     a termination (``dones``), but the episode's last observation is kept in the slot's
@@ -110,7 +113,7 @@ class RolloutWorker(EnvStartup):
                  env_factory: Callable[[], gym.Env] | None = None, env_timeout: float = 0.0,
                  generation: int = 0, epoch: int = 0, decorrelate: bool = False,
                  num_policies: int = 1, policy_seed=None, activity: Activity | None = None,
-                 backlog: Backlog | None = None):
+                 backlog: Backlog | None = None, repeats_left: torch.Tensor | None = None):
         if len(envs) % num_splits:
             raise ValueError(f"{len(envs)} envs cannot be split into {num_splits} equal groups")
         if env_check not in ENV_CHECKS:
@@ -132,6 +135,7 @@ class RolloutWorker(EnvStartup):
         self.decorrelate = decorrelate
         self.activity = activity if activity is not None else Activity()
         self.backlog = backlog if backlog is not None else Backlog(None, worker_id, None)
+        self._repeats_left_np = None if repeats_left is None else repeats_left.numpy()
         self._stepping = [Activity.code(STEPPING, i) for i in range(len(envs))]
         self.truncations_not_bootstrapped = 0
         self.free: deque[int] = deque(free_buffers)
@@ -370,6 +374,8 @@ class RolloutWorker(EnvStartup):
         self._ep_start[i] = first_step
         self._ep_version[i] = NO_VERSION
         self._policy_rnn_np[e] = 0.0
+        if self._repeats_left_np is not None:
+            self._repeats_left_np[e] = 0
         return self._reset_or_replace(i, out, seed, fault)
 
     def _reset_or_replace(self, i: int, out: StepOutput, seed: int | None = None,

@@ -59,8 +59,9 @@ class RepeatedExploration:
         shared: kept in shared memory, for several policy workers (a slot has one request at
             a time, so no two workers write the same row).
 
-    The state is on the host whatever the policy worker's device. A repeat may run on into
-    the env's next episode: the policy worker does not see episode ends.
+    The state is on the host whatever the policy worker's device. A repeat ends with its
+    env's episode: the rollout worker zeroes the slot's ``left`` when it zeroes the slot's
+    recurrent state (``RolloutWorker(repeats_left=...)``).
     """
 
     def __init__(self, slots: int, dims: int, mu: float, shared: bool = False) -> None:
