@@ -299,20 +299,21 @@ def test_parallel_r2d2_links_sequences_written_by_other_processes(tmp_path):
 
 @pytest.mark.learning
 def test_serial_r2d2_learns_cartpole_with_the_velocities_hidden_and_holds_it(tmp_path):
-    """The bare command's recipe in serial mode (deterministic), seed 1, 200K steps: a greedy
-    evaluation of 10 episodes averages 450 or more, and the last three still do (measured:
-    470 at 150K, 500 from 170K to 200K; the recipe before issue 43 fell back to 150-270
-    after 500 at 130K). Ape-X on the same env, 3 seeds, never passed 47 (perf/log/RESULTS.md,
-    "R2D2")."""
+    """The bare command's recipe in serial mode (deterministic), seed 1, 300K steps: every
+    greedy evaluation of 10 episodes from 150K on averages 450 or more, issue 43's mark
+    (measured with the recipe's repeated exploration: 500 at every one from 140K; without it
+    also 500 from 150K, but seeds 2 and 3 dipped to 373-427, with it seed 3 held too; the
+    recipe before issue 43 fell back to 150-270 after 500 at 130K). Ape-X on the same env, 3
+    seeds, never passed 47 (perf/log/RESULTS.md, "R2D2", "R2D2's stuck seeds")."""
     cfg = parse_config([*R2D2, "--serial_mode", "--train_dir", str(tmp_path), "--seed", "1",
-                        "--train_for_env_steps", "200000", "--eval_every_env_frames", "10000",
+                        "--train_for_env_steps", "300000", "--eval_every_env_frames", "10000",
                         "--eval_episodes", "10"])
     summary = run_serial(cfg)
-    assert summary["env_frames"] >= 200_000
+    assert summary["env_frames"] >= 300_000
     events = EventAccumulator(str(tmp_path / cfg.experiment / "tb"))
     events.Reload()
-    returns = [e.value for e in events.Scalars("eval/mean_return")]
-    assert len(returns) >= 18 and min(returns[-3:]) >= 450, returns
+    late = [e.value for e in events.Scalars("eval/mean_return") if e.step >= 150_000]
+    assert len(late) >= 14 and min(late) >= 450, late
 
 
 def test_a_store_that_makes_checkpoints_big_is_said_at_start(tmp_path, capsys):

@@ -108,7 +108,11 @@ APEX_RECIPES: dict[str, dict[str, Any]] = {
 # only ~2,300 learner steps, and Q can look no further than n steps per target copy; with
 # 3 steps every 100 it valued 45 steps at 200K (Q about 3 of the 10 a held pole earns), saw
 # the cart drift off the track only near the edge, and fell back after reaching 500
-# (perf/log/RESULTS.md, "R2D2's fall-back on cartpole_masked").
+# (perf/log/RESULTS.md, "R2D2's fall-back on cartpole_masked"). Its exploration holds a
+# random action for a few steps (--apex_epsilon_repeat_mu 3): a seed whose greedy policy lets
+# the cart drift off needs 3-4 pushes in a row to stop it, which plain epsilon-greedy almost
+# never plays; with the repeats 7 of 9 seeds held 450 from 150K (late evaluations 88% at 450
+# or more), 5 of 9 and 69% without (perf/log/RESULTS.md, "R2D2's stuck seeds").
 R2D2_SETTINGS: dict[str, Any] = {**APEX_SETTINGS, "use_rnn": True, "rollout": 40,
                                  "batch_size": 32}
 R2D2_RECIPES: dict[str, dict[str, Any]] = {
@@ -117,7 +121,7 @@ R2D2_RECIPES: dict[str, dict[str, Any]] = {
         "replay_min_size": 2_000, "target_update_every": 25, "nstep": 5, "rnn_size": 128,
         "encoder_mlp_layers": [128], "nonlinearity": "relu", "learning_rate": 3e-4,
         "adam_eps": 1e-8, "max_grad_norm": 10.0, "precision": "fp32",
-        "replay_samples_per_insert": 4.0,
+        "replay_samples_per_insert": 4.0, "apex_epsilon_repeat_mu": 3.0,
     },
 }
 
