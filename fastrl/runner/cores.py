@@ -30,12 +30,11 @@ def make_policy_worker(wiring: Wiring, model: torch.nn.Module, device: torch.dev
     (``--num_policies``), each fed by its own weights. ``FASTRL_PERF_FREE_POLICY=1`` with
     ``--sampling_only``: a :class:`FreePolicyWorker` (perf only; see its module)."""
     cfg = wiring.cfg
-    epsilons = repeats = None
+    epsilons = None
     if cfg.algo in REPLAY_ALGOS:
         n = wiring.num_envs
         epsilons = ape_x_epsilons(n * max(1, cfg.num_sampler_nodes), cfg.apex_epsilon,
                                   cfg.apex_epsilon_alpha)[wiring.node * n:(wiring.node + 1) * n]
-        repeats = wiring.repeats
     kind = PolicyWorker
     if free_policy_requested(cfg.sampling_only):
         kind = FreePolicyWorker
@@ -44,7 +43,7 @@ def make_policy_worker(wiring: Wiring, model: torch.nn.Module, device: torch.dev
                 device, weights=wiring.weights, precision=precision, epsilons=epsilons,
                 others=list(zip(others, wiring.policy_weights[1:], strict=True)),
                 cuda_graphs=cfg.policy_cuda_graphs, action_noise_every=cfg.action_noise_every,
-                held_noise=wiring.held_noise, repeats=repeats)
+                held_noise=wiring.held_noise, repeats=wiring.repeats)
 
 
 def make_learner(cfg, info: EnvInfo, device: torch.device, group: LearnerGroup | None = None,

@@ -251,7 +251,7 @@ def build_wiring(cfg: Config, info: EnvInfo, model: torch.nn.Module, num_workers
         held_noise = HeldNoise(num_envs, *model.sde_log_std.shape, cfg.action_noise_every,
                                shared=True)
     repeats = None
-    if cfg.algo in REPLAY_ALGOS and cfg.apex_epsilon_repeat_mu:
+    if explores_with_repeats(cfg):
         repeats = RepeatedExploration(num_envs, action_dims(info), cfg.apex_epsilon_repeat_mu,
                                       shared=parallel)
     policy_weights: list[WeightsSource] = (
@@ -313,10 +313,16 @@ def action_dims(info: EnvInfo) -> int:
     return len(ActionSpec(info.action_space).nvec)
 
 
+def explores_with_repeats(cfg: Config) -> bool:
+    """Whether the run's actors hold their random actions (``--apex_epsilon_repeat_mu``
+    under ``--algo apex`` or ``r2d2``)."""
+    return cfg.algo in REPLAY_ALGOS and bool(cfg.apex_epsilon_repeat_mu)
+
+
 def exploration_repeats(cfg: Config, info: EnvInfo, num_envs: int, parallel: bool) -> int:
     """Bytes of the env slots' held random actions the wiring shares
     (``--apex_epsilon_repeat_mu`` in parallel mode; 0 without)."""
-    if cfg.algo not in REPLAY_ALGOS or not cfg.apex_epsilon_repeat_mu or not parallel:
+    if not explores_with_repeats(cfg) or not parallel:
         return 0
     return 8 * num_envs * (1 + action_dims(info))
 

@@ -257,8 +257,7 @@ class PolicyWorker:
             rows = (pol == k).nonzero().squeeze(1)
             dev_rows = rows.to(self.device)
             sub = {key: value[dev_rows] for key, value in obs.items()}
-            slots = e_idx[rows] if self._held is not None or self.epsilons is not None else None
-            parts.append((dev_rows, self._act(k, sub, h[dev_rows], slots)))
+            parts.append((dev_rows, self._act(k, sub, h[dev_rows], e_idx[rows])))
         if len(parts) == 1:  # one policy acts for the whole batch
             return (*parts[0][1], versions)
         n = len(policies)

@@ -31,14 +31,21 @@ def ape_x_epsilons(num_envs: int, base: float = 0.4, alpha: float = 7.0) -> torc
     return (base ** (1.0 + alpha * i / max(1, num_envs - 1))).float()
 
 
+def uniform_actions(rows: int, nvec: tuple[int, ...], device: torch.device | str,
+                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``[rows, D]`` int64 uniform choices, dimension ``j`` among its ``nvec[j]`` (drawn in
+    ``dtype`` on ``device``)."""
+    n = torch.tensor(nvec, device=device, dtype=dtype)
+    return (torch.rand((rows, len(nvec)), device=device, dtype=dtype) * n).long().clamp(
+        max=n.long() - 1)
+
+
 def epsilon_greedy(greedy: torch.Tensor, epsilons: torch.Tensor,
                    nvec: tuple[int, ...]) -> torch.Tensor:
     """``greedy`` actions ``[B, D]`` where each row, with probability ``epsilons[b]``, is
     replaced by uniform choices (every dimension ``j`` among its ``nvec[j]``)."""
     b = greedy.shape[0]
-    n = torch.tensor(nvec, device=greedy.device, dtype=torch.float32)
-    uniform = (torch.rand((b, len(nvec)), device=greedy.device) * n).long().clamp(
-        max=n.long() - 1)
+    uniform = uniform_actions(b, nvec, greedy.device)
     explore = torch.rand(b, device=greedy.device) < epsilons
     return torch.where(explore.unsqueeze(1), uniform.to(greedy.dtype), greedy)
 
@@ -92,9 +99,7 @@ class RepeatedExploration:
         left = self.left[slots]
         held = left > 0
         start = ~held & (torch.rand(b) < epsilons.float().cpu())
-        n = torch.tensor(nvec, dtype=torch.float64)
-        uniform = (torch.rand((b, len(nvec)), dtype=torch.float64) * n).long().clamp(
-            max=n.long() - 1)
+        uniform = uniform_actions(b, nvec, "cpu", torch.float64)
         action = torch.where(start.unsqueeze(1), uniform, self.action[slots])
         self.action[slots] = action
         self.left[slots] = torch.where(start, self.lengths(b) - 1, (left - 1).clamp(min=0))
