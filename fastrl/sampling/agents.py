@@ -181,9 +181,7 @@ class MultiAgentRolloutWorker(RolloutWorker):
         self._ep_len[j] = 0
         self._ep_start[j] = first_step
         self._ep_version[j] = NO_VERSION
-        self._policy_rnn_np[e] = 0.0
-        if self._repeats_left_np is not None:
-            self._repeats_left_np[e] = 0
+        self._forget_acting(e)
 
     def _cut_env_episode(self, i: int, bufs: list[int], t: int, fault: Exception,
                          out: StepOutput) -> list[dict]:

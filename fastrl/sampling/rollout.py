@@ -373,10 +373,15 @@ class RolloutWorker(EnvStartup):
         self._ep_len[i] = 0
         self._ep_start[i] = first_step
         self._ep_version[i] = NO_VERSION
+        self._forget_acting(e)
+        return self._reset_or_replace(i, out, seed, fault)
+
+    def _forget_acting(self, e: int) -> None:
+        """Env slot ``e`` begins an episode: its acting recurrent state and its held random
+        action (``repeats_left``) start afresh."""
         self._policy_rnn_np[e] = 0.0
         if self._repeats_left_np is not None:
             self._repeats_left_np[e] = 0
-        return self._reset_or_replace(i, out, seed, fault)
 
     def _reset_or_replace(self, i: int, out: StepOutput, seed: int | None = None,
                           fault: Exception | None = None):
