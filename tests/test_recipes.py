@@ -67,10 +67,13 @@ def test_a_bare_command_gets_the_recipe_of_its_kind(tmp_path):
     assert mountain_car.recipe == "classic"                     # decide
     for key, value in recipes.RECIPES["classic"].items():
         assert getattr(mountain_car, key) == value, key
-    # Acrobot's entry puts its ten epochs over the recipe; the rest is the recipe's.
+    # Acrobot's entry puts ten epochs of 8 minibatches of 128 over the recipe; the rest is
+    # the recipe's.
     acrobot = parse(tmp_path, "--env", "Acrobot-v1", "--experiment", "a")
     assert acrobot.recipe == "classic" and acrobot.num_epochs == 10
-    assert acrobot.batch_size == recipes.RECIPES["classic"]["batch_size"]
+    assert (acrobot.batch_size, acrobot.num_batches_per_epoch) == (128, 8)
+    assert acrobot.rollout == recipes.RECIPES["classic"]["rollout"]
+    assert acrobot.learning_rate == recipes.RECIPES["classic"]["learning_rate"]
     pendulum = parse(tmp_path, "--env", "Pendulum-v1", "--experiment", "p")
     assert pendulum.recipe == "continuous" and pendulum.with_vtrace is False
     assert pendulum.num_epochs == 10 and pendulum.async_rl is False
@@ -174,12 +177,48 @@ def test_sync_recipes_train_each_round_as_one_batch(tmp_path):
                           "--experiment", "w")
     assert (three_workers.batch_size, three_workers.num_batches_per_epoch) == (256, 6)
     assert parse(tmp_path, "--env", "CartPole-v1", "--experiment", "c").num_batches_per_epoch == 4
-    with pytest.raises(ConfigError) as err:
-        parse(tmp_path, "--env", "CartPole-v1", "--num_workers", "3",
+    # A count given alone takes the round's share as its minibatch (6 trajectories of 64).
+    counted = parse(tmp_path, "--env", "CartPole-v1", "--num_workers", "3",
+                    "--num_batches_per_epoch", "4", "--experiment", "e")
+    assert (counted.batch_size, counted.num_batches_per_epoch) == (384, 4)
+    with pytest.raises(ConfigError) as err:  # a shape given whole that does not cut rounds
+        parse(tmp_path, "--env", "CartPole-v1", "--num_workers", "3", "--batch_size", "256",
               "--num_batches_per_epoch", "4", "--experiment", "e")
     assert err.value.errors == [
         "--batch_size=256: with --async_rl=False, batch_size x num_batches_per_epoch must be "
         "a multiple of rollout x num_workers x num_envs_per_worker = 1536"]
+
+
+def test_an_entrys_minibatches_follow_the_flags_that_cut_them(tmp_path):
+    """Acrobot's entry (8 minibatches of 128 a round of 1,024) under flags that change the
+    round or the minibatch: every one trains a round as one batch of whole trajectories."""
+    def shape(*flags):
+        cfg = parse(tmp_path, "--env", "Acrobot-v1", "--experiment", "x", *flags)
+        return cfg.batch_size, cfg.num_batches_per_epoch
+
+    assert shape() == (128, 8)
+    assert shape("--rollout", "256") == (256, 16)  # the minibatch: one trajectory at least
+    assert shape("--num_learners", "4") == (256, 4)  # one trajectory a learner
+    assert shape("--batch_size", "256") == (256, 4)  # one round, not two
+    assert shape("--batch_size", "512") == (512, 2)
+    assert shape("--batch_size", "1024") == (1024, 1)
+    assert shape("--batch_size", "2048") == (2048, 1)  # two rounds, not sixteen
+    assert shape("--num_batches_per_epoch", "4") == (256, 4)  # the round's share
+    assert shape("--num_batches_per_epoch", "16") == (128, 16)  # fits as it is: two rounds
+    assert shape("--num_workers", "3", "--num_batches_per_epoch", "6") == (256, 6)
+    assert shape("--num_batches_per_epoch", "12") == (256, 12)  # three rounds
+    assert shape("--num_learners", "4", "--num_batches_per_epoch", "8") == (256, 8)
+    assert shape("--num_envs_per_worker", "16") == (128, 16)
+    assert shape("--num_workers", "1") == (128, 8)  # a round of 512: two rounds a batch
+    # More learners keep a batch's samples: 1,024 over four rounds of 256.
+    assert shape("--num_envs_per_worker", "2", "--num_learners", "4") == (256, 4)
+    # Whoever gives both decides both; a shape that does not fit is refused.
+    assert shape("--batch_size", "128", "--num_batches_per_epoch", "16") == (128, 16)
+    with pytest.raises(ConfigError):
+        shape("--rollout", "256", "--batch_size", "128")
+    # The plain recipe (MountainCar-v0: no entry) alike: a given size sets the count.
+    cfg = parse(tmp_path, "--env", "MountainCar-v0", "--batch_size", "512", "--experiment", "m")
+    assert (cfg.batch_size, cfg.num_batches_per_epoch) == (512, 2)
 
 
 class _PublishesMask(gym.Env):

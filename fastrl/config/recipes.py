@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from fastrl.config.checks import steps_minibatches
 from fastrl.config.settings import REPLAY_ALGOS, _fields
 
 # Settings of each recipe (``Config`` field names). ``pixels`` is ``Config``'s defaults.
@@ -222,16 +223,52 @@ def _mask_undecided(cfg, keep: set[str], entry: dict[str, Any]) -> bool:
 
 
 def fit_round(cfg, keep: set[str], agents: int) -> None:
-    """In sync mode, train each round of every env slot as one batch: when
-    ``num_batches_per_epoch`` was not given and a round holds more than one batch, in whole
-    minibatches of ``--batch_size``, it becomes the round's count of them (PPO's n_steps x
-    n_envs split into minibatches). So a recipe's sync batches fit any --num_workers,
-    --num_envs_per_worker and number of agents that cut the round into whole minibatches."""
-    if cfg.async_rl or "num_batches_per_epoch" in keep or cfg.batch_size <= 0:
+    """Fit the batch shape a recipe or registry entry gave to the flags that cut it.
+
+    * A ``--batch_size`` not given as a flag is rounded up to whole trajectories for each
+      learner (a multiple of ``rollout x num_learners``, what minibatches of whole trajectories
+      need), with as many fewer minibatches as keep a batch's samples (Acrobot's entry's 8 of
+      128 are 4 of 256 under ``--num_learners 4``), unless that no longer cuts a sync round
+      into whole minibatches.
+    * In sync mode, each round of every env slot trains as one batch, or several whole ones.
+      Under a ``--num_batches_per_epoch`` given alone the minibatch becomes the smallest of
+      whole trajectories for each learner, from the recipe's up, that cuts whole rounds
+      (usually the round's share). Where the count was not given, it becomes
+      the round's count of minibatches of ``--batch_size`` (PPO's n_steps x n_envs split into
+      minibatches) when the round holds more than one batch, or holds whole minibatches of a
+      ``--batch_size`` given as a flag (``--batch_size 256`` alone over an entry's 8
+      minibatches of 128 is 4 of 256, not two rounds); a given ``--batch_size`` of whole rounds
+      is one minibatch. So a recipe's sync batches fit any --num_workers,
+      --num_envs_per_worker and number of agents that cut the round into whole minibatches; a
+      round smaller than the recipe's batch (one worker) trains on several rounds."""
+    if cfg.batch_size <= 0 or cfg.rollout <= 0 or cfg.algo in REPLAY_ALGOS:
         return
     per_round = cfg.rollout * cfg.num_envs * agents
-    if per_round > cfg.batch_size * cfg.num_batches_per_epoch and \
-            per_round % cfg.batch_size == 0:
+    unit = 1 if steps_minibatches(cfg) else cfg.rollout * max(1, cfg.num_learners)
+    given_size, given_count = "batch_size" in keep, "num_batches_per_epoch" in keep
+    if not given_size and not cfg.async_rl and given_count:
+        # The smallest minibatch of whole units, from the recipe's up, whose count cuts whole
+        # rounds (Acrobot's 128 under --num_batches_per_epoch 4: 256; under 12: 256, three
+        # rounds); none within reach leaves it for the checks to refuse.
+        first = -(-cfg.batch_size // unit)
+        for size in range(first * unit, max(first + 64, per_round + 1) * unit, unit):
+            if size * cfg.num_batches_per_epoch % per_round == 0:
+                cfg.batch_size = size
+                break
+        return
+    if not given_size and unit > 1:
+        whole = -(-cfg.batch_size // unit) * unit
+        if whole != cfg.batch_size and (cfg.async_rl or per_round % whole == 0):
+            samples = cfg.batch_size * cfg.num_batches_per_epoch
+            cfg.batch_size = whole
+            if not given_count:
+                cfg.num_batches_per_epoch = max(1, samples // whole)
+    if cfg.async_rl or given_count:
+        return
+    if given_size and cfg.batch_size % per_round == 0:
+        cfg.num_batches_per_epoch = 1
+    elif per_round % cfg.batch_size == 0 and (
+            given_size or per_round > cfg.batch_size * cfg.num_batches_per_epoch):
         cfg.num_batches_per_epoch = per_round // cfg.batch_size
 
 
@@ -243,6 +280,7 @@ def describe(recipe: str, cfg: Any = None) -> str:
         settings = replay_layer(algo, recipe)
         return f"--algo {algo}: " + ", ".join(f"{k}={getattr(cfg, k)}" for k in settings)
     if not settings:
-        return "fastrl's defaults (conv encoder, GRU, one pass over batches of 1024)"
+        size = cfg.batch_size if cfg is not None else 1024
+        return f"fastrl's defaults (conv encoder, GRU, one pass over batches of {size})"
     return ", ".join(f"{k}={getattr(cfg, k) if cfg is not None else v}"
                      for k, v in settings.items())
