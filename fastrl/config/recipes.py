@@ -39,6 +39,7 @@ the two together. How each recipe was measured: perf/log/RESULTS.md, "Default re
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 from fastrl.config.checks import steps_minibatches
@@ -247,17 +248,15 @@ def fit_round(cfg, keep: set[str], agents: int) -> None:
     unit = 1 if steps_minibatches(cfg) else cfg.rollout * max(1, cfg.num_learners)
     given_size, given_count = "batch_size" in keep, "num_batches_per_epoch" in keep
     if not given_size and not cfg.async_rl and given_count:
-        # The smallest minibatch of whole units, from the recipe's up, whose count cuts whole
-        # rounds (Acrobot's 128 under --num_batches_per_epoch 4: 256; under 12: 256, three
-        # rounds); none within reach leaves it for the checks to refuse.
-        first = -(-cfg.batch_size // unit)
-        for size in range(first * unit, max(first + 64, per_round + 1) * unit, unit):
-            if size * cfg.num_batches_per_epoch % per_round == 0:
-                cfg.batch_size = size
-                break
+        # The smallest minibatch from the recipe's up that is whole units and whose count cuts
+        # whole rounds, i.e. a multiple of both ``unit`` and per_round / gcd(per_round, count)
+        # (Acrobot's 128 under --num_batches_per_epoch 4: 256; under 12: 256, three rounds).
+        count = cfg.num_batches_per_epoch
+        step = math.lcm(unit, per_round // math.gcd(per_round, count))
+        cfg.batch_size = _round_up(cfg.batch_size, step)
         return
     if not given_size and unit > 1:
-        whole = -(-cfg.batch_size // unit) * unit
+        whole = _round_up(cfg.batch_size, unit)
         if whole != cfg.batch_size and (cfg.async_rl or per_round % whole == 0):
             samples = cfg.batch_size * cfg.num_batches_per_epoch
             cfg.batch_size = whole
@@ -270,6 +269,11 @@ def fit_round(cfg, keep: set[str], agents: int) -> None:
     elif per_round % cfg.batch_size == 0 and (
             given_size or per_round > cfg.batch_size * cfg.num_batches_per_epoch):
         cfg.num_batches_per_epoch = per_round // cfg.batch_size
+
+
+def _round_up(n: int, step: int) -> int:
+    """The smallest multiple of ``step`` that is ``n`` or more."""
+    return -(-n // step) * step
 
 
 def describe(recipe: str, cfg: Any = None) -> str:
