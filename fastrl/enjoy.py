@@ -39,6 +39,7 @@ from fastrl.config.load import load_saved_config, with_added_later
 from fastrl.config.settings import REPLAY_ALGOS, Config, ConfigError
 from fastrl.errors import ExperimentError
 from fastrl.experiment.checkpoint import (
+    best_checkpoint,
     checkpoint_dir,
     list_checkpoints,
     load_checkpoint,
@@ -90,6 +91,7 @@ class EnjoyOptions:
     opponent: str = SELF
     push_to_hub: bool = False
     hf_repository: str | None = None
+    best: bool = False
 
 
 def add_enjoy_arguments(parser: argparse.ArgumentParser, suppress_defaults: bool = False) -> None:
@@ -104,6 +106,9 @@ def add_enjoy_arguments(parser: argparse.ArgumentParser, suppress_defaults: bool
     flag = {"type": str2bool, "nargs": "?", "const": True, "metavar": "BOOL"}
     add("checkpoint", None, "Checkpoint file to load (none: the newest one of --experiment)",
         metavar="PATH")
+    add("best", False, "Play the experiment's best checkpoint (checkpoints/best.pt, written "
+        "by --save_best when the recent mean return peaked) instead of the newest; with "
+        "several policies, each one's own", **flag)
     add("max_num_episodes", 10, "Episodes to play", type=int)
     add("deterministic", False, "Take the most likely action instead of sampling", **flag)
     add("save_video", False, "Write an mp4 of the episodes (plus *_full.mp4 with the "
@@ -155,6 +160,12 @@ def parse_args(argv: list[str], prog: str = PROG
     if check_opponent(options.opponent):
         errors.append(check_opponent(options.opponent))
     errors += hub.option_errors(options.push_to_hub, options.hf_repository, options.checkpoint)
+    if options.best and options.checkpoint:
+        errors.append(f"--best and --checkpoint {options.checkpoint} both choose the checkpoint: "
+                      "give one")
+    elif options.best and options.hf_repository and not options.push_to_hub:
+        errors.append("--best plays an experiment's own best.pt; a Hub repository holds the "
+                      "checkpoint that was pushed: drop --best")
     if options.push_to_hub and "save_video" not in explicit:  # the model card shows a video
         options = dataclasses.replace(options, save_video=True)
     if errors:
@@ -184,6 +195,9 @@ def locate(full: dict[str, Any], explicit: dict[str, Any],
         if not os.path.isdir(exp_dir):
             raise ExperimentError(f"experiment folder {exp_dir} does not exist "
                                   "(check --train_dir and --experiment)")
+        if options.best:
+            path = best_checkpoint(exp_dir)
+            return exp_dir, load_checkpoint(path), path
         if not list_checkpoints(exp_dir):
             raise ExperimentError(f"no checkpoint in {checkpoint_dir(exp_dir)} "
                                   "(train the experiment first)")
@@ -315,7 +329,7 @@ def run(cfg: Config, exp_dir: str, state: dict, ckpt_path: str, options: EnjoyOp
     try:
         info = env_info(env, cfg.env_obs_layout)
         seats, states = seats_and_checkpoints(exp_dir, state, ckpt_path, info.num_agents,
-                                              options.policies)
+                                              options.policies, options.best)
         models = {k: _load_model(cfg, info, st, path, device) for k, (st, path) in states.items()}
         fps = options.fps or real_time_fps(env)
         video_path = options.video_path or os.path.join(exp_dir, VIDEO_FILE)

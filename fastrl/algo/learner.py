@@ -399,7 +399,8 @@ class Learner:
         self.version += 1
         self.version_floor = self.version
 
-    def state_dict(self) -> dict:
+    def state_dict(self, store_contents: bool = True) -> dict:
+        """``store_contents``: the replay learners' (no store here)."""
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),

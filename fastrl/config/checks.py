@@ -20,6 +20,7 @@ POSITIVE = ("num_workers", "num_envs_per_worker", "worker_num_splits", "num_poli
             "num_batches_per_epoch", "num_epochs", "learning_rate", "rnn_size", "encoder_fc_size",
             "keep_checkpoints", "stats_avg", "env_framestack", "train_for_env_steps",
             "train_for_seconds", "log_every_sec", "summaries_every_sec", "save_every_sec",
+            "save_best_every_sec",
             "eval_episodes", "adam_eps", "vtrace_rho", "vtrace_c", "reward_clip",
             "worker_timeout", "restart_window")
 NON_NEGATIVE = ("max_policy_lag", "eval_every_env_frames", "env_timeout", "max_worker_restarts",

@@ -357,6 +357,12 @@ class Config:
     save_every_sec: float = _f(120.0, "Seconds between checkpoints (one is also written at exit)",
                                "logging")
     keep_checkpoints: int = _f(3, "How many newest checkpoints to keep", "logging")
+    save_best: bool = _f(True, "Also keep checkpoints/best.pt: the weights when the mean return "
+                         "of the last --stats_avg episodes was highest so far (checked every "
+                         "--save_best_every_sec once that many episodes have ended; kept "
+                         "across resumes; enjoy.py --best plays it)", "logging")
+    save_best_every_sec: float = _f(5.0, "Seconds between two checks for a new best checkpoint",
+                                    "logging")
     log_every_sec: float = _f(5.0, "Seconds between console progress lines", "logging")
     summaries_every_sec: float = _f(10.0, "Seconds between TensorBoard and summary.json writes",
                                     "logging")

@@ -4,12 +4,18 @@ a run from the newest one.
 Each policy (``--num_policies``) has a folder of its own: policy 0 keeps ``checkpoints/``
 (so an experiment of one policy, and every experiment made before policies existed, resumes
 unchanged), policy ``k > 0`` writes ``checkpoints_p{k}/``. Every function takes the policy,
-0 by default."""
+0 by default.
+
+Beside the numbered series, ``best.pt`` (``--save_best``) holds the weights from when the
+policy's recent mean return was highest (``BestKeeper`` decides when). It is a whole
+checkpoint but for a replay store's rows, with a ``"best"`` record of its mean return; a run
+never resumes from it."""
 
 from __future__ import annotations
 
 import dataclasses
 import glob
+import math
 import os
 import random
 import re
@@ -28,6 +34,7 @@ if TYPE_CHECKING:
 
 CHECKPOINT_FORMAT = 1
 _NUMBERED = re.compile(r"checkpoint_(\d+)_(\d+)\.pt")
+BEST_FILE = "best.pt"  # beside the numbered ones; not named checkpoint_*: never resumed from
 
 
 def checkpoint_dir(experiment_dir: str, policy: int = 0) -> str:
@@ -49,6 +56,68 @@ def list_checkpoints(experiment_dir: str, policy: int = 0) -> list[str]:
     checkpoint under another name counts as the oldest (what is trained from it is newer)."""
     return sorted(glob.glob(os.path.join(checkpoint_dir(experiment_dir, policy),
                                          "checkpoint_*.pt")), key=_age)
+
+
+def best_checkpoint_path(experiment_dir: str, policy: int = 0) -> str:
+    """Where ``policy``'s best checkpoint is (``--save_best``)."""
+    return os.path.join(checkpoint_dir(experiment_dir, policy), BEST_FILE)
+
+
+def best_checkpoint(experiment_dir: str, policy: int = 0) -> str:
+    """``policy``'s best checkpoint to play; ``ExperimentError`` saying why when there is none."""
+    path = best_checkpoint_path(experiment_dir, policy)
+    if not os.path.isfile(path):
+        raise ExperimentError(f"no best checkpoint {path}: a run writes it once "
+                              "--stats_avg episodes have ended (--save_best, on by default)")
+    return path
+
+
+def saved_best_return(experiment_dir: str, policy: int = 0) -> float | None:
+    """The mean return that ``policy``'s ``best.pt`` was written at, or None when there is
+    none; an unreadable one is reported and counts as none (the next best replaces it)."""
+    path = best_checkpoint_path(experiment_dir, policy)
+    if not os.path.exists(path):
+        return None
+    try:  # mmap: only the small "best" record is read, not the tensors
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        return float(state["best"]["mean_return"])
+    except Exception as exc:  # noqa: BLE001 - torch raises many types for a bad file
+        log(f"warning: {path} cannot be read ({type(exc).__name__}: {exc}); the run's next "
+            "best replaces it")
+        return None
+
+
+class BestKeeper:
+    """When to write each policy's best checkpoint (``--save_best``): every ``period``
+    seconds, a policy whose last ``window`` episodes have all ended in this run and whose
+    mean return beats the best written so far (``saved``: from the checkpoints a resumed run
+    found) gets a new one. The weights written are the learner's when it reads the request,
+    a little newer than those that played the window's episodes (the policy lag, and the
+    window's own span)."""
+
+    def __init__(self, saved: list[float | None], window: int, period: float):
+        self.best = list(saved)
+        self.window = window
+        self.period = period
+        self._next_check = 0.0
+
+    def due(self, now: float, windows: list, last: bool = False) -> list[tuple[int, float]]:
+        """``windows[p]``: policy p's most recent episode returns (the stats' deque); the
+        policies to write a best checkpoint for, with their mean return. The period starts at
+        the first check with a full window; ``last``: the run's end, checked whatever the
+        period."""
+        full = [p for p, returns in enumerate(windows) if len(returns) >= self.window]
+        if not full or (now < self._next_check and not last):
+            return []
+        self._next_check = now + self.period
+        due = []
+        for policy in full:
+            returns = windows[policy]
+            mean = float(np.mean(returns))
+            if math.isfinite(mean) and (self.best[policy] is None or mean > self.best[policy]):
+                self.best[policy] = mean
+                due.append((policy, mean))
+        return due
 
 
 def rng_state() -> dict:
@@ -76,12 +145,14 @@ def set_rng_state(state: dict) -> None:
             "are not restored")
 
 
-def save_checkpoint(experiment_dir: str, state: dict, keep: int, policy: int = 0) -> str:
+def save_checkpoint(experiment_dir: str, state: dict, keep: int, policy: int = 0,
+                    best: bool = False) -> str:
     """Write ``state`` (of ``policy``) atomically (temporary file, fsync, rename); keep the
-    newest ``keep``."""
+    newest ``keep``. ``best``: write it as the policy's ``best.pt`` instead, which replaces
+    the previous best and is no part of the numbered series that a run resumes from."""
     version = state["learner"]["version"]
     frames = state["counters"]["env_frames"]
-    name = f"checkpoint_{version:09d}_{frames:013d}.pt"
+    name = BEST_FILE if best else f"checkpoint_{version:09d}_{frames:013d}.pt"
     folder = checkpoint_dir(experiment_dir, policy)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, name)
@@ -91,6 +162,8 @@ def save_checkpoint(experiment_dir: str, state: dict, keep: int, policy: int = 0
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+    if best:
+        return path
     for old in list_checkpoints(experiment_dir, policy)[:-keep]:
         try:
             os.remove(old)

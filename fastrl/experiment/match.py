@@ -22,7 +22,13 @@ single-agent env is played there as a match of one seat).
 from __future__ import annotations
 
 from fastrl.errors import ExperimentError
-from fastrl.experiment.checkpoint import checkpoint_dir, list_checkpoints, load_latest_checkpoint
+from fastrl.experiment.checkpoint import (
+    best_checkpoint,
+    checkpoint_dir,
+    list_checkpoints,
+    load_checkpoint,
+    load_latest_checkpoint,
+)
 from fastrl.experiment.evaluation import play_match
 
 __all__ = ["default_seats", "parse_seats", "play_match", "seats_and_checkpoints"]
@@ -56,10 +62,11 @@ def parse_seats(text: str, num_agents: int, num_policies: int) -> list[int]:
 
 
 def seats_and_checkpoints(exp_dir: str, state: dict, ckpt_path: str, num_agents: int,
-                           policies: str | None) -> tuple[list[int], dict[int, tuple[dict, str]]]:
+                           policies: str | None, best: bool = False
+                           ) -> tuple[list[int], dict[int, tuple[dict, str]]]:
     """The policy of each agent (``--policies``) and the checkpoint of each policy that plays:
-    policy 0's is the one already loaded (the newest, or ``--checkpoint``), another's is the
-    newest of its own folder (``checkpoints_p{k}``)."""
+    policy 0's is the one already loaded (the newest, ``--checkpoint`` or ``--best``), another's
+    is the newest of its own folder (``checkpoints_p{k}``), or its ``best.pt`` (``best``)."""
     num_policies = 1
     while list_checkpoints(exp_dir, num_policies):
         num_policies += 1
@@ -70,6 +77,10 @@ def seats_and_checkpoints(exp_dir: str, state: dict, ckpt_path: str, num_agents:
         raise ExperimentError(str(exc)) from None
     states = {0: (state, ckpt_path)}
     for k in sorted(set(seats) - {0}):
+        if best:
+            path = best_checkpoint(exp_dir, k)
+            states[k] = (load_checkpoint(path), path)
+            continue
         loaded, path = load_latest_checkpoint(exp_dir, policy=k)
         if loaded is None or path is None:
             raise ExperimentError(f"no readable checkpoint in {checkpoint_dir(exp_dir, k)}")

@@ -212,6 +212,9 @@ class TrainingStats:
         self.policies = ([PolicyStats(settings.stats_avg) for _ in range(settings.num_policies)]
                          if settings.num_policies > 1 else [])
         self.pbt = None  # --with_pbt: the population (algo/pbt/population.py), set by the run loop
+        # --save_best: policy -> {"mean_return", "env_frames"} of the best checkpoint this run
+        # wrote last (the run loop fills it as the learners confirm them)
+        self.best_checkpoints: dict[int, dict] = {}
 
     @property
     def run_seconds(self) -> float:
@@ -442,6 +445,9 @@ class TrainingStats:
             **({"policies": [p.summary(k) for k, p in enumerate(self.policies)]}
                if self.policies else {}),
             **({"pbt": self.pbt.summary()} if self.pbt is not None else {}),
+            **({"best_checkpoints": [{"policy": k, **v} for k, v in
+                                     sorted(self.best_checkpoints.items())]}
+               if self.best_checkpoints else {}),
             "updated": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 from fastrl.errors import EnvOutputError
+from fastrl.experiment.checkpoint import BestKeeper, best_checkpoint_path, saved_best_return
 from fastrl.experiment.evaluation import PeriodicEvaluator, write_eval_summaries
 from fastrl.experiment.reporter import Reporter
 from fastrl.experiment.stats import TrainingStats
@@ -66,6 +67,10 @@ class RunLoop:
         self.warmup_seconds = warmup_seconds
         self.signals = signals
         self.pbt = stats.pbt = pbt
+        # --save_best: each policy's best so far (a resumed run's from its best.pt), and the
+        # last one asked of each policy: (mean return, the run's frames when it was asked)
+        self.best: BestKeeper | None = None  # (made when the run starts)
+        self._best_asked: dict[int, tuple[float, int]] = {}
 
     def handle(self, msg) -> None:
         """Apply one runner-queue message to the statistics."""
@@ -119,7 +124,11 @@ class RunLoop:
         elif isinstance(msg, EnvCheckFailed):
             raise EnvOutputError(f"fastrl-rollout-{msg.worker_id}: {msg.error}")
         elif isinstance(msg, CheckpointSaved) and msg.path:
-            log(f"saved {msg.path}")
+            if msg.best is None:
+                log(f"saved {msg.path}")
+            elif msg.policy in self._best_asked:  # (one line at the end, not one a write)
+                value, frames = self._best_asked[msg.policy]
+                stats.best_checkpoints[msg.policy] = {"mean_return": value, "env_frames": frames}
 
     def drain(self, timeout: float) -> None:
         for msg in self.wiring.runner_queue.get_many(timeout):
@@ -129,6 +138,15 @@ class RunLoop:
         """Until the budget is spent or Ctrl-C; return whether a final checkpoint is due."""
         cfg, stats = self.cfg, self.stats
         last_save = time.monotonic()
+        if cfg.save_best and not cfg.sampling_only:
+            saved = [saved_best_return(cfg.experiment_dir, p)
+                     for p in range(self.wiring.num_policies)]
+            self.best = BestKeeper(saved, cfg.stats_avg, cfg.save_best_every_sec)
+            for policy, value in enumerate(saved):
+                if value is not None:
+                    who = f"policy {policy}'s " if self.wiring.num_policies > 1 else ""
+                    log(f"resume: {who}best checkpoint so far has mean return {value:.3f}; "
+                        "only a higher one replaces it")
         warm = self.warmup_seconds <= 0
         if warm:
             stats.mark_warmup()
@@ -144,6 +162,7 @@ class RunLoop:
                     stats.mark_warmup()
                     warm = True
                 self.reporter.maybe_report()
+                self._keep_best()
                 self._evaluate()
                 asked = self.signals is not None and self.signals.take_save_request()
                 if asked and cfg.sampling_only:
@@ -200,6 +219,7 @@ class RunLoop:
     def final_save(self, turn: Callable[[], None]) -> None:
         """Ask every learner for the final checkpoint and wait for each (``turn`` keeps the
         learners going in serial mode and notices a death in parallel mode)."""
+        self._keep_best(last=True)  # (the learner writes it before the final one)
         self.ask_to_save(final=True)
         waiting = set(range(self.wiring.num_policies))
         deadline = time.monotonic() + FINAL_SAVE_TIMEOUT
@@ -212,11 +232,34 @@ class RunLoop:
                 else:
                     self.handle(msg)
             if not waiting:
-                return
-        who = ("the learner" if self.wiring.num_policies == 1 else
-               "the learners of policies " + ", ".join(map(str, sorted(waiting))))
-        log(f"warning: {who} did not confirm the final checkpoint within "
-            f"{FINAL_SAVE_TIMEOUT:.0f} s")
+                break
+        else:
+            who = ("the learner" if self.wiring.num_policies == 1 else
+                   "the learners of policies " + ", ".join(map(str, sorted(waiting))))
+            log(f"warning: {who} did not confirm the final checkpoint within "
+                f"{FINAL_SAVE_TIMEOUT:.0f} s")
+        self.log_best()
+
+    def _keep_best(self, last: bool = False) -> None:
+        """Ask a policy's learner for a best checkpoint when its recent mean return is a new
+        high (``BestKeeper``); ``last``: the run's end, whatever the period."""
+        if self.best is None:
+            return
+        stats = self.stats
+        windows = [p.returns for p in stats.policies] if stats.policies else [stats.returns]
+        for policy, value in self.best.due(time.monotonic(), windows, last):
+            self._best_asked[policy] = (value, stats.env_frames)
+            self.wiring.learner_queues[policy].put(
+                SaveCheckpoint(stats.counters(), False, value))
+
+    def log_best(self) -> None:
+        """One line per policy whose best checkpoint this run wrote."""
+        for policy, best in sorted(self.stats.best_checkpoints.items()):
+            who = f"policy {policy}'s " if self.wiring.num_policies > 1 else ""
+            log(f"{who}best checkpoint: mean return {best['mean_return']:.3f} over the last "
+                f"{self.cfg.stats_avg} episodes, at {best['env_frames']:,} frames "
+                f"({best_checkpoint_path(self.cfg.experiment_dir, policy)}; "
+                "enjoy.py --best plays it)")
 
     def _evaluate(self) -> None:
         ev = self.evaluator

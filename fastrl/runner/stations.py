@@ -444,10 +444,16 @@ class LearnerStation:
         if w.cfg.sampling_only:
             w.runner_queue.put(CheckpointSaved("", msg.final, self.policy))
             return
-        state = checkpoint_state(w.cfg, w.info, self.learner.state_dict(), msg.counters)
-        path = save_checkpoint(w.cfg.experiment_dir, state, w.cfg.keep_checkpoints, self.policy)
-        self._final_saved = msg.final
-        w.runner_queue.put(CheckpointSaved(path, msg.final, self.policy))
+        best = msg.best is not None
+        # A best checkpoint is for playing (and resumable): a replay store's contents stay out.
+        state = checkpoint_state(w.cfg, w.info, self.learner.state_dict(store_contents=not best),
+                                 msg.counters)
+        if best:
+            state["best"] = {"mean_return": msg.best, "episodes": w.cfg.stats_avg}
+        path = save_checkpoint(w.cfg.experiment_dir, state, w.cfg.keep_checkpoints, self.policy,
+                               best=best)
+        self._final_saved = self._final_saved or msg.final
+        w.runner_queue.put(CheckpointSaved(path, msg.final, self.policy, msg.best))
 
 
 class LearnerRankStation:

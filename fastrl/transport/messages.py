@@ -167,10 +167,12 @@ class ReplayShare(NamedTuple):
 
 
 class SaveCheckpoint(NamedTuple):
-    """Runner -> learner: write a checkpoint with these run counters."""
+    """Runner -> learner: write a checkpoint with these run counters; ``best``: the mean
+    return that makes it the policy's new best (``best.pt``, ``--save_best``)."""
 
     counters: dict
     final: bool
+    best: float | None = None
 
 
 class CheckpointSaved(NamedTuple):
@@ -179,6 +181,7 @@ class CheckpointSaved(NamedTuple):
     path: str
     final: bool
     policy: int = 0
+    best: float | None = None
 
 
 # --- population-based training (--with_pbt; fastrl/algo/pbt/population.py) -------------

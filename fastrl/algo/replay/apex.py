@@ -333,12 +333,15 @@ class ApexLearner:
 
     # --- checkpoints -----------------------------------------------------------------------
 
-    def state_dict(self) -> dict:
+    def state_dict(self, store_contents: bool = True) -> dict:
+        """``store_contents``: False leaves the store's rows out whatever
+        ``--replay_save_contents`` says (a best checkpoint: a resumed run refills them)."""
         lim = self.limiter
+        contents = store_contents and self.settings.replay_save_contents
         return {"model": self.model.state_dict(), "target": self.target.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "version": self.version,
                 "samples_trained": self.samples_trained,
-                "replay": self.store.state_dict(self.settings.replay_save_contents),
+                "replay": self.store.state_dict(contents),
                 "limiter": {"inserts": lim.inserts, "samples": lim.samples}}
 
     def load_state_dict(self, state: dict) -> None:

@@ -1,0 +1,215 @@
+"""The best checkpoint (``--save_best``): when it is written (``BestKeeper``), where and what it
+holds, a resumed run keeping a better one, and ``enjoy.py --best`` playing it."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import deque
+
+import pytest
+import torch
+
+from fastrl.config.settings import Config
+from fastrl.errors import ExperimentError
+from fastrl.experiment.checkpoint import (
+    BestKeeper,
+    best_checkpoint,
+    best_checkpoint_path,
+    checkpoint_state,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+    saved_best_return,
+)
+from tests.test_checkpoint import INFO, _cfg, _learner
+
+COUNTERS = {"env_frames": 0, "episodes": 0, "wall_seconds": 0.0}
+
+
+def _window(*returns: float, size: int = 3) -> deque:
+    return deque(returns, maxlen=size)
+
+
+# --- when: BestKeeper -------------------------------------------------------------------
+
+
+def test_nothing_is_due_until_a_window_is_full_and_the_period_starts_there():
+    keeper = BestKeeper([None], window=3, period=5.0)
+    assert keeper.due(0.0, [_window(1.0, 2.0)]) == []
+    # the first full window is due at once: the not-full checks did not start the period
+    assert keeper.due(1.0, [_window(1.0, 2.0, 3.0)]) == [(0, 2.0)]
+    assert keeper.due(2.0, [_window(9.0, 9.0, 9.0)]) == []  # within the period
+    assert keeper.due(6.0, [_window(9.0, 9.0, 9.0)]) == [(0, 9.0)]
+    assert keeper.due(11.0, [_window(9.0, 9.0, 9.0)]) == []  # equal is no new best
+    assert keeper.due(16.0, [_window(4.0, 4.0, 4.0)]) == []  # lower neither
+    assert keeper.best == [9.0]
+
+
+def test_the_runs_end_is_checked_whatever_the_period():
+    keeper = BestKeeper([None], window=2, period=100.0)
+    assert keeper.due(0.0, [_window(1.0, 1.0, size=2)]) == [(0, 1.0)]
+    assert keeper.due(1.0, [_window(5.0, 5.0, size=2)]) == []
+    assert keeper.due(1.0, [_window(5.0, 5.0, size=2)], last=True) == [(0, 5.0)]
+
+
+def test_a_resumed_runs_best_is_beaten_only_by_a_higher_mean_and_policies_are_apart():
+    keeper = BestKeeper([10.0, None], window=2, period=0.0)
+    due = keeper.due(0.0, [_window(8.0, 9.0, size=2), _window(-3.0, -1.0, size=2)])
+    assert due == [(1, -2.0)]  # policy 0 keeps its saved 10; policy 1 had none
+    assert keeper.due(1.0, [_window(11.0, 12.0, size=2), _window(-3.0, -1.0, size=2)]) == [
+        (0, 11.5)]
+
+
+def test_a_window_that_is_not_a_number_writes_nothing():
+    keeper = BestKeeper([None], window=2, period=0.0)
+    assert keeper.due(0.0, [_window(math.nan, 1.0, size=2)]) == []
+    assert keeper.due(1.0, [_window(1.0, 1.0, size=2)]) == [(0, 1.0)]
+
+
+# --- where and what: the file -------------------------------------------------------------
+
+
+def _best_state(cfg: Config, value: float, version: int) -> dict:
+    learner = _learner(cfg)
+    learner.version = version
+    state = checkpoint_state(cfg, INFO, learner.state_dict(store_contents=False), COUNTERS)
+    state["best"] = {"mean_return": value, "episodes": cfg.stats_avg}
+    return state
+
+
+def test_best_pt_is_beside_the_numbered_ones_and_no_part_of_their_series(tmp_path):
+    cfg = _cfg(tmp_path)
+    for version in (1, 2):
+        state = checkpoint_state(cfg, INFO, _learner(cfg).state_dict(), COUNTERS)
+        state["learner"]["version"] = version
+        save_checkpoint(cfg.experiment_dir, state, keep=1)
+    path = save_checkpoint(cfg.experiment_dir, _best_state(cfg, 7.5, 3), keep=1, best=True)
+    assert path == best_checkpoint_path(cfg.experiment_dir) == best_checkpoint(cfg.experiment_dir)
+    assert path.endswith("checkpoints/best.pt")
+    # resuming never finds it, and writing it removed none of the series (keep=1)
+    assert [p.rsplit("/", 1)[1] for p in list_checkpoints(cfg.experiment_dir)] == [
+        "checkpoint_000000002_0000000000000.pt"]
+    assert saved_best_return(cfg.experiment_dir) == 7.5
+    loaded = load_checkpoint(path)
+    assert loaded["learner"]["version"] == 3 and "optimizer" in loaded["learner"]
+    # a new best replaces it in place
+    save_checkpoint(cfg.experiment_dir, _best_state(cfg, 9.0, 4), keep=1, best=True)
+    assert saved_best_return(cfg.experiment_dir) == 9.0
+    assert best_checkpoint_path(cfg.experiment_dir, 2).endswith("checkpoints_p2/best.pt")
+
+
+def test_no_best_checkpoint_and_an_unreadable_one(tmp_path, capsys):
+    cfg = _cfg(tmp_path)
+    assert saved_best_return(cfg.experiment_dir) is None
+    with pytest.raises(ExperimentError, match="no best checkpoint .*best.pt"):
+        best_checkpoint(cfg.experiment_dir)
+    path = best_checkpoint_path(cfg.experiment_dir)
+    os.makedirs(os.path.dirname(path))
+    with open(path, "wb") as fh:
+        fh.write(b"not a checkpoint")
+    assert saved_best_return(cfg.experiment_dir) is None  # the next best replaces it
+    assert "cannot be read" in capsys.readouterr().out
+
+
+def test_a_replay_learners_best_checkpoint_leaves_the_stores_rows_out(tmp_path):
+    from tests.test_apex import _learner as apex_learner
+    from tests.test_apex import _trajectories
+
+    learner = apex_learner(tmp_path)  # --replay_save_contents True (the default)
+    learner.insert(_trajectories(16, 4, 0))
+    assert learner.state_dict()["replay"]["contents"]
+    assert "obs" in learner.state_dict()["replay"]
+    light = learner.state_dict(store_contents=False)
+    assert not light["replay"]["contents"] and "obs" not in light["replay"]
+    assert light["replay"]["rows_filled"] == learner.state_dict()["replay"]["rows_filled"]
+
+
+# --- the run loop: asking the learner, and the run's last lines -------------------------------
+
+
+class _Queue:
+    def __init__(self):
+        self.got = []
+
+    def put(self, msg):
+        self.got.append(msg)
+
+
+def test_the_run_loop_asks_the_policys_learner_and_records_what_it_confirms(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from fastrl.experiment.stats import StatsSettings, TrainingStats
+    from fastrl.runner.run_loop import RunLoop
+    from fastrl.transport.messages import CheckpointSaved, SaveCheckpoint
+
+    cfg = _cfg(tmp_path, stats_avg=2, save_best_every_sec=0.001, num_policies=2)
+    stats = TrainingStats(StatsSettings.from_config(cfg), frameskip=1)
+    queues = [_Queue(), _Queue()]
+    wiring = SimpleNamespace(cfg=cfg, num_policies=2, learner_queues=queues)
+    loop = RunLoop(wiring, stats, reporter=None, turn=lambda: None)
+    loop.best = BestKeeper([None, None], cfg.stats_avg, cfg.save_best_every_sec)
+    for value in (1.0, 3.0):
+        stats.add_episode(value, 10, policy=1)
+    stats.env_frames = 500
+    loop._keep_best()
+    assert queues[0].got == []
+    (msg,) = queues[1].got
+    assert isinstance(msg, SaveCheckpoint) and msg.best == 2.0 and not msg.final
+    loop.handle(CheckpointSaved("/x/checkpoints_p1/best.pt", False, 1, 2.0))
+    assert stats.best_checkpoints == {1: {"mean_return": 2.0, "env_frames": 500}}
+    assert stats.summary(0.0)["best_checkpoints"] == [
+        {"policy": 1, "mean_return": 2.0, "env_frames": 500}]
+    assert "saved" not in capsys.readouterr().out  # no line per best written
+    loop.log_best()
+    line = capsys.readouterr().out
+    assert "policy 1's best checkpoint: mean return 2.000 over the last 2 episodes, at 500 " \
+           "frames" in line and "enjoy.py --best" in line
+
+
+# --- enjoy.py --best ----------------------------------------------------------------------
+
+
+def test_enjoy_best_refuses_a_second_choice_and_a_missing_file_in_one_line(tmp_path, capsys):
+    from fastrl.enjoy import main
+
+    args = ["--env", "CartPole-v1", "--train_dir", str(tmp_path), "--experiment", "x"]
+    assert main([*args, "--best", "--checkpoint", "a.pt"]) == 2
+    assert "--best and --checkpoint a.pt both choose the checkpoint" in capsys.readouterr().err
+    (tmp_path / "x" / "checkpoints").mkdir(parents=True)
+    assert main([*args, "--best"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no best checkpoint" in err[0] and "best.pt" in err[0], err
+
+
+@pytest.mark.slow
+def test_a_run_writes_its_best_a_resume_keeps_a_better_one_and_enjoy_plays_it(tmp_path, capsys):
+    """Serial CartPole: the run ends with a best.pt whose record is the summary's; a resumed
+    run whose windows never beat the saved best (set high by hand) leaves the file alone."""
+    from fastrl.enjoy import main as enjoy_main
+    from fastrl.run_config import parse_config
+    from fastrl.runner.serial import run_serial
+
+    args = ["--env", "CartPole-v1", "--serial_mode", "--device", "cpu", "--train_dir",
+            str(tmp_path), "--experiment", "b", "--seed", "1", "--stats_avg", "10",
+            "--save_best_every_sec", "0.2", "--use_rnn", "False"]
+    summary = run_serial(parse_config([*args, "--train_for_env_steps", "20000"]))
+    exp = tmp_path / "b"
+    (best,) = summary["best_checkpoints"]
+    assert best["policy"] == 0 and best["mean_return"] >= summary["mean_episode_return"]
+    assert saved_best_return(str(exp)) == best["mean_return"]
+    assert "best checkpoint: mean return" in capsys.readouterr().out
+
+    state = load_checkpoint(best_checkpoint_path(str(exp)))
+    state["best"]["mean_return"] = 1e9
+    torch.save(state, best_checkpoint_path(str(exp)))
+    summary = run_serial(parse_config([*args, "--train_for_env_steps", "30000"]))
+    assert "best_checkpoints" not in summary
+    assert saved_best_return(str(exp)) == 1e9
+    assert "best checkpoint so far has mean return 1000000000.000" in capsys.readouterr().out
+
+    assert enjoy_main(["--env", "CartPole-v1", "--train_dir", str(tmp_path), "--experiment", "b",
+                       "--best", "--max_num_episodes", "2", "--device", "cpu"]) == 0
+    import json
+
+    assert json.loads((exp / "eval.json").read_text())["checkpoint"].endswith("checkpoints/best.pt")
