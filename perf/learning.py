@@ -15,6 +15,8 @@ last value (from every episode's return, ``episode/return``: ``learning_curves.e
 against which the fall from the best is read. Writes
 ``learning.json`` and ``learning.png`` (needs matplotlib: ``pip install -e .[perf]``) into
 ``--out``, each run's log into ``<out>/runs/``; the last line printed is one JSON object.
+``--play N`` then plays each run's best checkpoint and its last one for N episodes (enjoy.py):
+what a user keeps, beside what the curve says.
 """
 
 from __future__ import annotations
@@ -158,7 +160,44 @@ def run_seed(args: argparse.Namespace, seed: int, extra: list[str]) -> dict[str,
         result["minutes_to_target"] = first_crossing(minutes, values, args.target)
     if code != 0:
         result["log_tail"] = log_tail(log_path)
+    elif getattr(args, "play", 0) > 0:
+        result["played"] = {which: play(args, seed, which) for which in ("best", "last")}
     return result
+
+
+def play(args: argparse.Namespace, seed: int, which: str) -> dict[str, Any]:
+    """Play seed's best checkpoint (``which`` "best") or its newest one ("last") for
+    ``--play`` episodes with enjoy.py, sampling its actions as training did; the mean return,
+    its standard error and the frames the checkpoint had trained on (``error``: enjoy's
+    message when it failed)."""
+    runs, experiment = os.path.join(args.out, "runs"), run_name(args.env, seed)
+    cmd = [sys.executable, os.path.join(REPO, "enjoy.py"), "--env", args.env, "--train_dir",
+           runs, "--experiment", experiment, "--max_num_episodes", str(args.play),
+           *(["--best"] if which == "best" else [])]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]}
+    with open(os.path.join(runs, experiment, "eval.json")) as fh:
+        report = json.load(fh)
+    n, std = report["episodes"], report["std_return"]
+    return {"mean_return": report["mean_return"], "episodes": n,
+            "std_error": None if std is None or n < 2 else std / (n - 1) ** 0.5,
+            "checkpoint_env_frames": report["checkpoint_env_frames"]}
+
+
+def played_text(played: dict[str, Any]) -> str:
+    """``--play``'s figures of one run, for its line of the report."""
+    parts = []
+    for which, name in (("best", "best.pt"), ("last", "the last checkpoint")):
+        p = played[which]
+        if "error" in p:
+            parts.append(f"{name}: {p['error']}")
+            continue
+        se = "" if p["std_error"] is None else f" (standard error {p['std_error']:.3f})"
+        parts.append(f"{name} {p['mean_return']:.3f}{se} at {p['checkpoint_env_frames']:,} "
+                     "frames")
+    return f"played {played['best'].get('episodes') or played['last'].get('episodes')} " \
+           "episodes each: " + "; ".join(parts)
 
 
 def holding_text(r: dict[str, Any], target: float | None) -> str:
@@ -237,6 +276,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
                         help="train every env of a suite (perf/learning_suites.py) instead of "
                              "--env; --frames then caps each env's budget")
     parser.add_argument("--only", help="with --suite: these envs of it (comma-separated)")
+    parser.add_argument("--play", type=int, default=0, metavar="N",
+                        help="after each run, play its best checkpoint (enjoy.py --best) and "
+                             "its last one for N episodes each, and report both: what a user "
+                             "keeps (0: not played)")
     parser.add_argument("--table", nargs="+", metavar="JSON",
                         help="print the table of stored results (suite.json or learning.json "
                              "files), recomputed from their curves; trains nothing")
@@ -270,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(r)
         print(f"seed {seed}: exit {r['exit_code']}, {r['final_frames']:,} frames in "
               f"{r['run_minutes']:.1f} min, {holding_text(r, args.target)}", flush=True)
+        if "played" in r:
+            print(f"seed {seed}: {played_text(r['played'])}", flush=True)
         if r["exit_code"] != 0:
             print(f"seed {seed}: train.py exited with code {r['exit_code']}; last lines of "
                   f"{r['log']}:\n{r['log_tail']}", file=sys.stderr, flush=True)
@@ -310,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
         "exit_code", "final_return", "best_return", "largest_fall", "fall_frames",
         "frames_to_target", "minutes_to_target",
         "return_at_reference_frames")}
+    if args.play:
+        by_seed["played"] = {str(r["seed"]): r.get("played") for r in runs}
     print(json.dumps({"env": args.env, "seeds": report["seeds"], **by_seed,
                       "mean_over_seeds": mean, "json": json_path, "png": png_path}), flush=True)
     if args.interrupted:

@@ -215,7 +215,7 @@ def test_tiny_cartpole_run_writes_json_and_plot(tmp_path):
     proc = subprocess.run(
         [sys.executable, SCRIPT, "--env", "CartPole-v1", "--seeds", "1", "--frames", "3000",
          "--target", "10", "--out", str(tmp_path), "--serial_mode", "--use_rnn", "False",
-         "--device", "cpu"],
+         "--device", "cpu", "--play", "2"],
         cwd=REPO, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     last = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -237,6 +237,12 @@ def test_tiny_cartpole_run_writes_json_and_plot(tmp_path):
     assert report["host"]["cpu_flags"].keys() == {"avx512f", "avx512_bf16", "amx_bf16"}
     assert report["reference"]["points"][0]["ret"] == 500.0
     assert (tmp_path / "learning.png").stat().st_size > 10_000
+    # --play: the best checkpoint and the last one, each played for 2 episodes
+    played = last["played"]["1"]
+    assert played == run["played"] and set(played) == {"best", "last"}, played
+    assert all(p["episodes"] == 2 and p["mean_return"] > 0 for p in played.values()), played
+    assert played["last"]["checkpoint_env_frames"] == run["final_frames"]
+    assert "seed 1: played 2 episodes each: best.pt " in proc.stdout
 
 
 def test_suite_selection_and_table_line():
