@@ -20,7 +20,7 @@ from fastrl.experiment.checkpoint import (
     list_checkpoints,
     load_checkpoint,
     save_checkpoint,
-    saved_best_return,
+    saved_best,
 )
 from tests.test_checkpoint import INFO, _cfg, _learner
 
@@ -90,25 +90,26 @@ def test_best_pt_is_beside_the_numbered_ones_and_no_part_of_their_series(tmp_pat
     # resuming never finds it, and writing it removed none of the series (keep=1)
     assert [p.rsplit("/", 1)[1] for p in list_checkpoints(cfg.experiment_dir)] == [
         "checkpoint_000000002_0000000000000.pt"]
-    assert saved_best_return(cfg.experiment_dir) == 7.5
+    assert saved_best(cfg.experiment_dir) == {"mean_return": 7.5, "episodes": cfg.stats_avg,
+                                             "env_frames": 0}
     loaded = load_checkpoint(path)
     assert loaded["learner"]["version"] == 3 and "optimizer" in loaded["learner"]
     # a new best replaces it in place
     save_checkpoint(cfg.experiment_dir, _best_state(cfg, 9.0, 4), keep=1, best=True)
-    assert saved_best_return(cfg.experiment_dir) == 9.0
+    assert saved_best(cfg.experiment_dir)["mean_return"] == 9.0
     assert best_checkpoint_path(cfg.experiment_dir, 2).endswith("checkpoints_p2/best.pt")
 
 
 def test_no_best_checkpoint_and_an_unreadable_one(tmp_path, capsys):
     cfg = _cfg(tmp_path)
-    assert saved_best_return(cfg.experiment_dir) is None
+    assert saved_best(cfg.experiment_dir) is None
     with pytest.raises(ExperimentError, match="no best checkpoint .*best.pt"):
         best_checkpoint(cfg.experiment_dir)
     path = best_checkpoint_path(cfg.experiment_dir)
     os.makedirs(os.path.dirname(path))
     with open(path, "wb") as fh:
         fh.write(b"not a checkpoint")
-    assert saved_best_return(cfg.experiment_dir) is None  # the next best replaces it
+    assert saved_best(cfg.experiment_dir) is None  # the next best replaces it
     assert "cannot be read" in capsys.readouterr().out
 
 
@@ -156,14 +157,15 @@ def test_the_run_loop_asks_the_policys_learner_and_records_what_it_confirms(tmp_
     assert queues[0].got == []
     (msg,) = queues[1].got
     assert isinstance(msg, SaveCheckpoint) and msg.best == 2.0 and not msg.final
-    loop.handle(CheckpointSaved("/x/checkpoints_p1/best.pt", False, 1, 2.0))
-    assert stats.best_checkpoints == {1: {"mean_return": 2.0, "env_frames": 500}}
+    # the frames are the written checkpoint's (the policy's own), not the run's at the request
+    loop.handle(CheckpointSaved("/x/checkpoints_p1/best.pt", False, 1, 2.0, 320))
+    assert stats.best_checkpoints == {1: {"mean_return": 2.0, "env_frames": 320}}
     assert stats.summary(0.0)["best_checkpoints"] == [
-        {"policy": 1, "mean_return": 2.0, "env_frames": 500}]
+        {"policy": 1, "mean_return": 2.0, "env_frames": 320}]
     assert "saved" not in capsys.readouterr().out  # no line per best written
     loop.log_best()
     line = capsys.readouterr().out
-    assert "policy 1's best checkpoint: mean return 2.000 over the last 2 episodes, at 500 " \
+    assert "policy 1's best checkpoint: mean return 2.000 over the last 2 episodes, at 320 " \
            "frames" in line and "enjoy.py --best" in line
 
 
@@ -182,34 +184,154 @@ def test_enjoy_best_refuses_a_second_choice_and_a_missing_file_in_one_line(tmp_p
     assert len(err) == 1 and "no best checkpoint" in err[0] and "best.pt" in err[0], err
 
 
+def test_the_runs_end_asks_for_a_last_best_before_the_final_checkpoint(tmp_path):
+    from types import SimpleNamespace
+
+    from fastrl.experiment.stats import StatsSettings, TrainingStats
+    from fastrl.runner.run_loop import RunLoop
+    from fastrl.transport.messages import CheckpointSaved, SaveCheckpoint
+
+    cfg = _cfg(tmp_path, stats_avg=2, save_best_every_sec=1000.0)
+    stats = TrainingStats(StatsSettings.from_config(cfg), frameskip=1)
+    learner = _Queue()
+
+    class Confirming:  # the learner's confirmations, as they would come back
+        def get_many(self, timeout):
+            return [CheckpointSaved(m.best and "best.pt" or "c.pt", m.final, 0, m.best, 7)
+                    for m in learner.got[len(self.seen):] if self.seen.append(m) is None]
+
+        seen: list = []
+
+    wiring = SimpleNamespace(cfg=cfg, num_policies=1, learner_queues=[learner],
+                             runner_queue=Confirming())
+    loop = RunLoop(wiring, stats, reporter=None, turn=lambda: None)
+    loop.best = BestKeeper([None], cfg.stats_avg, cfg.save_best_every_sec)
+    for value in (1.0, 1.0):
+        stats.add_episode(value, 10)
+    loop._keep_best()  # the first full window, at once; the period (1000 s) starts
+    for value in (5.0, 5.0):
+        stats.add_episode(value, 10)
+    loop._keep_best()  # within the period: nothing
+    assert [m.best for m in learner.got] == [1.0]
+    loop.final_save(turn=lambda: None)
+    assert [(type(m), m.best, m.final) for m in learner.got] == [
+        (SaveCheckpoint, 1.0, False), (SaveCheckpoint, 5.0, False), (SaveCheckpoint, None, True)]
+    assert stats.best_checkpoints == {0: {"mean_return": 5.0, "env_frames": 7}}
+
+
+def test_a_policy_that_took_anothers_weights_waits_for_a_window_of_its_own(tmp_path):
+    """PBT: after the exchange the policy's recent episodes were played by its old weights, so
+    no best is judged from them until --stats_avg episodes of the new version have ended."""
+    from types import SimpleNamespace
+
+    from fastrl.experiment.stats import StatsSettings, TrainingStats
+    from fastrl.runner.run_loop import RunLoop
+    from fastrl.transport.messages import EpisodeStats, PbtReplaced, RolloutReport
+
+    cfg = _cfg(tmp_path, stats_avg=2, save_best_every_sec=0.0, num_policies=2)
+    stats = TrainingStats(StatsSettings.from_config(cfg), frameskip=1)
+    queues = [_Queue(), _Queue()]
+    wiring = SimpleNamespace(cfg=cfg, num_policies=2, learner_queues=queues)
+    pbt = SimpleNamespace(confirmed=lambda msg: None, add_episode=lambda *a: None,
+                          counters=lambda: {})
+    loop = RunLoop(wiring, stats, reporter=None, turn=lambda: None, pbt=pbt)
+    loop.best = BestKeeper([None, None], cfg.stats_avg, cfg.save_best_every_sec)
+
+    def episodes(policy, version, *returns):
+        loop.handle(RolloutReport([EpisodeStats(0, r, 10, False, {}, policy, version)
+                                   for r in returns], 0, 0, {}))
+
+    loop.handle(PbtReplaced(policy=1, donor=0, exchange=1, version=40, dropped=0))
+    episodes(1, 39, 100.0, 100.0)  # old weights' episodes, reported late
+    loop._keep_best()
+    assert queues[1].got == []
+    episodes(1, 40, 3.0)
+    loop._keep_best()
+    assert queues[1].got == []  # one of the new version's two
+    episodes(1, 41, 4.0)
+    loop._keep_best()
+    assert [m.best for m in queues[1].got] == [3.5]
+
+
+def test_enjoy_best_loads_the_best_of_each_policy_that_plays(tmp_path):
+    from fastrl.experiment.match import seats_and_checkpoints
+
+    cfg = _cfg(tmp_path)
+    exp = cfg.experiment_dir
+    for policy in (0, 1):
+        state = checkpoint_state(cfg, INFO, _learner(cfg).state_dict(), COUNTERS)
+        save_checkpoint(exp, state, keep=1, policy=policy)
+    save_checkpoint(exp, _best_state(cfg, 4.0, 9), keep=1, policy=1, best=True)
+    newest = list_checkpoints(exp)[-1]
+    # policy 0 does not play and has no best.pt: only policy 1's is needed
+    seats, states = seats_and_checkpoints(exp, load_checkpoint(newest), newest, 2, "1", best=True)
+    assert seats == [1, 1] and list(states) == [1]
+    assert states[1][1] == best_checkpoint_path(exp, 1) and states[1][0]["learner"]["version"] == 9
+    with pytest.raises(ExperimentError, match="no best checkpoint .*checkpoints/best.pt"):
+        seats_and_checkpoints(exp, load_checkpoint(newest), newest, 2, "0,1", best=True)
+    # policy 0's best.pt, loaded by enjoy already, is used as it is
+    path0 = save_checkpoint(exp, _best_state(cfg, 2.0, 5), keep=1, best=True)
+    seats, states = seats_and_checkpoints(exp, load_checkpoint(path0), path0, 2, None, best=True)
+    assert {k: v[1] for k, v in states.items()} == {0: path0, 1: best_checkpoint_path(exp, 1)}
+
+
 @pytest.mark.slow
 def test_a_run_writes_its_best_a_resume_keeps_a_better_one_and_enjoy_plays_it(tmp_path, capsys):
     """Serial CartPole: the run ends with a best.pt whose record is the summary's; a resumed
-    run whose windows never beat the saved best (set high by hand) leaves the file alone."""
+    run whose windows never beat the saved best (set high by hand) leaves the file alone and
+    carries its record; one that averages another number of episodes replaces it."""
     from fastrl.enjoy import main as enjoy_main
     from fastrl.run_config import parse_config
     from fastrl.runner.serial import run_serial
 
     args = ["--env", "CartPole-v1", "--serial_mode", "--device", "cpu", "--train_dir",
-            str(tmp_path), "--experiment", "b", "--seed", "1", "--stats_avg", "10",
-            "--save_best_every_sec", "0.2", "--use_rnn", "False"]
-    summary = run_serial(parse_config([*args, "--train_for_env_steps", "20000"]))
-    exp = tmp_path / "b"
+            str(tmp_path), "--experiment", "b", "--seed", "1", "--save_best_every_sec", "0.2",
+            "--use_rnn", "False"]
+    summary = run_serial(parse_config([*args, "--stats_avg", "10",
+                                       "--train_for_env_steps", "20000"]))
+    exp = str(tmp_path / "b")
     (best,) = summary["best_checkpoints"]
     assert best["policy"] == 0 and best["mean_return"] >= summary["mean_episode_return"]
-    assert saved_best_return(str(exp)) == best["mean_return"]
+    assert saved_best(exp) == {"mean_return": best["mean_return"], "episodes": 10,
+                               "env_frames": best["env_frames"]}
+    assert 0 < best["env_frames"] <= summary["env_frames"]
     assert "best checkpoint: mean return" in capsys.readouterr().out
 
-    state = load_checkpoint(best_checkpoint_path(str(exp)))
+    state = load_checkpoint(best_checkpoint_path(exp))
     state["best"]["mean_return"] = 1e9
-    torch.save(state, best_checkpoint_path(str(exp)))
-    summary = run_serial(parse_config([*args, "--train_for_env_steps", "30000"]))
-    assert "best_checkpoints" not in summary
-    assert saved_best_return(str(exp)) == 1e9
+    torch.save(state, best_checkpoint_path(exp))
+    summary = run_serial(parse_config([*args, "--stats_avg", "10",
+                                       "--train_for_env_steps", "30000"]))
+    assert summary["best_checkpoints"] == [
+        {"policy": 0, "mean_return": 1e9, "env_frames": best["env_frames"]}]
+    assert saved_best(exp)["mean_return"] == 1e9
     assert "best checkpoint so far has mean return 1000000000.000" in capsys.readouterr().out
+
+    summary = run_serial(parse_config([*args, "--stats_avg", "5",
+                                       "--train_for_env_steps", "35000"]))
+    assert "the means do not compare" in capsys.readouterr().out
+    assert saved_best(exp)["episodes"] == 5 and saved_best(exp)["mean_return"] < 1e9
 
     assert enjoy_main(["--env", "CartPole-v1", "--train_dir", str(tmp_path), "--experiment", "b",
                        "--best", "--max_num_episodes", "2", "--device", "cpu"]) == 0
     import json
 
-    assert json.loads((exp / "eval.json").read_text())["checkpoint"].endswith("checkpoints/best.pt")
+    assert json.loads((tmp_path / "b" / "eval.json").read_text())["checkpoint"].endswith(
+        "checkpoints/best.pt")
+
+
+@pytest.mark.slow
+def test_a_replay_learners_best_checkpoint_from_a_run_holds_no_rows(tmp_path):
+    from fastrl.run_config import parse_config
+    from fastrl.runner.serial import run_serial
+    from tests.test_apex import APEX
+
+    run_serial(parse_config([*APEX, "--serial_mode", "--train_dir", str(tmp_path),
+                             "--experiment", "a", "--seed", "1", "--stats_avg", "5",
+                             "--replay_min_size", "200", "--encoder_mlp_layers", "16",
+                             "--train_for_env_steps", "1500"]))
+    exp = str(tmp_path / "a")
+    best = load_checkpoint(best_checkpoint_path(exp))["learner"]["replay"]
+    newest = load_checkpoint(list_checkpoints(exp)[-1])["learner"]["replay"]
+    assert newest["contents"] and "obs" in newest  # --replay_save_contents True
+    assert not best["contents"] and "obs" not in best

@@ -72,15 +72,19 @@ def best_checkpoint(experiment_dir: str, policy: int = 0) -> str:
     return path
 
 
-def saved_best_return(experiment_dir: str, policy: int = 0) -> float | None:
-    """The mean return that ``policy``'s ``best.pt`` was written at, or None when there is
-    none; an unreadable one is reported and counts as none (the next best replaces it)."""
+def saved_best(experiment_dir: str, policy: int = 0) -> dict | None:
+    """The record of ``policy``'s ``best.pt``: ``{"mean_return", "episodes", "env_frames"}``
+    (the mean, over how many episodes, and the frames the policy had trained on), or None
+    when there is none; an unreadable one is reported and counts as none (the next best
+    replaces it)."""
     path = best_checkpoint_path(experiment_dir, policy)
     if not os.path.exists(path):
         return None
-    try:  # mmap: only the small "best" record is read, not the tensors
+    try:  # mmap: only the small records are read, not the tensors
         state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-        return float(state["best"]["mean_return"])
+        best = state["best"]
+        return {"mean_return": float(best["mean_return"]), "episodes": int(best["episodes"]),
+                "env_frames": int(state["counters"]["env_frames"])}
     except Exception as exc:  # noqa: BLE001 - torch raises many types for a bad file
         log(f"warning: {path} cannot be read ({type(exc).__name__}: {exc}); the run's next "
             "best replaces it")

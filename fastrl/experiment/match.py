@@ -24,6 +24,7 @@ from __future__ import annotations
 from fastrl.errors import ExperimentError
 from fastrl.experiment.checkpoint import (
     best_checkpoint,
+    best_checkpoint_path,
     checkpoint_dir,
     list_checkpoints,
     load_checkpoint,
@@ -65,8 +66,9 @@ def seats_and_checkpoints(exp_dir: str, state: dict, ckpt_path: str, num_agents:
                            policies: str | None, best: bool = False
                            ) -> tuple[list[int], dict[int, tuple[dict, str]]]:
     """The policy of each agent (``--policies``) and the checkpoint of each policy that plays:
-    policy 0's is the one already loaded (the newest, ``--checkpoint`` or ``--best``), another's
-    is the newest of its own folder (``checkpoints_p{k}``), or its ``best.pt`` (``best``)."""
+    policy 0's is the one already loaded (the newest, or ``--checkpoint``), another's is the
+    newest of its own folder (``checkpoints_p{k}``); with ``best``, each one's ``best.pt``
+    (policy 0's loaded already where it has one)."""
     num_policies = 1
     while list_checkpoints(exp_dir, num_policies):
         num_policies += 1
@@ -76,10 +78,12 @@ def seats_and_checkpoints(exp_dir: str, state: dict, ckpt_path: str, num_agents:
     except ValueError as exc:
         raise ExperimentError(str(exc)) from None
     states = {0: (state, ckpt_path)}
-    for k in sorted(set(seats) - {0}):
-        if best:
+    for k in sorted(set(seats)):
+        if best and not (k == 0 and ckpt_path == best_checkpoint_path(exp_dir)):
             path = best_checkpoint(exp_dir, k)
             states[k] = (load_checkpoint(path), path)
+            continue
+        if k == 0:
             continue
         loaded, path = load_latest_checkpoint(exp_dir, policy=k)
         if loaded is None or path is None:

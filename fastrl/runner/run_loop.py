@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from fastrl.errors import EnvOutputError
-from fastrl.experiment.checkpoint import BestKeeper, best_checkpoint_path, saved_best_return
+from fastrl.experiment.checkpoint import BestKeeper, best_checkpoint_path, saved_best
 from fastrl.experiment.evaluation import PeriodicEvaluator, write_eval_summaries
 from fastrl.experiment.reporter import Reporter
 from fastrl.experiment.stats import TrainingStats
@@ -67,10 +67,11 @@ class RunLoop:
         self.warmup_seconds = warmup_seconds
         self.signals = signals
         self.pbt = stats.pbt = pbt
-        # --save_best: each policy's best so far (a resumed run's from its best.pt), and the
-        # last one asked of each policy: (mean return, the run's frames when it was asked)
-        self.best: BestKeeper | None = None  # (made when the run starts)
-        self._best_asked: dict[int, tuple[float, int]] = {}
+        # --save_best: each policy's best so far (a resumed run's from its best.pt), made
+        # when the run starts; a policy that took another's weights (PBT) is left out until
+        # it has played a window of episodes with them: policy -> [version floor, episodes]
+        self.best: BestKeeper | None = None
+        self._best_held: dict[int, list[int]] = {}
 
     def handle(self, msg) -> None:
         """Apply one runner-queue message to the statistics."""
@@ -81,6 +82,11 @@ class RunLoop:
             for ep in msg.episodes:
                 stats.add_episode(ep.episode_return, ep.length, ep.truncated, ep.metrics,
                                   ep.policy)
+                held = self._best_held.get(ep.policy)
+                if held is not None and ep.version >= held[0]:
+                    held[1] += 1
+                    if held[1] >= self.cfg.stats_avg:
+                        del self._best_held[ep.policy]
                 if self.pbt is not None:
                     self.pbt.add_episode(ep.policy, ep.episode_return, ep.metrics, ep.version)
             stats.env_restarts += msg.env_restarts
@@ -101,6 +107,8 @@ class RunLoop:
                 self.pbt.add_stale(msg.policy, msg.stale)
         elif isinstance(msg, PbtReplaced):
             self.pbt.confirmed(msg)
+            if self.best is not None:
+                self._best_held[msg.policy] = [msg.version, 0]
         elif isinstance(msg, PolicyReport):
             stats.add_stage_time(f"policy_worker_{msg.policy_id}", msg.samples,
                                  msg.busy_seconds)
@@ -126,9 +134,9 @@ class RunLoop:
         elif isinstance(msg, CheckpointSaved) and msg.path:
             if msg.best is None:
                 log(f"saved {msg.path}")
-            elif msg.policy in self._best_asked:  # (one line at the end, not one a write)
-                value, frames = self._best_asked[msg.policy]
-                stats.best_checkpoints[msg.policy] = {"mean_return": value, "env_frames": frames}
+            else:  # (one line at the end, not one a write)
+                stats.best_checkpoints[msg.policy] = {"mean_return": msg.best,
+                                                      "env_frames": msg.env_frames}
 
     def drain(self, timeout: float) -> None:
         for msg in self.wiring.runner_queue.get_many(timeout):
@@ -139,14 +147,8 @@ class RunLoop:
         cfg, stats = self.cfg, self.stats
         last_save = time.monotonic()
         if cfg.save_best and not cfg.sampling_only:
-            saved = [saved_best_return(cfg.experiment_dir, p)
-                     for p in range(self.wiring.num_policies)]
-            self.best = BestKeeper(saved, cfg.stats_avg, cfg.save_best_every_sec)
-            for policy, value in enumerate(saved):
-                if value is not None:
-                    who = f"policy {policy}'s " if self.wiring.num_policies > 1 else ""
-                    log(f"resume: {who}best checkpoint so far has mean return {value:.3f}; "
-                        "only a higher one replaces it")
+            self.best = BestKeeper([self._saved_best(p) for p in range(self.wiring.num_policies)],
+                                   cfg.stats_avg, cfg.save_best_every_sec)
         warm = self.warmup_seconds <= 0
         if warm:
             stats.mark_warmup()
@@ -247,13 +249,36 @@ class RunLoop:
             return
         stats = self.stats
         windows = [p.returns for p in stats.policies] if stats.policies else [stats.returns]
+        windows = [() if k in self._best_held else w for k, w in enumerate(windows)]
         for policy, value in self.best.due(time.monotonic(), windows, last):
-            self._best_asked[policy] = (value, stats.env_frames)
             self.wiring.learner_queues[policy].put(
                 SaveCheckpoint(stats.counters(), False, value))
 
+    def _saved_best(self, policy: int) -> float | None:
+        """The mean return of ``policy``'s best checkpoint from an earlier run, for this run to
+        beat (named in the log and carried into summary.json); None where there is none, or
+        where it averaged another number of episodes than ``--stats_avg`` (then this run's
+        first full window replaces it: the two means are not comparable)."""
+        saved = saved_best(self.cfg.experiment_dir, policy)
+        if saved is None:
+            return None
+        who = f"policy {policy}'s " if self.wiring.num_policies > 1 else ""
+        path = best_checkpoint_path(self.cfg.experiment_dir, policy)
+        if saved["episodes"] != self.cfg.stats_avg:
+            log(f"resume: {who}best checkpoint {path} averaged {saved['episodes']} episodes "
+                f"(mean return {saved['mean_return']:.3f}), this run --stats_avg "
+                f"{self.cfg.stats_avg}: the means do not compare, so this run's first full "
+                "window replaces it")
+            return None
+        log(f"resume: {who}best checkpoint so far has mean return {saved['mean_return']:.3f} "
+            f"at {saved['env_frames']:,} frames; only a higher one replaces it")
+        self.stats.best_checkpoints[policy] = {"mean_return": saved["mean_return"],
+                                               "env_frames": saved["env_frames"]}
+        return saved["mean_return"]
+
     def log_best(self) -> None:
-        """One line per policy whose best checkpoint this run wrote."""
+        """One line per policy with a best checkpoint (this run's, or an earlier one's that
+        this run did not beat)."""
         for policy, best in sorted(self.stats.best_checkpoints.items()):
             who = f"policy {policy}'s " if self.wiring.num_policies > 1 else ""
             log(f"{who}best checkpoint: mean return {best['mean_return']:.3f} over the last "

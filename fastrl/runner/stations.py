@@ -453,7 +453,8 @@ class LearnerStation:
         path = save_checkpoint(w.cfg.experiment_dir, state, w.cfg.keep_checkpoints, self.policy,
                                best=best)
         self._final_saved = self._final_saved or msg.final
-        w.runner_queue.put(CheckpointSaved(path, msg.final, self.policy, msg.best))
+        w.runner_queue.put(CheckpointSaved(path, msg.final, self.policy, msg.best,
+                                           state["counters"]["env_frames"]))
 
 
 class LearnerRankStation:

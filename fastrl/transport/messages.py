@@ -176,12 +176,15 @@ class SaveCheckpoint(NamedTuple):
 
 
 class CheckpointSaved(NamedTuple):
-    """Learner -> runner: written to ``path`` ("" when only sampling: nothing to save)."""
+    """Learner -> runner: written to ``path`` ("" when only sampling: nothing to save);
+    ``best``: the mean return of a best checkpoint, ``env_frames`` the frames the policy had
+    trained on when it was written."""
 
     path: str
     final: bool
     policy: int = 0
     best: float | None = None
+    env_frames: int = 0
 
 
 # --- population-based training (--with_pbt; fastrl/algo/pbt/population.py) -------------
