@@ -40,7 +40,6 @@ from fastrl.config.settings import REPLAY_ALGOS, Config, ConfigError
 from fastrl.errors import ExperimentError
 from fastrl.experiment.checkpoint import (
     best_checkpoint,
-    best_checkpoint_path,
     checkpoint_dir,
     list_checkpoints,
     load_checkpoint,
@@ -196,13 +195,11 @@ def locate(full: dict[str, Any], explicit: dict[str, Any],
         if not os.path.isdir(exp_dir):
             raise ExperimentError(f"experiment folder {exp_dir} does not exist "
                                   "(check --train_dir and --experiment)")
-        if options.best and os.path.isfile(best_checkpoint_path(exp_dir)):
-            path = best_checkpoint_path(exp_dir)
-            return exp_dir, load_checkpoint(path), path
         if options.best and not list_checkpoints(exp_dir):
-            best_checkpoint(exp_dir)  # raises, naming the missing best.pt
-        # (with --best and no best.pt of policy 0: its newest checkpoint gives the config;
-        # seats_and_checkpoints loads the best.pt of each policy that plays)
+            path = best_checkpoint(exp_dir)  # (raises, naming a missing best.pt)
+            return exp_dir, load_checkpoint(path), path
+        # (with --best, policy 0's newest checkpoint gives the config; seats_and_checkpoints
+        # loads the best.pt of each policy that plays)
         if not list_checkpoints(exp_dir):
             raise ExperimentError(f"no checkpoint in {checkpoint_dir(exp_dir)} "
                                   "(train the experiment first)")

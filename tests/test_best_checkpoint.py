@@ -137,21 +137,35 @@ class _Queue:
         self.got.append(msg)
 
 
-def test_the_run_loop_asks_the_policys_learner_and_records_what_it_confirms(tmp_path, capsys):
+def _loop(cfg, pbt=None, **wiring):
     from types import SimpleNamespace
 
     from fastrl.experiment.stats import StatsSettings, TrainingStats
     from fastrl.runner.run_loop import RunLoop
+
+    stats = TrainingStats(StatsSettings.from_config(cfg), frameskip=1)
+    queues = [_Queue() for _ in range(cfg.num_policies)]
+    wiring = SimpleNamespace(cfg=cfg, num_policies=cfg.num_policies, learner_queues=queues,
+                             **wiring)
+    loop = RunLoop(wiring, stats, reporter=None, turn=lambda: None, pbt=pbt)
+    loop.best = BestKeeper([None] * cfg.num_policies, cfg.stats_avg, cfg.save_best_every_sec)
+    loop._best_windows = [deque(maxlen=cfg.stats_avg) for _ in range(cfg.num_policies)]
+    return loop, stats, queues
+
+
+def _episodes(loop, policy, version, *returns):
+    from fastrl.transport.messages import EpisodeStats, RolloutReport
+
+    loop.handle(RolloutReport([EpisodeStats(0, r, 10, False, {}, policy, version)
+                               for r in returns], 0, 0, {}))
+
+
+def test_the_run_loop_asks_the_policys_learner_and_records_what_it_confirms(tmp_path, capsys):
     from fastrl.transport.messages import CheckpointSaved, SaveCheckpoint
 
     cfg = _cfg(tmp_path, stats_avg=2, save_best_every_sec=0.001, num_policies=2)
-    stats = TrainingStats(StatsSettings.from_config(cfg), frameskip=1)
-    queues = [_Queue(), _Queue()]
-    wiring = SimpleNamespace(cfg=cfg, num_policies=2, learner_queues=queues)
-    loop = RunLoop(wiring, stats, reporter=None, turn=lambda: None)
-    loop.best = BestKeeper([None, None], cfg.stats_avg, cfg.save_best_every_sec)
-    for value in (1.0, 3.0):
-        stats.add_episode(value, 10, policy=1)
+    loop, stats, queues = _loop(cfg)
+    _episodes(loop, 1, 0, 1.0, 3.0)
     stats.env_frames = 500
     loop._keep_best()
     assert queues[0].got == []
@@ -159,14 +173,75 @@ def test_the_run_loop_asks_the_policys_learner_and_records_what_it_confirms(tmp_
     assert isinstance(msg, SaveCheckpoint) and msg.best == 2.0 and not msg.final
     # the frames are the written checkpoint's (the policy's own), not the run's at the request
     loop.handle(CheckpointSaved("/x/checkpoints_p1/best.pt", False, 1, 2.0, 320))
-    assert stats.best_checkpoints == {1: {"mean_return": 2.0, "env_frames": 320}}
+    assert stats.best_checkpoints == {1: {"mean_return": 2.0, "episodes": 2, "env_frames": 320}}
     assert stats.summary(0.0)["best_checkpoints"] == [
-        {"policy": 1, "mean_return": 2.0, "env_frames": 320}]
+        {"policy": 1, "mean_return": 2.0, "episodes": 2, "env_frames": 320}]
     assert "saved" not in capsys.readouterr().out  # no line per best written
     loop.log_best()
     line = capsys.readouterr().out
     assert "policy 1's best checkpoint: mean return 2.000 over the last 2 episodes, at 320 " \
            "frames" in line and "enjoy.py --best" in line
+
+
+def test_the_runs_end_asks_for_a_last_best_before_the_final_checkpoint(tmp_path):
+    from fastrl.transport.messages import CheckpointSaved, SaveCheckpoint
+
+    cfg = _cfg(tmp_path, stats_avg=2, save_best_every_sec=1000.0)
+    seen: list = []
+
+    class Confirming:  # the learner's confirmations, as they would come back
+        def get_many(self, timeout):
+            new = loop.wiring.learner_queues[0].got[len(seen):]
+            seen.extend(new)
+            return [CheckpointSaved("best.pt" if m.best else "c.pt", m.final, 0, m.best, 7)
+                    for m in new]
+
+    loop, stats, queues = _loop(cfg, runner_queue=Confirming())
+    _episodes(loop, 0, 0, 1.0, 1.0)
+    loop._keep_best()  # the first full window, at once; the period (1000 s) starts
+    _episodes(loop, 0, 0, 5.0, 5.0)
+    loop._keep_best()  # within the period: nothing
+    assert [m.best for m in queues[0].got] == [1.0]
+    loop.final_save(turn=lambda: None)
+    assert [(type(m), m.best, m.final) for m in queues[0].got] == [
+        (SaveCheckpoint, 1.0, False), (SaveCheckpoint, 5.0, False), (SaveCheckpoint, None, True)]
+    assert stats.best_checkpoints == {0: {"mean_return": 5.0, "episodes": 2, "env_frames": 7}}
+
+
+def test_a_policy_that_takes_anothers_weights_is_judged_on_its_new_episodes_alone(tmp_path):
+    """PBT (review 58): from the exchange's sending on, the replaced policy's episodes played
+    in part by its old weights judge no best, whether they end before the learner confirms
+    or after (a long old episode ending late)."""
+    from fastrl.algo.pbt.population import PbtSettings, Population
+    from fastrl.transport.messages import LearnerReady, PbtReplace, PbtReplaced
+
+    cfg = _cfg(tmp_path, stats_avg=2, save_best_every_sec=0.0, num_policies=2, with_pbt=True,
+               pbt_min_episodes=2, pbt_period_env_steps=100, pbt_start_env_steps=0,
+               pbt_replace_fraction=0.5, pbt_min_gap=0.0)
+    hp = {"learning_rate": 1e-3, "gamma": 0.99, "exploration_loss_coeff": 0.01}
+    os.makedirs(cfg.experiment_dir)
+    pbt_queues = [_Queue(), _Queue()]
+    pbt = Population(PbtSettings.from_config(cfg), cfg.experiment_dir, pbt_queues,
+                     [LearnerReady(None, None, 0, "cpu", "fp32", k, dict(hp)) for k in range(2)])
+    loop, stats, queues = _loop(cfg, pbt=pbt)
+    _episodes(loop, 0, 0, 50.0, 50.0)
+    _episodes(loop, 1, 0, 1.0, 1.0)
+    loop._keep_best()
+    _episodes(loop, 1, 0, 5.0, 5.0)  # policy 1's own new high, still the worst
+    stats.env_frames = 1000
+    loop._exchange()  # sent, not yet confirmed: policy 1 takes policy 0's weights
+    assert isinstance(pbt_queues[1].got[-1], PbtReplace)
+    loop._keep_best()
+    assert [m.best for m in queues[1].got] == [1.0]  # no best from the old weights' 5.0s
+    _episodes(loop, 1, 39, 7.0)  # the old weights' episode, ending before the confirmation
+    loop.handle(PbtReplaced(policy=1, donor=0, exchange=1, version=40, dropped=0))
+    _episodes(loop, 1, 40, 3.0)
+    _episodes(loop, 1, 39, 100.0)  # a long one of the old weights, ending late
+    loop._keep_best()
+    assert [m.best for m in queues[1].got] == [1.0]  # one of the new weights' episodes only
+    _episodes(loop, 1, 41, 4.0)
+    loop._keep_best()
+    assert [m.best for m in queues[1].got] == [1.0, 3.5]
 
 
 # --- enjoy.py --best ----------------------------------------------------------------------
@@ -182,75 +257,6 @@ def test_enjoy_best_refuses_a_second_choice_and_a_missing_file_in_one_line(tmp_p
     assert main([*args, "--best"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no best checkpoint" in err[0] and "best.pt" in err[0], err
-
-
-def test_the_runs_end_asks_for_a_last_best_before_the_final_checkpoint(tmp_path):
-    from types import SimpleNamespace
-
-    from fastrl.experiment.stats import StatsSettings, TrainingStats
-    from fastrl.runner.run_loop import RunLoop
-    from fastrl.transport.messages import CheckpointSaved, SaveCheckpoint
-
-    cfg = _cfg(tmp_path, stats_avg=2, save_best_every_sec=1000.0)
-    stats = TrainingStats(StatsSettings.from_config(cfg), frameskip=1)
-    learner = _Queue()
-
-    class Confirming:  # the learner's confirmations, as they would come back
-        def get_many(self, timeout):
-            return [CheckpointSaved(m.best and "best.pt" or "c.pt", m.final, 0, m.best, 7)
-                    for m in learner.got[len(self.seen):] if self.seen.append(m) is None]
-
-        seen: list = []
-
-    wiring = SimpleNamespace(cfg=cfg, num_policies=1, learner_queues=[learner],
-                             runner_queue=Confirming())
-    loop = RunLoop(wiring, stats, reporter=None, turn=lambda: None)
-    loop.best = BestKeeper([None], cfg.stats_avg, cfg.save_best_every_sec)
-    for value in (1.0, 1.0):
-        stats.add_episode(value, 10)
-    loop._keep_best()  # the first full window, at once; the period (1000 s) starts
-    for value in (5.0, 5.0):
-        stats.add_episode(value, 10)
-    loop._keep_best()  # within the period: nothing
-    assert [m.best for m in learner.got] == [1.0]
-    loop.final_save(turn=lambda: None)
-    assert [(type(m), m.best, m.final) for m in learner.got] == [
-        (SaveCheckpoint, 1.0, False), (SaveCheckpoint, 5.0, False), (SaveCheckpoint, None, True)]
-    assert stats.best_checkpoints == {0: {"mean_return": 5.0, "env_frames": 7}}
-
-
-def test_a_policy_that_took_anothers_weights_waits_for_a_window_of_its_own(tmp_path):
-    """PBT: after the exchange the policy's recent episodes were played by its old weights, so
-    no best is judged from them until --stats_avg episodes of the new version have ended."""
-    from types import SimpleNamespace
-
-    from fastrl.experiment.stats import StatsSettings, TrainingStats
-    from fastrl.runner.run_loop import RunLoop
-    from fastrl.transport.messages import EpisodeStats, PbtReplaced, RolloutReport
-
-    cfg = _cfg(tmp_path, stats_avg=2, save_best_every_sec=0.0, num_policies=2)
-    stats = TrainingStats(StatsSettings.from_config(cfg), frameskip=1)
-    queues = [_Queue(), _Queue()]
-    wiring = SimpleNamespace(cfg=cfg, num_policies=2, learner_queues=queues)
-    pbt = SimpleNamespace(confirmed=lambda msg: None, add_episode=lambda *a: None,
-                          counters=lambda: {})
-    loop = RunLoop(wiring, stats, reporter=None, turn=lambda: None, pbt=pbt)
-    loop.best = BestKeeper([None, None], cfg.stats_avg, cfg.save_best_every_sec)
-
-    def episodes(policy, version, *returns):
-        loop.handle(RolloutReport([EpisodeStats(0, r, 10, False, {}, policy, version)
-                                   for r in returns], 0, 0, {}))
-
-    loop.handle(PbtReplaced(policy=1, donor=0, exchange=1, version=40, dropped=0))
-    episodes(1, 39, 100.0, 100.0)  # old weights' episodes, reported late
-    loop._keep_best()
-    assert queues[1].got == []
-    episodes(1, 40, 3.0)
-    loop._keep_best()
-    assert queues[1].got == []  # one of the new version's two
-    episodes(1, 41, 4.0)
-    loop._keep_best()
-    assert [m.best for m in queues[1].got] == [3.5]
 
 
 def test_enjoy_best_loads_the_best_of_each_policy_that_plays(tmp_path):
@@ -303,7 +309,7 @@ def test_a_run_writes_its_best_a_resume_keeps_a_better_one_and_enjoy_plays_it(tm
     summary = run_serial(parse_config([*args, "--stats_avg", "10",
                                        "--train_for_env_steps", "30000"]))
     assert summary["best_checkpoints"] == [
-        {"policy": 0, "mean_return": 1e9, "env_frames": best["env_frames"]}]
+        {"policy": 0, "mean_return": 1e9, "episodes": 10, "env_frames": best["env_frames"]}]
     assert saved_best(exp)["mean_return"] == 1e9
     assert "best checkpoint so far has mean return 1000000000.000" in capsys.readouterr().out
 

@@ -212,8 +212,8 @@ class TrainingStats:
         self.policies = ([PolicyStats(settings.stats_avg) for _ in range(settings.num_policies)]
                          if settings.num_policies > 1 else [])
         self.pbt = None  # --with_pbt: the population (algo/pbt/population.py), set by the run loop
-        # --save_best: policy -> {"mean_return", "env_frames"} of the best checkpoint this run
-        # wrote last (the run loop fills it as the learners confirm them)
+        # --save_best: policy -> {"mean_return", "episodes", "env_frames"} of its best.pt (an
+        # earlier run's, until the learner confirms one this run wrote: the run loop fills it)
         self.best_checkpoints: dict[int, dict] = {}
 
     @property

@@ -10,6 +10,7 @@ polls its three stations there; parallel mode checks on its child processes.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 
 from fastrl.errors import EnvOutputError
@@ -67,11 +68,11 @@ class RunLoop:
         self.warmup_seconds = warmup_seconds
         self.signals = signals
         self.pbt = stats.pbt = pbt
-        # --save_best: each policy's best so far (a resumed run's from its best.pt), made
-        # when the run starts; a policy that took another's weights (PBT) is left out until
-        # it has played a window of episodes with them: policy -> [version floor, episodes]
+        # --save_best, made when the run starts: each policy's best so far (a resumed run's
+        # from its best.pt), and the recent returns it is judged on: under PBT, those of the
+        # episodes its current weights played whole (the population's version floor)
         self.best: BestKeeper | None = None
-        self._best_held: dict[int, list[int]] = {}
+        self._best_windows: list[deque[float]] = []
 
     def handle(self, msg) -> None:
         """Apply one runner-queue message to the statistics."""
@@ -82,11 +83,9 @@ class RunLoop:
             for ep in msg.episodes:
                 stats.add_episode(ep.episode_return, ep.length, ep.truncated, ep.metrics,
                                   ep.policy)
-                held = self._best_held.get(ep.policy)
-                if held is not None and ep.version >= held[0]:
-                    held[1] += 1
-                    if held[1] >= self.cfg.stats_avg:
-                        del self._best_held[ep.policy]
+                if self._best_windows and (self.pbt is None
+                                           or ep.version >= self.pbt.floor[ep.policy]):
+                    self._best_windows[ep.policy].append(ep.episode_return)
                 if self.pbt is not None:
                     self.pbt.add_episode(ep.policy, ep.episode_return, ep.metrics, ep.version)
             stats.env_restarts += msg.env_restarts
@@ -107,8 +106,6 @@ class RunLoop:
                 self.pbt.add_stale(msg.policy, msg.stale)
         elif isinstance(msg, PbtReplaced):
             self.pbt.confirmed(msg)
-            if self.best is not None:
-                self._best_held[msg.policy] = [msg.version, 0]
         elif isinstance(msg, PolicyReport):
             stats.add_stage_time(f"policy_worker_{msg.policy_id}", msg.samples,
                                  msg.busy_seconds)
@@ -135,8 +132,9 @@ class RunLoop:
             if msg.best is None:
                 log(f"saved {msg.path}")
             else:  # (one line at the end, not one a write)
-                stats.best_checkpoints[msg.policy] = {"mean_return": msg.best,
-                                                      "env_frames": msg.env_frames}
+                stats.best_checkpoints[msg.policy] = {
+                    "mean_return": msg.best, "episodes": self.cfg.stats_avg,
+                    "env_frames": msg.env_frames}
 
     def drain(self, timeout: float) -> None:
         for msg in self.wiring.runner_queue.get_many(timeout):
@@ -147,8 +145,10 @@ class RunLoop:
         cfg, stats = self.cfg, self.stats
         last_save = time.monotonic()
         if cfg.save_best and not cfg.sampling_only:
-            self.best = BestKeeper([self._saved_best(p) for p in range(self.wiring.num_policies)],
-                                   cfg.stats_avg, cfg.save_best_every_sec)
+            policies = range(self.wiring.num_policies)
+            self.best = BestKeeper([self._saved_best(p) for p in policies], cfg.stats_avg,
+                                   cfg.save_best_every_sec)
+            self._best_windows = [deque(maxlen=cfg.stats_avg) for _ in policies]
         warm = self.warmup_seconds <= 0
         if warm:
             stats.mark_warmup()
@@ -159,7 +159,7 @@ class RunLoop:
                 self.turn()
                 self.drain(self.poll_timeout)
                 if self.pbt is not None:
-                    self.pbt.maybe_exchange(stats.env_frames)
+                    self._exchange()
                 if not warm and stats.run_seconds >= self.warmup_seconds:
                     stats.mark_warmup()
                     warm = True
@@ -242,15 +242,20 @@ class RunLoop:
                 f"{FINAL_SAVE_TIMEOUT:.0f} s")
         self.log_best()
 
+    def _exchange(self) -> None:
+        """PBT's exchange, when due; a replaced policy's best is judged again only on
+        episodes its new weights play whole (the population's floor keeps the others out)."""
+        for replaced, _ in self.pbt.maybe_exchange(self.stats.env_frames):
+            if self._best_windows:
+                self._best_windows[replaced].clear()
+
     def _keep_best(self, last: bool = False) -> None:
         """Ask a policy's learner for a best checkpoint when its recent mean return is a new
         high (``BestKeeper``); ``last``: the run's end, whatever the period."""
         if self.best is None:
             return
         stats = self.stats
-        windows = [p.returns for p in stats.policies] if stats.policies else [stats.returns]
-        windows = [() if k in self._best_held else w for k, w in enumerate(windows)]
-        for policy, value in self.best.due(time.monotonic(), windows, last):
+        for policy, value in self.best.due(time.monotonic(), self._best_windows, last):
             self.wiring.learner_queues[policy].put(
                 SaveCheckpoint(stats.counters(), False, value))
 
@@ -264,6 +269,7 @@ class RunLoop:
             return None
         who = f"policy {policy}'s " if self.wiring.num_policies > 1 else ""
         path = best_checkpoint_path(self.cfg.experiment_dir, policy)
+        self.stats.best_checkpoints[policy] = saved  # (until this run writes one)
         if saved["episodes"] != self.cfg.stats_avg:
             log(f"resume: {who}best checkpoint {path} averaged {saved['episodes']} episodes "
                 f"(mean return {saved['mean_return']:.3f}), this run --stats_avg "
@@ -272,8 +278,6 @@ class RunLoop:
             return None
         log(f"resume: {who}best checkpoint so far has mean return {saved['mean_return']:.3f} "
             f"at {saved['env_frames']:,} frames; only a higher one replaces it")
-        self.stats.best_checkpoints[policy] = {"mean_return": saved["mean_return"],
-                                               "env_frames": saved["env_frames"]}
         return saved["mean_return"]
 
     def log_best(self) -> None:
@@ -282,7 +286,7 @@ class RunLoop:
         for policy, best in sorted(self.stats.best_checkpoints.items()):
             who = f"policy {policy}'s " if self.wiring.num_policies > 1 else ""
             log(f"{who}best checkpoint: mean return {best['mean_return']:.3f} over the last "
-                f"{self.cfg.stats_avg} episodes, at {best['env_frames']:,} frames "
+                f"{best['episodes']} episodes, at {best['env_frames']:,} frames "
                 f"({best_checkpoint_path(self.cfg.experiment_dir, policy)}; "
                 "enjoy.py --best plays it)")
 
