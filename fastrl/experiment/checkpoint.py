@@ -107,9 +107,9 @@ class BestKeeper:
 
     def due(self, now: float, windows: list, last: bool = False) -> list[tuple[int, float]]:
         """``windows[p]``: policy p's most recent episode returns (the run loop's, at most
-        ``window`` of them); the policies to write a best checkpoint for, with their mean. The period starts at
-        the first check with a full window; ``last``: the run's end, checked whatever the
-        period."""
+        ``window`` of them); the policies to write a best checkpoint for, with their mean.
+        The period starts at the first check with a full window; ``last``: the run's end,
+        checked whatever the period."""
         full = [p for p, returns in enumerate(windows) if len(returns) >= self.window]
         if not full or (now < self._next_check and not last):
             return []
