@@ -169,11 +169,13 @@ def play(args: argparse.Namespace, seed: int, which: str) -> dict[str, Any]:
     """Play seed's best checkpoint (``which`` "best") or its newest one ("last") for
     ``--play`` episodes with enjoy.py, sampling its actions as training did; the mean return,
     its standard error and the frames the checkpoint had trained on (``error``: enjoy's
-    message when it failed)."""
+    message when it failed). Both play with the run's seed: the same episodes' starts and
+    draws, so that the same weights play the same returns and the two are compared on the
+    same luck."""
     runs, experiment = os.path.join(args.out, "runs"), run_name(args.env, seed)
     cmd = [sys.executable, os.path.join(REPO, "enjoy.py"), "--env", args.env, "--train_dir",
            runs, "--experiment", experiment, "--max_num_episodes", str(args.play),
-           *(["--best"] if which == "best" else [])]
+           "--seed", str(seed), *(["--best"] if which == "best" else [])]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]}

@@ -242,6 +242,8 @@ def test_tiny_cartpole_run_writes_json_and_plot(tmp_path):
     assert played == run["played"] and set(played) == {"best", "last"}, played
     assert all(p["episodes"] == 2 and p["mean_return"] > 0 for p in played.values()), played
     assert played["last"]["checkpoint_env_frames"] == run["final_frames"]
+    if played["best"]["checkpoint_env_frames"] == played["last"]["checkpoint_env_frames"]:
+        assert played["best"] == played["last"]  # the same weights, the same seeded episodes
     assert "seed 1: played 2 episodes each: best.pt " in proc.stdout
 
 
