@@ -166,6 +166,20 @@ def test_the_run_says_which_recipe_and_why():
     assert "CartPole-v1's registry entry, with settings of its own: reward_scale" in entry
 
 
+def test_a_replay_run_says_the_entrys_ppo_batch_shape_is_not_its_own():
+    """Acrobot's entry sets PPO's minibatches; under --algo r2d2 the first line named them as
+    recommended (with "this run: 32" beside the batch) though replay trains with none."""
+    obs = Box(-1, 1, (6,), np.float32)
+    r2d2 = parse_config(["--env", "Acrobot-v1", "--algo", "r2d2"])
+    line = env_probe.recipe_line("Acrobot-v1", "classic", obs, Discrete(3), r2d2)
+    assert ("Acrobot-v1's registry entry's batch_size=128, num_batches_per_epoch=8, "
+            "num_epochs=10 are for --algo appo") in line and "recommends" not in line
+    appo = parse_config(["--env", "Acrobot-v1"])
+    line = env_probe.recipe_line("Acrobot-v1", "classic", obs, Discrete(3), appo)
+    assert ("Acrobot-v1's registry entry recommends batch_size=128, num_batches_per_epoch=8, "
+            "num_epochs=10)") in line
+
+
 def test_sync_recipes_train_each_round_as_one_batch(tmp_path):
     """The classic recipe is sync: a round of every env slot (workers x envs x agents x 64
     steps) is one batch of minibatches of 256, whatever the counts, unless a flag says how

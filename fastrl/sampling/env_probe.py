@@ -147,6 +147,11 @@ def _describe(space: gym.Space) -> str:
     return str(space)
 
 
+# A registry entry's PPO batch shape: what --algo apex and r2d2 do not train with (their
+# replay layer sets the batch they sample; they make no epochs over a batch).
+PPO_BATCH_SHAPE = ("batch_size", "num_batches_per_epoch", "num_epochs")
+
+
 def recipe_line(env_name: str, recipe: str, obs_space: gym.Space, action_space: gym.Space,
                 cfg: Any = None) -> str:
     """The run's line that says which recipe it trains with, and why; with ``cfg``, the
@@ -165,10 +170,15 @@ def recipe_line(env_name: str, recipe: str, obs_space: gym.Space, action_space: 
     elif recipe != by_spaces:
         why = f"--recipe {recipe}; the spaces call for {by_spaces}"
     own = {k: v for k, v in entry.items() if k != "recipe"}
+    algo = getattr(cfg, "algo", "appo")
+    ppo_shape = {k: own.pop(k) for k in PPO_BATCH_SHAPE if algo != "appo" and k in own}
     if own and entry.get("recipe") != recipe:  # a family's settings over the spaces' recipe
         why += f"; {env_name}'s registry entry recommends " + ", ".join(
             f"{k}={v}" + (f" (this run: {getattr(cfg, k)})"
                           if cfg is not None and getattr(cfg, k, v) != v else "")
             for k, v in sorted(own.items()))
+    if ppo_shape:  # (a replay learner samples its own batches from the store)
+        why += (f"; {env_name}'s registry entry's " + ", ".join(
+            f"{k}={v}" for k, v in sorted(ppo_shape.items())) + " are for --algo appo")
     return (f"recipe {recipe} ({why}): {describe(recipe, cfg)}; --recipe chooses another, "
             "any flag overrides a setting")
