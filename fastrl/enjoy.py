@@ -195,12 +195,12 @@ def locate(full: dict[str, Any], explicit: dict[str, Any],
         if not os.path.isdir(exp_dir):
             raise ExperimentError(f"experiment folder {exp_dir} does not exist "
                                   "(check --train_dir and --experiment)")
-        if options.best and not list_checkpoints(exp_dir):
-            path = best_checkpoint(exp_dir)  # (raises, naming a missing best.pt)
-            return exp_dir, load_checkpoint(path), path
         # (with --best, policy 0's newest checkpoint gives the config; seats_and_checkpoints
         # loads the best.pt of each policy that plays)
         if not list_checkpoints(exp_dir):
+            if options.best:
+                path = best_checkpoint(exp_dir)  # (raises, naming a missing best.pt)
+                return exp_dir, load_checkpoint(path), path
             raise ExperimentError(f"no checkpoint in {checkpoint_dir(exp_dir)} "
                                   "(train the experiment first)")
         state, path = load_latest_checkpoint(exp_dir)

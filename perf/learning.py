@@ -160,7 +160,7 @@ def run_seed(args: argparse.Namespace, seed: int, extra: list[str]) -> dict[str,
         result["minutes_to_target"] = first_crossing(minutes, values, args.target)
     if code != 0:
         result["log_tail"] = log_tail(log_path)
-    elif getattr(args, "play", 0) > 0:
+    elif args.play > 0:
         result["played"] = {which: play(args, seed, which) for which in ("best", "last")}
     return result
 
@@ -181,9 +181,9 @@ def play(args: argparse.Namespace, seed: int, which: str) -> dict[str, Any]:
         return {"error": (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]}
     with open(os.path.join(runs, experiment, "eval.json")) as fh:
         report = json.load(fh)
-    n, std = report["episodes"], report["std_return"]
-    return {"mean_return": report["mean_return"], "episodes": n,
-            "std_error": None if std is None or n < 2 else std / (n - 1) ** 0.5,
+    returns = report["returns"]
+    return {"mean_return": report["mean_return"], "episodes": report["episodes"],
+            "std_error": end_noise(returns, len(returns))["end_std_error"],
             "checkpoint_env_frames": report["checkpoint_env_frames"]}
 
 

@@ -82,11 +82,9 @@ def seats_and_checkpoints(exp_dir: str, state: dict, ckpt_path: str, num_agents:
         if best and not (k == 0 and ckpt_path == best_checkpoint_path(exp_dir)):
             path = best_checkpoint(exp_dir, k)
             states[k] = (load_checkpoint(path), path)
-            continue
-        if k == 0:
-            continue
-        loaded, path = load_latest_checkpoint(exp_dir, policy=k)
-        if loaded is None or path is None:
-            raise ExperimentError(f"no readable checkpoint in {checkpoint_dir(exp_dir, k)}")
-        states[k] = (loaded, path)
+        elif k != 0:
+            loaded, path = load_latest_checkpoint(exp_dir, policy=k)
+            if loaded is None or path is None:
+                raise ExperimentError(f"no readable checkpoint in {checkpoint_dir(exp_dir, k)}")
+            states[k] = (loaded, path)
     return seats, {k: states[k] for k in sorted(set(seats))}
