@@ -8,6 +8,7 @@ CPU the checkpoint was written on, and loading onto it moves nothing real."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -154,3 +155,31 @@ def test_an_unchanged_decaying_learning_rate_is_not_reported(tmp_path, capsys):
     changed = _cfg(tmp_path, lr_schedule="linear_decay", learning_rate=5e-4)
     restore_learner(_learner(changed), changed, INFO)
     assert "--learning_rate 0.001 -> 0.0005" in capsys.readouterr().out
+
+
+def test_a_save_removes_what_an_interrupted_save_left_and_leaves_nothing_when_it_fails(
+        tmp_path, capsys, monkeypatch):
+    """A process killed while writing leaves ``<name>.pt.tmp`` (as big as a checkpoint) in
+    the policy's folder: the next save removes it and says so. A save that fails itself (a
+    full disk) removes its own temporary and raises."""
+    cfg = _cfg(tmp_path)
+    _save(cfg)
+    folder = Path(checkpoint.checkpoint_dir(cfg.experiment_dir, 0))
+    leftover = folder / "checkpoint_000000009_0000000000900.pt.tmp"
+    leftover.write_bytes(b"\0" * 2**20)
+    best_leftover = leftover.with_name("best.pt.tmp")
+    best_leftover.write_bytes(b"half")
+    _save(cfg)
+    assert not leftover.exists() and not best_leftover.exists()
+    out = capsys.readouterr()
+    assert "leftover of a save that was interrupted" in out.out + out.err
+
+    def full_disk(obj, fh):
+        fh.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        _save(cfg)
+    assert not [p for p in (tmp_path / "x").rglob("*.tmp")]
+    assert len(checkpoint.list_checkpoints(cfg.experiment_dir)) == 1

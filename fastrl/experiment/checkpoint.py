@@ -13,6 +13,7 @@ never resumes from it."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import math
@@ -160,12 +161,18 @@ def save_checkpoint(experiment_dir: str, state: dict, keep: int, policy: int = 0
     folder = checkpoint_dir(experiment_dir, policy)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, name)
+    _remove_interrupted_saves(folder)
     tmp = path + ".tmp"
-    with open(tmp, "wb") as fh:
-        torch.save({"format": CHECKPOINT_FORMAT, **state}, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save({"format": CHECKPOINT_FORMAT, **state}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, an interrupt: leave no half-written file behind
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
     if best:
         return path
     for old in list_checkpoints(experiment_dir, policy)[:-keep]:
@@ -174,6 +181,17 @@ def save_checkpoint(experiment_dir: str, state: dict, keep: int, policy: int = 0
         except OSError:
             pass
     return path
+
+
+def _remove_interrupted_saves(folder: str) -> None:
+    """Remove the temporaries of saves that a killed process left in ``folder`` (a policy's
+    checkpoints: its learner is their one writer, one save at a time)."""
+    for leftover in glob.glob(os.path.join(folder, "*.pt.tmp")):
+        with contextlib.suppress(OSError):
+            size = os.path.getsize(leftover)
+            os.remove(leftover)
+            log(f"removed {leftover} ({size / 2**20:.1f} MiB), the leftover of a save that "
+                "was interrupted")
 
 
 def load_checkpoint(path: str, map_location="cpu") -> dict:
