@@ -7,7 +7,9 @@ CPU the checkpoint was written on, and loading onto it moves nothing real."""
 
 from __future__ import annotations
 
+import os
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -160,7 +162,8 @@ def test_an_unchanged_decaying_learning_rate_is_not_reported(tmp_path, capsys):
 def test_a_save_removes_what_an_interrupted_save_left_and_leaves_nothing_when_it_fails(
         tmp_path, capsys, monkeypatch):
     """A process killed while writing leaves ``<name>.pt.tmp`` (as big as a checkpoint) in
-    the policy's folder: the next save removes it and says so. A save that fails itself (a
+    the policy's folder: a save once it is ``INTERRUPTED_SAVE_AGE`` old removes it and says
+    so (a fresh one may be another run's write in progress). A save that fails itself (a
     full disk) removes its own temporary and raises."""
     cfg = _cfg(tmp_path)
     _save(cfg)
@@ -169,6 +172,11 @@ def test_a_save_removes_what_an_interrupted_save_left_and_leaves_nothing_when_it
     leftover.write_bytes(b"\0" * 2**20)
     best_leftover = leftover.with_name("best.pt.tmp")
     best_leftover.write_bytes(b"half")
+    _save(cfg)
+    assert leftover.exists() and best_leftover.exists()  # fresh: maybe another run's write
+    old = time.time() - checkpoint.INTERRUPTED_SAVE_AGE - 1
+    os.utime(leftover, (old, old))
+    os.utime(best_leftover, (old, old))
     _save(cfg)
     assert not leftover.exists() and not best_leftover.exists()
     out = capsys.readouterr()

@@ -20,6 +20,7 @@ import math
 import os
 import random
 import re
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 CHECKPOINT_FORMAT = 1
 _NUMBERED = re.compile(r"checkpoint_(\d+)_(\d+)\.pt")
 BEST_FILE = "best.pt"  # beside the numbered ones; not named checkpoint_*: never resumed from
+# A save's temporary untouched this long (seconds) is a killed save's leftover.
+INTERRUPTED_SAVE_AGE = 600.0
 
 
 def checkpoint_dir(experiment_dir: str, policy: int = 0) -> str:
@@ -185,13 +188,17 @@ def save_checkpoint(experiment_dir: str, state: dict, keep: int, policy: int = 0
 
 def _remove_interrupted_saves(folder: str) -> None:
     """Remove the temporaries of saves that a killed process left in ``folder`` (a policy's
-    checkpoints: its learner is their one writer, one save at a time)."""
+    checkpoints). Only those untouched for ``INTERRUPTED_SAVE_AGE`` seconds: nothing stops
+    two runs sharing an experiment, and a write in progress keeps its file's time fresh."""
+    now = time.time()
     for leftover in glob.glob(os.path.join(folder, "*.pt.tmp")):
         with contextlib.suppress(OSError):
-            size = os.path.getsize(leftover)
+            info = os.stat(leftover)
+            if now - info.st_mtime < INTERRUPTED_SAVE_AGE:
+                continue
             os.remove(leftover)
-            log(f"removed {leftover} ({size / 2**20:.1f} MiB), the leftover of a save that "
-                "was interrupted")
+            log(f"removed {leftover} ({info.st_size / 2**20:.1f} MiB), the leftover of a save "
+                "that was interrupted")
 
 
 def load_checkpoint(path: str, map_location="cpu") -> dict:
