@@ -367,7 +367,8 @@ class Config:
     summaries_every_sec: float = _f(10.0, "Seconds between TensorBoard and summary.json writes",
                                     "logging")
     eval_every_env_frames: int = _f(0, "Every this many env frames, play --eval_episodes in a "
-                                    "separate env and log eval/ returns to TensorBoard (0: never)",
+                                    "separate env and log eval/ returns to TensorBoard, and the "
+                                    "final checkpoint once more at a run's end (0: never)",
                                     "logging")
     eval_episodes: int = _f(10, "Episodes per evaluation during training", "logging")
     eval_deterministic: bool = _f(False, "Evaluate with the most likely action instead of sampling",

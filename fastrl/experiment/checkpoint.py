@@ -201,10 +201,12 @@ def _remove_interrupted_saves(folder: str) -> None:
                 "that was interrupted")
 
 
-def load_checkpoint(path: str, map_location="cpu") -> dict:
-    """Load one checkpoint; raises ``ExperimentError`` naming the path if it is unusable."""
+def load_checkpoint(path: str, map_location="cpu", mmap: bool = False) -> dict:
+    """Load one checkpoint; raises ``ExperimentError`` naming the path if it is unusable.
+    ``mmap``: tensors are read from the file as they are used (only the model, of one that
+    holds a replay store's gigabytes)."""
     try:
-        state = torch.load(path, map_location=map_location, weights_only=False)
+        state = torch.load(path, map_location=map_location, weights_only=False, mmap=mmap)
     except Exception as exc:  # noqa: BLE001 - torch raises many types for a bad file
         raise ExperimentError(
             f"checkpoint {path} cannot be read ({type(exc).__name__}: {exc})"

@@ -379,7 +379,8 @@ class _FirstEpisodeVideo:
 
 
 class _Cancelled(Exception):
-    """Raised inside a background evaluation by :meth:`PeriodicEvaluator.close`."""
+    """Raised inside a background evaluation by :meth:`PeriodicEvaluator.close`, and inside
+    a final one when its stop signal comes."""
 
 
 class PeriodicEvaluator:
@@ -433,6 +434,7 @@ class PeriodicEvaluator:
         self._thread: threading.Thread | None = None
         self._done: queue.SimpleQueue[tuple[int, EvalResult | BaseException]] = queue.SimpleQueue()
         self._cancel = threading.Event()
+        self._stop: Callable[[], bool] | None = None  # evaluate_final's stop signal
 
     def resume_at(self, env_frames: int) -> None:
         """A resumed run is at ``env_frames``: the next evaluation is the next one due after
@@ -465,7 +467,7 @@ class PeriodicEvaluator:
                                        real_time_fps(self.env))
 
         def sink(obs: dict[str, np.ndarray], env: gym.Env) -> None:
-            if self._cancel.is_set():
+            if self._cancel.is_set() or (self._stop is not None and self._stop()):
                 raise _Cancelled
             if video is not None:
                 video(obs, env)
@@ -524,12 +526,33 @@ class PeriodicEvaluator:
                 raise RuntimeError(f"evaluation at {frames:,} frames failed: {item!r}") from item
             out.append((frames, item))
 
-    def close(self) -> None:
-        """Stop a background evaluation (within one agent step) and close the env."""
-        self._cancel.set()
+    def evaluate_final(self, env_frames: int, model_state: dict[str, torch.Tensor],
+                       stop: Callable[[], bool] | None = None) -> EvalResult | None:
+        """Blocking, at the run's end: play the weights ``model_state`` (the final
+        checkpoint's model, trained on ``env_frames``). A background evaluation still running
+        is stopped first, its result dropped (its weights are older). ``stop()`` turning true
+        (a stop signal) cuts the episodes short: None then."""
+        self._stop_background()
+        self.model.load_state_dict(model_state)
+        self._stop = stop
+        try:
+            return self._play(env_frames)
+        except _Cancelled:
+            return None
+        finally:
+            self._stop = None
+
+    def _stop_background(self) -> None:
+        """Stop a background evaluation within one agent step and wait for its thread."""
         if self._thread is not None:
+            self._cancel.set()
             self._thread.join()
             self._thread = None
+            self._cancel.clear()
+
+    def close(self) -> None:
+        """Stop a background evaluation (within one agent step) and close the env."""
+        self._stop_background()
         self.env.close()
 
 

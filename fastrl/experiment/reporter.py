@@ -216,6 +216,12 @@ def print_final_summary(summary: dict) -> None:
     if faults:
         lines.append("  env faults      " + ", ".join(f"{kind} {n}" for kind, n in faults.items())
                      + f" ({summary['steps_discarded']:,} steps left out of training)")
+    final = summary.get("final_evaluation")
+    if final:
+        lines.append(f"  evaluation      return {final['mean_return']:.3f} +- "
+                     f"{final['std_return']:.3f} over {final['episodes']} episodes of the final "
+                     f"checkpoint ({'most likely' if final['deterministic'] else 'sampled'} "
+                     "actions)")
     for p in summary.get("policies", []):
         ret = p["mean_episode_return"]
         lines.append(f"  policy {p['policy']}        {p['env_frames']:,} frames, mean return "

@@ -215,6 +215,7 @@ class TrainingStats:
         # --save_best: policy -> {"mean_return", "episodes", "env_frames"} of its best.pt (an
         # earlier run's, until the learner confirms one this run wrote: the run loop fills it)
         self.best_checkpoints: dict[int, dict] = {}
+        self.final_evaluation: dict | None = None  # RunLoop.final_evaluation's
 
     @property
     def run_seconds(self) -> float:
@@ -448,6 +449,7 @@ class TrainingStats:
             **({"best_checkpoints": [{"policy": k, **v} for k, v in
                                      sorted(self.best_checkpoints.items())]}
                if self.best_checkpoints else {}),
+            **({"final_evaluation": self.final_evaluation} if self.final_evaluation else {}),
             "updated": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
 

@@ -215,6 +215,7 @@ class ParallelRunner:
             if save_due:
                 learners = [c for c in self.supervisor.children.values() if c.kind == "learner"]
                 loop.final_save(lambda: [self.supervisor.check_exit(c) for c in learners])
+                loop.final_evaluation()
             summary = reporter.close()
             reporter = None
             print_final_summary(summary)

@@ -14,8 +14,13 @@ from collections import deque
 from collections.abc import Callable
 
 from fastrl.errors import EnvOutputError
-from fastrl.experiment.checkpoint import BestKeeper, best_checkpoint_path, saved_best
-from fastrl.experiment.evaluation import PeriodicEvaluator, write_eval_summaries
+from fastrl.experiment.checkpoint import (
+    BestKeeper,
+    best_checkpoint_path,
+    load_checkpoint,
+    saved_best,
+)
+from fastrl.experiment.evaluation import EvalResult, PeriodicEvaluator, write_eval_summaries
 from fastrl.experiment.reporter import Reporter
 from fastrl.experiment.stats import TrainingStats
 from fastrl.log import log
@@ -73,6 +78,8 @@ class RunLoop:
         # episodes its current weights played whole (the population's version floor)
         self.best: BestKeeper | None = None
         self._best_windows: list[deque[float]] = []
+        self.interrupted = False  # stopped by a signal (Ctrl-C...), not by the budget
+        self.final_checkpoints: dict[int, str] = {}  # policy -> its final checkpoint's path
 
     def handle(self, msg) -> None:
         """Apply one runner-queue message to the statistics."""
@@ -176,6 +183,7 @@ class RunLoop:
                     self.ask_to_save(final=False)
                     last_save = time.monotonic()
         except KeyboardInterrupt:
+            self.interrupted = True
             by = (self.signals.stopped_by if self.signals is not None else None) or "SIGINT"
             log(f"interrupted ({by}): saving a checkpoint and stopping (a second signal quits "
                 "at once)")
@@ -230,6 +238,7 @@ class RunLoop:
             for msg in self.wiring.runner_queue.get_many(self.poll_timeout):
                 if isinstance(msg, CheckpointSaved) and msg.final:
                     log(f"saved {msg.path}")
+                    self.final_checkpoints[msg.policy] = msg.path
                     waiting.discard(msg.policy)
                 else:
                     self.handle(msg)
@@ -301,8 +310,36 @@ class RunLoop:
         else:
             result = ev.maybe_evaluate(frames, self.wiring.weights)
             results = [] if result is None else [(frames, result)]
+        self._log_evaluations(results)
+
+    def _log_evaluations(self, results: list[tuple[int, EvalResult]], what: str = "") -> None:
         for at, result in results:
             write_eval_summaries(self.reporter.writer, result, at)
-            log(f"evaluation at {at:,} frames: return {result.mean_return:.3f} "
+            log(f"{what}evaluation at {at:,} frames: return {result.mean_return:.3f} "
                 f"+- {result.std_return:.3f} over {result.episodes} episodes"
                 + (f" (video {result.video})" if result.video else ""))
+
+    def final_evaluation(self) -> None:
+        """``--eval_every_env_frames``, once the budget is spent and the final checkpoint
+        saved: play that checkpoint's weights for ``--eval_episodes`` (blocking), log the
+        result, write it to TensorBoard at the frames it was trained on and to the summary.
+        Not after a stop signal, and a stop signal during it cuts it short."""
+        ev, path = self.evaluator, self.final_checkpoints.get(0)
+        if ev is None or path is None or self.interrupted:
+            return
+        if self.evaluate_in_thread:
+            self._log_evaluations(ev.poll())  # (those that finished before the end)
+        state = load_checkpoint(path, mmap=True)  # (not a replay store's rows)
+        frames = int(state["counters"]["env_frames"])
+        signals = self.signals
+        result = ev.evaluate_final(
+            frames, state["learner"]["model"],
+            stop=None if signals is None else lambda: signals.stopped_by is not None)
+        if result is None:
+            log("final evaluation stopped by a signal: the summary has none")
+            return
+        self._log_evaluations([(frames, result)], "final ")
+        self.stats.final_evaluation = {
+            "checkpoint": path, "env_frames": frames, "episodes": result.episodes,
+            "mean_return": result.mean_return, "std_return": result.std_return,
+            "deterministic": ev.deterministic}

@@ -118,6 +118,7 @@ def run_serial(cfg: Config, warmup_seconds: float = 0.0) -> dict:
                        warmup_seconds=warmup_seconds, signals=signals, pbt=pbt)
         if loop.run():
             loop.final_save(learn)
+            loop.final_evaluation()
         summary = reporter.close()
         reporter = None
         print_final_summary(summary)

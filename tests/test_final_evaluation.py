@@ -1,0 +1,152 @@
+"""The evaluation at a run's end (``--eval_every_env_frames``): once the budget is spent, the
+final checkpoint's weights play ``--eval_episodes`` and the summary carries the result; not
+after a stop signal, and a stop signal during it cuts it short."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from fastrl import make_env
+from fastrl.experiment.checkpoint import list_checkpoints, load_checkpoint
+from fastrl.experiment.evaluation import EvalResult, PeriodicEvaluator
+from fastrl.experiment.stats import StatsSettings, TrainingStats
+from fastrl.policy.model import ActorCritic
+from fastrl.run_config import parse_config
+from fastrl.runner import run_loop
+from fastrl.runner.serial import run_serial
+from tests.test_checkpoint import _cfg, _save
+from tests.test_enjoy import tiny_settings
+
+ENV = "CartPole-v1"
+
+
+def _args(tmp_path, frames: int) -> list[str]:
+    return ["--env", ENV, "--serial_mode", "--device", "cpu", "--train_dir", str(tmp_path),
+            "--experiment", "e", "--seed", "1", "--use_rnn", "False",
+            "--encoder_mlp_layers", "16", "--train_for_env_steps", str(frames),
+            "--eval_every_env_frames", "1024", "--eval_episodes", "3"]
+
+
+class _Evaluator:
+    """What the run loop asks of a PeriodicEvaluator at the end."""
+
+    deterministic = True
+
+    def __init__(self):
+        self.played = []
+
+    def poll(self):  # a background evaluation that finished before the end
+        return [(512, EvalResult([1.0], [5]))]
+
+    def evaluate_final(self, env_frames, model_state, stop=None):
+        self.played.append((env_frames, model_state, stop))
+        return EvalResult([2.0, 4.0], [5, 7])
+
+
+def _loop(tmp_path, interrupted: bool):
+    cfg = _cfg(tmp_path)
+    _save(cfg)
+    (path,) = list_checkpoints(cfg.experiment_dir)
+    scalars = []
+    writer = SimpleNamespace(add_scalar=lambda tag, v, step: scalars.append((tag, v, step)))
+    stats = TrainingStats(StatsSettings.from_config(cfg), frameskip=1)
+    loop = run_loop.RunLoop(SimpleNamespace(cfg=cfg), stats, SimpleNamespace(writer=writer),
+                            turn=lambda: None, evaluator=_Evaluator(), evaluate_in_thread=True)
+    loop.final_checkpoints[0] = path
+    loop.interrupted = interrupted
+    return loop, path, scalars
+
+
+def test_the_run_loop_plays_the_final_checkpoint_and_the_summary_carries_it(tmp_path, capsys):
+    loop, path, scalars = _loop(tmp_path, interrupted=False)
+    loop.final_evaluation()
+    ((frames, weights, stop),) = loop.evaluator.played
+    saved = load_checkpoint(path)
+    assert frames == saved["counters"]["env_frames"] and stop is None
+    assert all(torch.equal(weights[k], v) for k, v in saved["learner"]["model"].items())
+    assert loop.stats.summary(0.0)["final_evaluation"] == {
+        "checkpoint": path, "env_frames": frames, "episodes": 2, "mean_return": 3.0,
+        "std_return": 1.0, "deterministic": True}
+    out = capsys.readouterr().out
+    assert "evaluation at 512 frames: return 1.000" in out  # the one that had finished
+    assert f"final evaluation at {frames:,} frames: return 3.000 +- 1.000 over 2" in out
+    assert ("eval/mean_return", 3.0, frames) in scalars
+
+
+def test_a_stopped_run_loop_plays_nothing_at_its_end(tmp_path):
+    loop, _, scalars = _loop(tmp_path, interrupted=True)
+    loop.final_evaluation()
+    assert loop.evaluator.played == [] and scalars == []
+    assert "final_evaluation" not in loop.stats.summary(0.0)
+
+
+@pytest.mark.slow
+def test_the_final_checkpoint_is_evaluated_once_the_budget_is_spent(tmp_path, monkeypatch):
+    played = []
+    evaluate_final = PeriodicEvaluator.evaluate_final
+
+    def spy(self, env_frames, model_state, stop=None):
+        played.append((env_frames, {k: v.clone() for k, v in model_state.items()}))
+        return evaluate_final(self, env_frames, model_state, stop)
+
+    monkeypatch.setattr(PeriodicEvaluator, "evaluate_final", spy)
+    summary = run_serial(parse_config(_args(tmp_path, 3000)))
+    final = summary["final_evaluation"]
+    (path,) = list_checkpoints(str(tmp_path / "e"))[-1:]
+    state = load_checkpoint(path)
+    assert final["checkpoint"] == path and final["episodes"] == 3
+    assert final["env_frames"] == state["counters"]["env_frames"] >= 3000
+    assert final["deterministic"] is False and final["std_return"] >= 0
+    ((frames, weights),) = played
+    assert frames == final["env_frames"]
+    assert all(torch.equal(weights[k], v) for k, v in state["learner"]["model"].items())
+
+    # Resumed with the budget already spent: nothing is trained, saved or evaluated again.
+    played.clear()
+    summary = run_serial(parse_config(_args(tmp_path, 3000)))
+    assert played == [] and "final_evaluation" not in summary
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_a_signal_is_not_evaluated_at_its_end(tmp_path, monkeypatch):
+    original = run_loop.RunLoop._evaluate
+
+    def stop_after_the_first_frames(self):
+        original(self)
+        if self.stats.env_frames >= 1024:
+            raise KeyboardInterrupt("SIGTERM")
+
+    monkeypatch.setattr(run_loop.RunLoop, "_evaluate", stop_after_the_first_frames)
+    summary = run_serial(parse_config(_args(tmp_path, 100_000)))
+    assert summary["env_frames"] < 100_000
+    assert list_checkpoints(str(tmp_path / "e"))  # the stop's checkpoint is saved ...
+    assert "final_evaluation" not in summary  # ... and not evaluated
+
+
+def test_a_stop_signal_cuts_the_final_evaluation_short_and_a_background_one_is_dropped():
+    env = make_env(ENV, max_episode_steps=500)
+    model = ActorCritic(env.observation_space, env.action_space, tiny_settings(use_rnn=False))
+    evaluator = PeriodicEvaluator(env, model, every_env_frames=1, num_episodes=10_000)
+    try:
+        assert evaluator.maybe_start(1, model) and evaluator.running
+        time.sleep(0.1)
+        steps = []
+
+        def stop() -> bool:
+            steps.append(1)
+            return len(steps) > 5
+
+        started = time.time()
+        assert evaluator.evaluate_final(7, model.state_dict(), stop) is None
+        assert time.time() - started < 5 and len(steps) == 6
+        assert not evaluator.running and evaluator.poll() == []  # the older one: dropped
+        # Not stopped: it plays its episodes (the evaluator stays usable after a stop).
+        evaluator.num_episodes = 2
+        result = evaluator.evaluate_final(9, model.state_dict(), lambda: False)
+        assert result is not None and result.episodes == 2
+    finally:
+        evaluator.close()
