@@ -301,7 +301,7 @@ def copy_snapshot(snapshot: str, exp_dir: str, repo_id: str) -> list[str]:
     previous = _read_source(exp_dir).get("files")
     previous = set(previous) if isinstance(previous, list) else set()
     own = sorted(os.path.relpath(p, exp_dir).replace(os.sep, "/") for p in
-                 glob.glob(os.path.join(exp_dir, "checkpoints*", "checkpoint_*.pt")))
+                 glob.glob(os.path.join(glob.escape(exp_dir), "checkpoints*", "checkpoint_*.pt")))
     own = [rel for rel in own if rel not in previous]
     if own:
         name = os.path.basename(exp_dir)

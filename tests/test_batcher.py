@@ -207,6 +207,13 @@ def test_nothing_trains_after_the_final_checkpoint(tmp_path):
     assert len(saved) == 1 and "checkpoint_000000000_" in saved[0].path
     station.poll(0.0)  # and not later either
     assert station.learner.version == 0
+    # Nor does the waiting batch make it poll its queue without waiting (a core spun through
+    # the run's final evaluation).
+    waits = []
+    real_get_many = station.inbox.get_many
+    station.inbox.get_many = lambda timeout: waits.append(timeout) or real_get_many(timeout)
+    station.poll(0.01)
+    assert waits == [0.01] and station.learner.version == 0
 
 
 def test_slots_per_env_hold_two_batches_and_no_more():

@@ -191,3 +191,20 @@ def test_a_save_removes_what_an_interrupted_save_left_and_leaves_nothing_when_it
         _save(cfg)
     assert not [p for p in (tmp_path / "x").rglob("*.tmp")]
     assert len(checkpoint.list_checkpoints(cfg.experiment_dir)) == 1
+
+
+def test_an_experiment_named_with_glob_characters_touches_no_other_ones_files(tmp_path):
+    """``--experiment 'exp[1]'`` beside ``exp1``: the rotation and the leftovers' removal
+    read the folder's name as it is, not as a pattern that matches ``exp1``."""
+    other = Path(checkpoint.checkpoint_dir(str(tmp_path / "exp1")))
+    other.mkdir(parents=True)
+    for v in (1, 2, 3):
+        (other / f"checkpoint_{v:09d}_{v * 100:013d}.pt").write_bytes(b"x")
+    leftover = other / "checkpoint_000000005_0000000000500.pt.tmp"
+    leftover.write_bytes(b"x")
+    old = time.time() - checkpoint.INTERRUPTED_SAVE_AGE - 1
+    os.utime(leftover, (old, old))
+    cfg = _cfg(tmp_path, experiment="exp[1]")
+    _save(cfg)
+    assert len(list(other.iterdir())) == 4
+    assert len(checkpoint.list_checkpoints(cfg.experiment_dir)) == 1

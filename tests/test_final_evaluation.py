@@ -35,6 +35,8 @@ class _Evaluator:
     """What the run loop asks of a PeriodicEvaluator at the end."""
 
     deterministic = True
+    num_episodes = 2
+    longest_seconds = 1.0
 
     def __init__(self):
         self.played = []
@@ -66,7 +68,7 @@ def test_the_run_loop_plays_the_final_checkpoint_and_the_summary_carries_it(tmp_
     loop.final_evaluation()
     ((frames, weights, stop),) = loop.evaluator.played
     saved = load_checkpoint(path)
-    assert frames == saved["counters"]["env_frames"] and stop is None
+    assert frames == saved["counters"]["env_frames"] and not stop()
     assert all(torch.equal(weights[k], v) for k, v in saved["learner"]["model"].items())
     assert loop.stats.summary(0.0)["final_evaluation"] == {
         "checkpoint": path, "env_frames": frames, "episodes": 2, "mean_return": 3.0,
@@ -75,6 +77,36 @@ def test_the_run_loop_plays_the_final_checkpoint_and_the_summary_carries_it(tmp_
     assert "evaluation at 512 frames: return 1.000" in out  # the one that had finished
     assert f"final evaluation at {frames:,} frames: return 3.000 +- 1.000 over 2" in out
     assert ("eval/mean_return", 3.0, frames) in scalars
+
+
+def test_time_in_a_pause_is_no_part_of_the_runs_seconds_or_fps(tmp_path):
+    stats = TrainingStats(StatsSettings.from_config(_cfg(tmp_path)), frameskip=1)
+    stats.start_time -= 1.0
+    stats._fps_window.push(time.time() - 1.0, 0, 30.0)
+    stats.env_frames = 1000
+    before = stats.run_seconds
+    with stats.paused():
+        time.sleep(0.5)
+    assert abs(stats.run_seconds - before) < 0.1
+    assert 900 < stats.fps() < 1100  # 1,000 frames over the second before the pause
+
+
+def test_an_evaluation_that_outlives_its_cap_is_cut_short(tmp_path, monkeypatch, capsys):
+    loop, _, scalars = _loop(tmp_path, interrupted=False)
+    monkeypatch.setattr(run_loop, "FINAL_EVAL_MIN_SECONDS", 0.0)
+    loop.evaluator.longest_seconds = 0.1
+
+    def endless(env_frames, model_state, stop=None):
+        while not stop():
+            time.sleep(0.01)
+        return None
+
+    loop.evaluator.evaluate_final = endless
+    started = time.time()
+    loop.final_evaluation()
+    assert time.time() - started < 5
+    assert "final evaluation stopped after 0 s: the summary has none" in capsys.readouterr().out
+    assert "final_evaluation" not in loop.stats.summary(0.0)
 
 
 def test_a_stopped_run_loop_plays_nothing_at_its_end(tmp_path):
@@ -105,10 +137,13 @@ def test_the_final_checkpoint_is_evaluated_once_the_budget_is_spent(tmp_path, mo
     assert frames == final["env_frames"]
     assert all(torch.equal(weights[k], v) for k, v in state["learner"]["model"].items())
 
-    # Resumed with the budget already spent: nothing is trained, saved or evaluated again.
+    # Resumed with the budget already spent: nothing is trained, saved or evaluated again,
+    # and the summary keeps the evaluation of the checkpoint that is still the final one.
     played.clear()
-    summary = run_serial(parse_config(_args(tmp_path, 3000)))
-    assert played == [] and "final_evaluation" not in summary
+    again = run_serial(parse_config(_args(tmp_path, 3000)))
+    assert played == [] and again["final_evaluation"] == final
+    # Its time is no part of the run's: the first run's seconds cover its training alone.
+    assert summary["run_seconds"] < 60
 
 
 @pytest.mark.slow

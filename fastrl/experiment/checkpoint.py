@@ -58,7 +58,7 @@ def _age(path: str) -> tuple[int, int, int, str]:
 def list_checkpoints(experiment_dir: str, policy: int = 0) -> list[str]:
     """Checkpoint paths of ``policy``, oldest first: by learner version, then frames; a
     checkpoint under another name counts as the oldest (what is trained from it is newer)."""
-    return sorted(glob.glob(os.path.join(checkpoint_dir(experiment_dir, policy),
+    return sorted(glob.glob(os.path.join(glob.escape(checkpoint_dir(experiment_dir, policy)),
                                          "checkpoint_*.pt")), key=_age)
 
 
@@ -191,7 +191,7 @@ def _remove_interrupted_saves(folder: str) -> None:
     checkpoints). Only those untouched for ``INTERRUPTED_SAVE_AGE`` seconds: nothing stops
     two runs sharing an experiment, and a write in progress keeps its file's time fresh."""
     now = time.time()
-    for leftover in glob.glob(os.path.join(folder, "*.pt.tmp")):
+    for leftover in glob.glob(os.path.join(glob.escape(folder), "*.pt.tmp")):
         with contextlib.suppress(OSError):
             info = os.stat(leftover)
             if now - info.st_mtime < INTERRUPTED_SAVE_AGE:

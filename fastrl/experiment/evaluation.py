@@ -20,6 +20,7 @@ import math
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -435,6 +436,7 @@ class PeriodicEvaluator:
         self._done: queue.SimpleQueue[tuple[int, EvalResult | BaseException]] = queue.SimpleQueue()
         self._cancel = threading.Event()
         self._stop: Callable[[], bool] | None = None  # evaluate_final's stop signal
+        self.longest_seconds = 0.0  # of the evaluations that finished
 
     def resume_at(self, env_frames: int) -> None:
         """A resumed run is at ``env_frames``: the next evaluation is the next one due after
@@ -473,6 +475,7 @@ class PeriodicEvaluator:
                 video(obs, env)
 
         finished = False
+        started = time.monotonic()
         try:
             result = evaluate(self.model, self.env, self.num_episodes, self.deterministic,
                               self.device, frame_sink=sink, seed=self.seed,
@@ -483,6 +486,7 @@ class PeriodicEvaluator:
             path = None if video is None else video.close(keep=finished)
         result.video = path
         self.last_result = result
+        self.longest_seconds = max(self.longest_seconds, time.monotonic() - started)
         return result
 
     def maybe_evaluate(self, env_frames: int,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -20,6 +21,20 @@ if TYPE_CHECKING:
     from fastrl.experiment.wandb_run import WandbRun
 
 BUSY_WINDOW = 30.0  # seconds of busy time behind each progress line's fractions
+SUMMARY_FILE = "summary.json"  # in the experiment folder
+
+
+def earlier_final_evaluation(exp_dir: str) -> dict | None:
+    """The ``final_evaluation`` of the summary an earlier run left in ``exp_dir``, if its
+    checkpoint is still there; else None."""
+    try:
+        with open(os.path.join(exp_dir, SUMMARY_FILE)) as fh:
+            final = json.load(fh).get("final_evaluation")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(final, dict) or not os.path.isfile(str(final.get("checkpoint"))):
+        return None
+    return final
 
 
 @dataclass(frozen=True)
@@ -114,7 +129,7 @@ class Reporter:
                 log(warning)
                 self._warned_long_episodes = True
         summary = s.summary(fps)
-        write_json_atomic(os.path.join(self.dir, "summary.json"), summary)
+        write_json_atomic(os.path.join(self.dir, SUMMARY_FILE), summary)
         return summary
 
     def print_progress(self) -> None:

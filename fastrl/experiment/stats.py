@@ -3,11 +3,12 @@ they read of the flags is :class:`StatsSettings`, copied from ``Config`` once by
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,10 @@ class _Trailing:
         while len(samples) > 2 and now - samples[1][0] >= window:
             samples.popleft()
         return samples[0]
+
+    def shift(self, seconds: float) -> None:
+        """Every sample ``seconds`` later (time that counts as no part of the rate)."""
+        self._samples = deque((t + seconds, v) for t, v in self._samples)
 
 
 class NodeStats:
@@ -231,6 +236,18 @@ class TrainingStats:
         self._warmup = (time.time(), self.env_frames)
         self._stages = {}
         self._tree_cpu = (process_tree_cpu(), None)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The time in the block counts as no part of the run (the final evaluation, which
+        trains nothing): the run's seconds and the FPS window are shifted by it."""
+        start = time.time()
+        try:
+            yield
+        finally:
+            seconds = time.time() - start
+            self.start_time += seconds
+            self._fps_window.shift(seconds)
 
     def end_measurement(self) -> None:
         """End of the measured window (before the final checkpoint and shutdown)."""

@@ -21,7 +21,7 @@ from fastrl.experiment.checkpoint import (
     saved_best,
 )
 from fastrl.experiment.evaluation import EvalResult, PeriodicEvaluator, write_eval_summaries
-from fastrl.experiment.reporter import Reporter
+from fastrl.experiment.reporter import Reporter, earlier_final_evaluation
 from fastrl.experiment.stats import TrainingStats
 from fastrl.log import log
 from fastrl.runner.wiring import Wiring
@@ -41,6 +41,10 @@ from fastrl.transport.messages import (
 from fastrl.transport.signals import SAVE_SIGNAL, LauncherSignals
 
 FINAL_SAVE_TIMEOUT = 60.0
+# The final evaluation stops after this many times the run's longest evaluation, and no
+# sooner than FINAL_EVAL_MIN_SECONDS (an env whose episodes never end would hold the run).
+FINAL_EVAL_CAP = 3.0
+FINAL_EVAL_MIN_SECONDS = 300.0
 
 
 class RunLoop:
@@ -190,7 +194,10 @@ class RunLoop:
         if self.signals is not None:
             self.signals.stopping()
         stats.end_measurement()
-        return not cfg.sampling_only and stats.env_frames > frames_at_start
+        trained = stats.env_frames > frames_at_start
+        if not trained:  # the final checkpoint is an earlier run's, and so is its evaluation
+            stats.final_evaluation = earlier_final_evaluation(cfg.experiment_dir)
+        return not cfg.sampling_only and trained
 
     def collect_last_reports(self, workers: range, timeout: float,
                              alive: Callable[[int], bool] = lambda w: True) -> list[int]:
@@ -323,7 +330,11 @@ class RunLoop:
         """``--eval_every_env_frames``, once the budget is spent and the final checkpoint
         saved: play that checkpoint's weights for ``--eval_episodes`` (blocking), log the
         result, write it to TensorBoard at the frames it was trained on and to the summary.
-        Not after a stop signal, and a stop signal during it cuts it short."""
+        Its time is no part of the run's (seconds, FPS). Not after a stop signal; a stop
+        signal during it, or ``FINAL_EVAL_CAP`` times the run's longest evaluation (at
+        least ``FINAL_EVAL_MIN_SECONDS``), cuts it short."""
+        if self.final_checkpoints:  # an earlier run's is of an older checkpoint
+            self.stats.final_evaluation = None
         ev, path = self.evaluator, self.final_checkpoints.get(0)
         if ev is None or path is None or self.interrupted:
             return
@@ -331,12 +342,21 @@ class RunLoop:
             self._log_evaluations(ev.poll())  # (those that finished before the end)
         state = load_checkpoint(path, mmap=True)  # (not a replay store's rows)
         frames = int(state["counters"]["env_frames"])
-        signals = self.signals
-        result = ev.evaluate_final(
-            frames, state["learner"]["model"],
-            stop=None if signals is None else lambda: signals.stopped_by is not None)
+        cap = max(FINAL_EVAL_MIN_SECONDS, FINAL_EVAL_CAP * ev.longest_seconds)
+        log(f"final evaluation: {ev.num_episodes} episodes of {path} (at most {cap:.0f} s; a "
+            "stop signal cuts it short)")
+        signals, deadline = self.signals, time.monotonic() + cap
+
+        def stop() -> bool:
+            return (signals is not None and signals.stopped_by is not None) \
+                or time.monotonic() > deadline
+
+        with self.stats.paused():
+            result = ev.evaluate_final(frames, state["learner"]["model"], stop)
         if result is None:
-            log("final evaluation stopped by a signal: the summary has none")
+            why = ("by a signal" if signals is not None and signals.stopped_by is not None
+                   else f"after {cap:.0f} s")
+            log(f"final evaluation stopped {why}: the summary has none")
             return
         self._log_evaluations([(frames, result)], "final ")
         self.stats.final_evaluation = {

@@ -327,7 +327,7 @@ class LearnerStation:
         batch. A sampler node's link and the supervisor wait for the fence's answer; behind a
         whole backlog (many nodes, a slow learner) that wait could run out."""
         w = self.wiring
-        if self._ready():
+        if self._ready() and not self._final_saved:  # (after it, nothing more is trained)
             timeout = 0.0
         msgs = self.inbox.get_many(timeout)
         for msg in msgs:
