@@ -4,6 +4,7 @@ after a stop signal, and a stop signal during it cuts it short."""
 
 from __future__ import annotations
 
+import os
 import time
 from types import SimpleNamespace
 
@@ -91,6 +92,28 @@ def test_time_in_a_pause_is_no_part_of_the_runs_seconds_or_fps(tmp_path):
     assert 900 < stats.fps() < 1100  # 1,000 frames over the second before the pause
 
 
+def test_a_pause_leaves_the_cores_busy_seconds_in_it_out_of_the_bottleneck(tmp_path,
+                                                                          monkeypatch):
+    """The machine's busy core-seconds (a fake /proc/stat clock): 2 cores busy for 1 s of
+    training, then 1 s of pause at one core; the cores' fraction stays the training's."""
+    from fastrl.experiment import stats as stats_module
+
+    clock = {"now": 1000.0, "cpu": 0.0}
+    monkeypatch.setattr(stats_module.time, "time", lambda: clock["now"])
+    monkeypatch.setattr(stats_module, "cpu_seconds", lambda: clock["cpu"])
+    monkeypatch.setattr(stats_module, "available_cores", lambda: 2)
+    stats = TrainingStats(StatsSettings.from_config(_cfg(tmp_path)), frameskip=1)
+    stats.add_busy("learner", 0.0)  # starts the bottleneck's clock
+    clock["now"] += 1.0
+    clock["cpu"] += 2.0
+    stats.add_busy("learner", 1.0)
+    busy = stats.summary(0.0)["bottleneck"]["busy_fraction"]["cpu"]
+    with stats.paused():
+        clock["now"] += 1.0
+        clock["cpu"] += 1.0
+    assert stats.summary(0.0)["bottleneck"]["busy_fraction"]["cpu"] == busy == 1.0
+
+
 def test_an_evaluation_that_outlives_its_cap_is_cut_short(tmp_path, monkeypatch, capsys):
     loop, _, scalars = _loop(tmp_path, interrupted=False)
     monkeypatch.setattr(run_loop, "FINAL_EVAL_MIN_SECONDS", 0.0)
@@ -107,6 +130,40 @@ def test_an_evaluation_that_outlives_its_cap_is_cut_short(tmp_path, monkeypatch,
     assert time.time() - started < 5
     assert "final evaluation stopped after 0 s: the summary has none" in capsys.readouterr().out
     assert "final_evaluation" not in loop.stats.summary(0.0)
+
+
+def test_a_run_that_trains_nothing_keeps_the_earlier_evaluation_of_its_final_checkpoint(
+        tmp_path):
+    """Read when the run starts: the run's own summaries (every 10 s) replace the file before
+    a stop signal ends a run that trained nothing. Found by the checkpoint's name, in this
+    experiment (the folder was moved: the path written is another one)."""
+    import json
+
+    from fastrl.experiment.reporter import SUMMARY_FILE
+
+    loop, path, _ = _loop(tmp_path, interrupted=False)
+    exp = loop.cfg.experiment_dir
+    earlier = {"checkpoint": "/moved/away/checkpoints/" + path.rsplit("/", 1)[-1],
+               "env_frames": 0, "episodes": 2, "mean_return": 3.0, "std_return": 1.0,
+               "deterministic": True}
+    with open(f"{exp}/{SUMMARY_FILE}", "w") as fh:
+        json.dump({"final_evaluation": earlier}, fh)
+    loop.cfg.train_for_env_steps = 10**9
+    loop.wiring.num_policies = 1
+
+    def summary_then_stop():
+        with open(f"{exp}/{SUMMARY_FILE}", "w") as fh:
+            json.dump({"env_frames": 0}, fh)
+        raise KeyboardInterrupt("SIGTERM")
+
+    loop.turn = summary_then_stop
+    assert loop.run() is False
+    assert loop.stats.final_evaluation == {**earlier, "checkpoint": path}
+    os.remove(path)  # gone: nothing is carried
+    with open(f"{exp}/{SUMMARY_FILE}", "w") as fh:
+        json.dump({"final_evaluation": earlier}, fh)
+    loop.run()
+    assert loop.stats.final_evaluation is None
 
 
 def test_a_stopped_run_loop_plays_nothing_at_its_end(tmp_path):

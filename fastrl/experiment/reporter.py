@@ -13,6 +13,7 @@ from fastrl.config.settings import CopiedFromConfig
 from fastrl.experiment.bottleneck import (
     progress_text,
 )
+from fastrl.experiment.checkpoint import checkpoint_dir
 from fastrl.experiment.folder import write_json_atomic
 from fastrl.experiment.stats import NodeStats, TrainingStats, _Trailing
 from fastrl.log import log
@@ -26,15 +27,15 @@ SUMMARY_FILE = "summary.json"  # in the experiment folder
 
 def earlier_final_evaluation(exp_dir: str) -> dict | None:
     """The ``final_evaluation`` of the summary an earlier run left in ``exp_dir``, if its
-    checkpoint is still there; else None."""
+    checkpoint is still in this experiment (found by its name: the folder may have been
+    moved or copied since), with that path; else None."""
     try:
         with open(os.path.join(exp_dir, SUMMARY_FILE)) as fh:
             final = json.load(fh).get("final_evaluation")
-    except (OSError, ValueError, AttributeError):
+        path = os.path.join(checkpoint_dir(exp_dir), os.path.basename(final["checkpoint"]))
+    except (OSError, ValueError, AttributeError, TypeError, KeyError):
         return None
-    if not isinstance(final, dict) or not os.path.isfile(str(final.get("checkpoint"))):
-        return None
-    return final
+    return {**final, "checkpoint": path} if os.path.isfile(path) else None
 
 
 @dataclass(frozen=True)

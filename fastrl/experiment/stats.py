@@ -240,14 +240,20 @@ class TrainingStats:
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """The time in the block counts as no part of the run (the final evaluation, which
-        trains nothing): the run's seconds and the FPS window are shifted by it."""
-        start = time.time()
+        trains nothing): the run's seconds, the FPS window and the bottleneck's clock are
+        shifted by it, and the cores' busy seconds in it are left out."""
+        start, cpu = time.time(), self._cpu_busy()
         try:
             yield
         finally:
             seconds = time.time() - start
             self.start_time += seconds
             self._fps_window.shift(seconds)
+            if self._busy_span:
+                self._busy_span = [t + seconds for t in self._busy_span]
+            after = self._cpu_busy()
+            if cpu is not None and after is not None:
+                self._cpu_origin += after - cpu
 
     def end_measurement(self) -> None:
         """End of the measured window (before the final checkpoint and shutdown)."""

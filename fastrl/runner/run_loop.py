@@ -42,9 +42,11 @@ from fastrl.transport.signals import SAVE_SIGNAL, LauncherSignals
 
 FINAL_SAVE_TIMEOUT = 60.0
 # The final evaluation stops after this many times the run's longest evaluation, and no
-# sooner than FINAL_EVAL_MIN_SECONDS (an env whose episodes never end would hold the run).
+# sooner than FINAL_EVAL_MIN_SECONDS or this share of the run's own seconds (an env whose
+# episodes never end would hold the run; long episodes take long).
 FINAL_EVAL_CAP = 3.0
 FINAL_EVAL_MIN_SECONDS = 300.0
+FINAL_EVAL_RUN_SHARE = 0.1
 
 
 class RunLoop:
@@ -164,6 +166,8 @@ class RunLoop:
         if warm:
             stats.mark_warmup()
         frames_at_start = stats.env_frames
+        # (read before this run's own summaries replace the file)
+        earlier = earlier_final_evaluation(cfg.experiment_dir)
         try:
             while (stats.env_frames < cfg.train_for_env_steps
                    and stats.run_seconds < cfg.train_for_seconds):
@@ -194,10 +198,10 @@ class RunLoop:
         if self.signals is not None:
             self.signals.stopping()
         stats.end_measurement()
-        trained = stats.env_frames > frames_at_start
+        trained = not cfg.sampling_only and stats.env_frames > frames_at_start
         if not trained:  # the final checkpoint is an earlier run's, and so is its evaluation
-            stats.final_evaluation = earlier_final_evaluation(cfg.experiment_dir)
-        return not cfg.sampling_only and trained
+            stats.final_evaluation = earlier
+        return trained
 
     def collect_last_reports(self, workers: range, timeout: float,
                              alive: Callable[[int], bool] = lambda w: True) -> list[int]:
@@ -332,7 +336,8 @@ class RunLoop:
         result, write it to TensorBoard at the frames it was trained on and to the summary.
         Its time is no part of the run's (seconds, FPS). Not after a stop signal; a stop
         signal during it, or ``FINAL_EVAL_CAP`` times the run's longest evaluation (at
-        least ``FINAL_EVAL_MIN_SECONDS``), cuts it short."""
+        least ``FINAL_EVAL_MIN_SECONDS`` and ``FINAL_EVAL_RUN_SHARE`` of the run's seconds),
+        cuts it short."""
         if self.final_checkpoints:  # an earlier run's is of an older checkpoint
             self.stats.final_evaluation = None
         ev, path = self.evaluator, self.final_checkpoints.get(0)
@@ -342,7 +347,8 @@ class RunLoop:
             self._log_evaluations(ev.poll())  # (those that finished before the end)
         state = load_checkpoint(path, mmap=True)  # (not a replay store's rows)
         frames = int(state["counters"]["env_frames"])
-        cap = max(FINAL_EVAL_MIN_SECONDS, FINAL_EVAL_CAP * ev.longest_seconds)
+        cap = max(FINAL_EVAL_MIN_SECONDS, FINAL_EVAL_CAP * ev.longest_seconds,
+                  FINAL_EVAL_RUN_SHARE * self.stats.run_seconds)
         log(f"final evaluation: {ev.num_episodes} episodes of {path} (at most {cap:.0f} s; a "
             "stop signal cuts it short)")
         signals, deadline = self.signals, time.monotonic() + cap
