@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import io
 import json
+import math
 import os
 import platform
 import shutil
@@ -158,11 +159,38 @@ def run_seed(args: argparse.Namespace, seed: int, extra: list[str]) -> dict[str,
     if args.target is not None:
         result["frames_to_target"] = first_crossing(frames, values, args.target)
         result["minutes_to_target"] = first_crossing(minutes, values, args.target)
+    final = final_evaluation(os.path.join(runs, experiment))
+    if final is not None:
+        result["final_evaluation"] = final
     if code != 0:
         result["log_tail"] = log_tail(log_path)
     elif args.play > 0:
         result["played"] = {which: play(args, seed, which) for which in ("best", "last")}
     return result
+
+
+def final_evaluation(exp_dir: str) -> dict[str, Any] | None:
+    """The run's own evaluation of its final checkpoint (``--eval_every_env_frames``: the
+    summary's ``final_evaluation``), with the standard error of its mean; None without."""
+    try:
+        with open(os.path.join(exp_dir, "summary.json")) as fh:
+            final = json.load(fh)["final_evaluation"]
+        n = int(final["episodes"])
+        # the summary's std is the population one (ddof 0): the sample one's error is
+        se = float(final["std_return"]) / math.sqrt(n - 1) if n > 1 else None
+        return {"mean_return": float(final["mean_return"]), "episodes": n, "std_error": se,
+                "env_frames": int(final["env_frames"]),
+                "deterministic": bool(final["deterministic"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def final_text(final: dict[str, Any]) -> str:
+    """The run's final evaluation, for its line of the report."""
+    se = "" if final["std_error"] is None else f" (standard error {final['std_error']:.3f})"
+    actions = "most likely" if final["deterministic"] else "sampled"
+    return (f"final evaluation {final['mean_return']:.3f}{se} over {final['episodes']} "
+            f"episodes ({actions} actions) at {final['env_frames']:,} frames")
 
 
 def play(args: argparse.Namespace, seed: int, which: str) -> dict[str, Any]:
@@ -315,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(r)
         print(f"seed {seed}: exit {r['exit_code']}, {r['final_frames']:,} frames in "
               f"{r['run_minutes']:.1f} min, {holding_text(r, args.target)}", flush=True)
+        if "final_evaluation" in r:
+            print(f"seed {seed}: {final_text(r['final_evaluation'])}", flush=True)
         if "played" in r:
             print(f"seed {seed}: {played_text(r['played'])}", flush=True)
         if r["exit_code"] != 0:

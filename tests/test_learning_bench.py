@@ -163,6 +163,27 @@ def test_the_tables_carry_the_ends_standard_error():
     assert "return at the end (standard error)" in ls.markdown_table([row])
 
 
+def test_a_runs_final_evaluation_is_read_from_its_summary_with_its_standard_error(tmp_path):
+    """summary.json's ``final_evaluation`` (a population std) gives the same standard error
+    as the episodes' sample std would (``end_noise``); a run without one gives None."""
+    import learning
+
+    returns = [1.0, 3.0, 8.0]
+    summary = {"final_evaluation": {
+        "checkpoint": "c.pt", "env_frames": 5000, "episodes": 3,
+        "mean_return": float(np.mean(returns)), "std_return": float(np.std(returns)),
+        "deterministic": True}}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    final = learning.final_evaluation(str(tmp_path))
+    assert final["std_error"] == pytest.approx(lc.end_noise(returns)["end_std_error"])
+    assert (final["mean_return"], final["episodes"], final["env_frames"]) == (4.0, 3, 5000)
+    assert "final evaluation 4.000 (standard error " in learning.final_text(final)
+    assert "most likely actions) at 5,000 frames" in learning.final_text(final)
+    (tmp_path / "summary.json").write_text(json.dumps({"env_frames": 5000}))
+    assert learning.final_evaluation(str(tmp_path)) is None
+    assert learning.final_evaluation(str(tmp_path / "missing")) is None
+
+
 def test_reference_table():
     (basic,) = lc.references("doom_basic")
     assert (basic.ret, basic.frames, basic.minutes) == (79.0, 550_000, 4.0)
