@@ -166,6 +166,15 @@ def test_a_run_that_trains_nothing_keeps_the_earlier_evaluation_of_its_final_che
     assert loop.stats.final_evaluation is None
 
 
+def test_an_unreadable_final_checkpoint_is_one_line_and_the_run_ends(tmp_path, capsys):
+    loop, path, _ = _loop(tmp_path, interrupted=False)
+    with open(path, "wb") as fh:
+        fh.write(b"not a checkpoint")
+    loop.final_evaluation()
+    assert loop.evaluator.played == [] and "final_evaluation" not in loop.stats.summary(0.0)
+    assert "final evaluation skipped: checkpoint" in capsys.readouterr().out
+
+
 def test_a_stopped_run_loop_plays_nothing_at_its_end(tmp_path):
     loop, _, scalars = _loop(tmp_path, interrupted=True)
     loop.final_evaluation()

@@ -13,7 +13,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from fastrl.errors import EnvOutputError
+from fastrl.errors import EnvOutputError, ExperimentError
 from fastrl.experiment.checkpoint import (
     BestKeeper,
     best_checkpoint_path,
@@ -345,7 +345,11 @@ class RunLoop:
             return
         if self.evaluate_in_thread:
             self._log_evaluations(ev.poll())  # (those that finished before the end)
-        state = load_checkpoint(path, mmap=True)  # (not a replay store's rows)
+        try:
+            state = load_checkpoint(path, mmap=True)  # (not a replay store's rows)
+        except ExperimentError as exc:  # (the run is over and saved: say so, end cleanly)
+            log(f"final evaluation skipped: {exc}")
+            return
         frames = int(state["counters"]["env_frames"])
         cap = max(FINAL_EVAL_MIN_SECONDS, FINAL_EVAL_CAP * ev.longest_seconds,
                   FINAL_EVAL_RUN_SHARE * self.stats.run_seconds)
