@@ -338,8 +338,6 @@ class RunLoop:
         signal during it, or ``FINAL_EVAL_CAP`` times the run's longest evaluation (at
         least ``FINAL_EVAL_MIN_SECONDS`` and ``FINAL_EVAL_RUN_SHARE`` of the run's seconds),
         cuts it short."""
-        if self.final_checkpoints:  # an earlier run's is of an older checkpoint
-            self.stats.final_evaluation = None
         ev, path = self.evaluator, self.final_checkpoints.get(0)
         if ev is None or path is None or self.interrupted:
             return
@@ -357,15 +355,14 @@ class RunLoop:
             "stop signal cuts it short)")
         signals, deadline = self.signals, time.monotonic() + cap
 
-        def stop() -> bool:
-            return (signals is not None and signals.stopped_by is not None) \
-                or time.monotonic() > deadline
+        def signalled() -> bool:
+            return signals is not None and signals.stopped_by is not None
 
         with self.stats.paused():
-            result = ev.evaluate_final(frames, state["learner"]["model"], stop)
+            result = ev.evaluate_final(frames, state["learner"]["model"],
+                                       lambda: signalled() or time.monotonic() > deadline)
         if result is None:
-            why = ("by a signal" if signals is not None and signals.stopped_by is not None
-                   else f"after {cap:.0f} s")
+            why = "by a signal" if signalled() else f"after {cap:.0f} s"
             log(f"final evaluation stopped {why}: the summary has none")
             return
         self._log_evaluations([(frames, result)], "final ")
